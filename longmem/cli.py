@@ -1,0 +1,176 @@
+"""The ``longmem`` command line: chat about or continue a text file held in memory, and benchmark.
+
+    longmem chat --file book.txt          # memorize the book, then ask about it
+    longmem generate --file book.txt      # continue the book from its end (or --prompt TEXT)
+    longmem bench [--quick]               # speed and memory of LongMem vs the backbone (JSON + markdown)
+
+Persistent banks (``--bank``) come with the memory-bank store; until then the memory lives for one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import torch
+from tqdm import tqdm
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backbone", default="default",
+                   help="'default' (embedded SmolLM2-135M-Instruct) or a local Hugging Face model directory")
+    p.add_argument("--checkpoint", default=None, help="SideNet checkpoint directory (default: untrained SideNet)")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU/GPU has it, else float32), "
+                                                   "bfloat16 or float32")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: all cores)")
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per answer")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling mass")
+    p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+
+
+def _load_model(args):
+    from .model import LongMemConfig, LongMemModel
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.checkpoint:
+        return LongMemModel.load(args.checkpoint)
+    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype))
+
+
+def _memorize_file(model, path: str, memory) -> int:
+    from .text import read_text
+
+    ids = model.backbone.tokenizer(read_text(path), return_tensors="pt").input_ids
+    with tqdm(total=ids.shape[1], unit="tok", desc="memorizing", file=sys.stderr) as bar:
+        model.memorize(ids, memory, progress=lambda done, _total: bar.update(done - bar.n))
+    return ids.shape[1]
+
+
+def _sampling(args):
+    from .lm import Sampling
+
+    return Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                    seed=args.seed)
+
+
+def _stream(model, prompt_ids, memory, sampling) -> str:
+    from .text import stream_text
+
+    out = []
+    for piece in stream_text(model.backbone.tokenizer, model.generate(prompt_ids, memory, sampling)):
+        print(piece, end="", flush=True)
+        out.append(piece)
+    print()
+    return "".join(out)
+
+
+def cmd_chat(args) -> int:
+    model = _load_model(args)
+    tok = model.backbone.tokenizer
+    memory = model.new_memory(capacity=None)
+    if args.file:
+        n = _memorize_file(model, args.file, memory)
+        print(f"[{n} tokens of {args.file} in memory]", file=sys.stderr)
+    sampling = _sampling(args)
+    sampling.stop_ids = tuple(i for i in (tok.eos_token_id,) if i is not None)
+    history: list[dict] = []
+    questions = [args.ask] if args.ask else None
+    while True:
+        if questions is not None:
+            if not questions:
+                return 0
+            question = questions.pop()
+            print(f"> {question}")
+        else:
+            try:
+                question = input("> ").strip()
+            except (EOFError, KeyboardInterrupt):
+                print()
+                return 0
+        if question in ("", "/quit", "/exit"):
+            if question:
+                return 0
+            continue
+        history.append({"role": "user", "content": question})
+        prompt = tok.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
+        ids = tok(prompt, return_tensors="pt").input_ids
+        history.append({"role": "assistant", "content": _stream(model, ids, memory, sampling)})
+
+
+def cmd_generate(args) -> int:
+    from .text import read_text
+
+    model = _load_model(args)
+    memory = model.new_memory(capacity=None)
+    tok = model.backbone.tokenizer
+    if args.prompt is not None:
+        if args.file:
+            _memorize_file(model, args.file, memory)
+        prompt = args.prompt
+    elif args.file:  # continue the file from its end: the head goes to memory inside generate
+        prompt = read_text(args.file)
+    else:
+        print("error: give --file and/or --prompt", file=sys.stderr)
+        return 2
+    ids = tok(prompt, return_tensors="pt").input_ids
+    if ids.shape[1] == 0:
+        print("error: the prompt is empty", file=sys.stderr)
+        return 2
+    _stream(model, ids, memory, _sampling(args))
+    return 0
+
+
+def cmd_bench(args, rest: list[str]) -> int:
+    from . import bench
+
+    bench.main(rest)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="longmem", description="A language model with a long-term memory.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    chat = sub.add_parser("chat", help="memorize a text file, then chat about it")
+    chat.add_argument("--file", help="text file to put into memory first")
+    chat.add_argument("--ask", help="ask this one question and exit (non-interactive)")
+    _model_args(chat)
+    _sampling_args(chat)
+
+    gen = sub.add_parser("generate", help="continue a text file from its end, or a prompt with a file in memory")
+    gen.add_argument("--file", help="text file (continued from its end unless --prompt is given)")
+    gen.add_argument("--prompt", help="text to continue (the --file then only fills memory)")
+    _model_args(gen)
+    _sampling_args(gen)
+
+    sub.add_parser("bench", help="benchmark speed and memory (options: longmem bench --help)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    if args.command == "bench":
+        return cmd_bench(args, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    from .text import InputError
+
+    try:
+        return {"chat": cmd_chat, "generate": cmd_generate}[args.command](args)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

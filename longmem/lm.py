@@ -1,0 +1,219 @@
+"""What every model in LongMem shares: segment-wise language modelling with an optional memory bank.
+
+A model implements ``step``: run ids (B, T) that follow an optional local ``Window`` (incremental decoding) and
+return logits plus the pre-RoPE keys/values of its cached layer for those tokens. On top of that this module gives
+all models the same ``forward`` (loss + the paper's memory update: retrieve first, then append the segment),
+``memorize``, ``nll`` over a long stream, ``score`` and streaming ``generate``. LongMem, the backbone alone and
+the MemTRM baseline thus run through identical loops, so evaluations compare like with like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .backbone import Backbone
+from .memory import MemoryBank
+
+Progress = Callable[[int, int], None]  # (tokens done, tokens total)
+
+
+@dataclass
+class Window:
+    """The local context of an incremental decode: its tokens and every cache that belongs to them."""
+
+    ids: torch.Tensor | None = None  # (B, T) tokens in the window
+    past: object | None = None  # the backbone's Hugging Face KV cache
+    side: list | None = None  # per-layer caches of the model's own layers (SideNet / memory layer)
+    mem_k: torch.Tensor | None = None  # (B, Hkv, T, d) pre-RoPE K of the cached layer, to move into memory
+    mem_v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.ids is None else self.ids.shape[1]
+
+    def append(self, ids: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> None:
+        cat = lambda a, b, dim: b if a is None else torch.cat([a, b], dim=dim)  # noqa: E731
+        self.ids = cat(self.ids, ids, 1)
+        if k is not None:
+            self.mem_k, self.mem_v = cat(self.mem_k, k, 2), cat(self.mem_v, v, 2)
+
+
+@dataclass
+class Step:
+    logits: torch.Tensor  # (B, T, V)
+    k: torch.Tensor | None  # (B, Hkv, T, d) pre-RoPE keys of the cached layer (None for models without memory)
+    v: torch.Tensor | None
+    chunk_ids: list = field(default_factory=list)  # what the memory layer retrieved: [(B, Hq, T, n_chunks)]
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor  # (B, T, V)
+    loss: torch.Tensor | None  # mean next-token cross-entropy when labels were given
+
+
+@dataclass
+class Sampling:
+    max_new_tokens: int = 128  # tokens to generate at most
+    temperature: float = 0.7  # 0 = greedy
+    top_p: float = 0.9  # nucleus sampling mass
+    seed: int | None = None  # for reproducible sampling
+    stop_ids: tuple[int, ...] = ()  # stop after emitting one of these (e.g. the tokenizer's EOS)
+
+
+def _as_ids(x, device) -> torch.Tensor:
+    t = x if isinstance(x, torch.Tensor) else torch.tensor(list(x), dtype=torch.long)
+    return (t if t.dim() == 2 else t.view(1, -1)).to(device)
+
+
+class SegmentLM(nn.Module):
+    """Base class: a frozen backbone, a local window of ``segment_len`` tokens and (optionally) a memory bank."""
+
+    backbone: Backbone
+    segment_len: int
+    csz: int = 4
+    capacity: int | None = 65536
+    cached_layer: int | None = None  # backbone layer whose K/V go into memory; None = model has no memory
+
+    # -- to implement ---------------------------------------------------------------------------------------------
+    def step(self, ids: torch.Tensor, memory: MemoryBank | None, window: Window | None = None) -> Step:
+        raise NotImplementedError
+
+    # -- memory ---------------------------------------------------------------------------------------------------
+    @property
+    def uses_memory(self) -> bool:
+        return self.cached_layer is not None
+
+    def new_memory(self, batch_size: int = 1, capacity: int | None | str = "config") -> MemoryBank:
+        """An empty memory bank shaped for this model (``capacity=None`` for unbounded)."""
+        if not self.uses_memory:
+            raise ValueError(f"{type(self).__name__} has no memory")
+        spec = self.backbone.spec
+        cap = self.capacity if capacity == "config" else capacity
+        return MemoryBank(spec.n_kv_heads, spec.head_dim, csz=self.csz, capacity=cap, batch_size=batch_size,
+                          dtype=self.backbone.dtype)
+
+    def memory_kv(self, hidden_m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-RoPE K/V (B, Hkv, T, d) to store for tokens whose cached-layer input is ``hidden_m`` (B, T, E)."""
+        return self.backbone.layer_kv(self.cached_layer, hidden_m)
+
+    @torch.no_grad()
+    def memorize(self, ids, memory: MemoryBank, progress: Progress | None = None) -> int:
+        """Push token ids (T,) or (B, T) into memory, segment by segment, running the backbone only up to the
+        cached layer. Returns the number of tokens added per row."""
+        ids = _as_ids(ids, self.backbone.device)
+        total = ids.shape[1]
+        for s in range(0, total, self.segment_len):
+            seg = ids[:, s:s + self.segment_len]
+            out = self.backbone(seg, n_layers=self.cached_layer)
+            k, v = self.memory_kv(out.hidden[self.cached_layer])
+            memory.add(k, v, tokens=seg)
+            if progress is not None:
+                progress(min(s + self.segment_len, total), total)
+        return total
+
+    # -- language modelling ---------------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, memory: MemoryBank | None = None, labels: torch.Tensor | None = None,
+                update_memory: bool = True) -> LMOutput:
+        """One segment (B, T): retrieve from memory, predict, then append the segment to memory (paper's update)."""
+        if input_ids.shape[1] > self.segment_len:
+            raise ValueError(f"segment of {input_ids.shape[1]} tokens exceeds segment_len={self.segment_len}")
+        out = self.step(input_ids, memory)
+        if memory is not None and update_memory and out.k is not None:
+            memory.add(out.k.detach(), out.v.detach(), tokens=input_ids)
+        loss = None
+        if labels is not None:
+            logits = out.logits[:, :-1].float()
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+        return LMOutput(logits=out.logits, loss=loss)
+
+    @torch.no_grad()
+    def nll(self, ids, memory: MemoryBank | None = None, progress: Progress | None = None) -> tuple[float, int]:
+        """Summed negative log-likelihood and number of predicted tokens of a long stream (T,) or (B, T), read in
+        consecutive segments. Each segment sees its own tokens locally and (through memory) everything before.
+        The first token of a segment is predicted from the previous segment's last position."""
+        ids = _as_ids(ids, self.backbone.device)
+        total, nll, count, prev = ids.shape[1], 0.0, 0, None
+        for s in range(0, total, self.segment_len):
+            seg = ids[:, s:s + self.segment_len]
+            logits = self(seg, memory).logits.float()
+            if prev is not None:
+                logits = torch.cat([prev, logits], dim=1)
+                targets = ids[:, s:s + seg.shape[1]]
+            else:
+                targets = seg[:, 1:]
+            pred = logits[:, : targets.shape[1]]
+            nll += F.cross_entropy(pred.reshape(-1, pred.shape[-1]), targets.reshape(-1), reduction="sum").item()
+            count += targets.numel()
+            prev = logits[:, -1:]
+            if progress is not None:
+                progress(min(s + self.segment_len, total), total)
+        return nll, count
+
+    @torch.no_grad()
+    def score(self, context, continuation, memory: MemoryBank | None = None) -> float:
+        """log P(continuation | context, memory), summed over the continuation's tokens. Memory is read, never
+        changed; a context too long for the local window is cut from the left."""
+        ctx, cont = _as_ids(context, self.backbone.device), _as_ids(continuation, self.backbone.device)
+        n = cont.shape[1]
+        if n == 0:
+            return 0.0
+        if n >= self.segment_len:
+            raise ValueError(f"continuation of {n} tokens does not fit the {self.segment_len}-token window")
+        ids = torch.cat([ctx, cont], dim=1)[:, -self.segment_len:]
+        logp = torch.log_softmax(self.step(ids, memory).logits[:, -n - 1:-1].float(), dim=-1)
+        return logp.gather(-1, ids[:, -n:, None]).sum().item()
+
+    @torch.no_grad()
+    def generate(self, prompt, memory: MemoryBank | None = None, sampling: Sampling | None = None) -> Iterator[int]:
+        """Stream new token ids after ``prompt`` (a single sequence). Tokens that leave the local window, from the
+        prompt or from the generation, move into memory (when the model has one) as the paper's update rule says:
+        when the window is full, its older half is appended to memory and the rest is re-encoded."""
+        sampling = sampling or Sampling()
+        ids = _as_ids(prompt, self.backbone.device)
+        if ids.shape[0] != 1:
+            raise ValueError("generate takes a single prompt")
+        if ids.shape[1] == 0:
+            raise ValueError("generate needs a prompt of at least one token")
+        gen = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+        keep = max(self.csz, (self.segment_len // 2) // self.csz * self.csz)
+        if ids.shape[1] > self.segment_len:  # the prompt's head goes to memory (or is dropped without one)
+            head = ids.shape[1] - keep
+            if memory is not None and self.uses_memory:
+                self.memorize(ids[:, :head], memory)
+            ids = ids[:, head:]
+        window = Window()
+        logits = self.step(ids, memory, window).logits[0, -1]
+        for _ in range(sampling.max_new_tokens):
+            tok = _sample(logits, sampling, gen)
+            yield tok
+            if tok in sampling.stop_ids:
+                return
+            new = torch.tensor([[tok]], device=ids.device)
+            if window.length >= self.segment_len:
+                n_out = window.length - keep + 1
+                if memory is not None and window.mem_k is not None:
+                    memory.add(window.mem_k[:, :, :n_out], window.mem_v[:, :, :n_out], tokens=window.ids[:, :n_out])
+                ids = torch.cat([window.ids[:, n_out:], new], dim=1)
+                window = Window()
+                logits = self.step(ids, memory, window).logits[0, -1]
+            else:
+                logits = self.step(new, memory, window).logits[0, -1]
+
+
+def _sample(logits: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> int:
+    logits = logits.float().cpu()
+    if s.temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / s.temperature, dim=-1)
+    if s.top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        cut = sorted_p.cumsum(0) - sorted_p > s.top_p  # drop tokens once the mass before them exceeds top_p
+        sorted_p[cut] = 0.0
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+    return int(torch.multinomial(probs, 1, generator=gen))

@@ -1,0 +1,203 @@
+"""Cached memory bank: head-wise key/value chunks of past text, searched with faiss.
+
+One bank holds ``batch_size`` independent rows (each row of a batch is its own document stream). Per row and per
+key/value head, tokens are grouped into chunks of ``csz`` consecutive tokens; a chunk is keyed by its mean-pooled
+key in an exact inner-product faiss index. ``search`` returns, for every query token and query head, the tokens of
+the top ``n_chunks`` chunks (flattened to K = n_chunks * csz key/value pairs) and a validity mask. Query heads map
+to key/value heads as in grouped-query attention (query head h reads KV head h // (Hq / Hkv)).
+
+Tokens that do not fill a chunk wait in a small pending buffer and become searchable once the chunk is full.
+With a ``capacity`` (M tokens, the paper's FIFO queue) the oldest chunks are evicted first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+import torch
+
+
+@dataclass
+class Retrieved:
+    keys: torch.Tensor  # (B, Hq, T, K, d), K = n_chunks * csz
+    values: torch.Tensor  # (B, Hq, T, K, d)
+    mask: torch.Tensor  # (B, Hq, T, K) bool, False where nothing was found
+    chunk_ids: torch.Tensor  # (B, Hq, T, n_chunks) int64 serial number of the chunk since the last clear, -1 if none
+
+
+def _gpu_resources():
+    if torch.cuda.is_available() and hasattr(faiss, "StandardGpuResources"):
+        return faiss.StandardGpuResources()
+    return None
+
+
+class _Row:
+    """Memory of one stream: per KV head a faiss index plus the chunk key/value tensors, aligned by position."""
+
+    def __init__(self, n_kv_heads: int, head_dim: int, csz: int, dtype: torch.dtype, gpu_res):
+        self.hkv, self.d, self.csz, self.dtype = n_kv_heads, head_dim, csz, dtype
+        self.gpu_res = gpu_res
+        self.indexes = [self._new_index() for _ in range(n_kv_heads)]
+        self.k = torch.empty(n_kv_heads, 0, csz, head_dim, dtype=dtype)  # (Hkv, capacity, csz, d)
+        self.v = torch.empty_like(self.k)
+        self.tokens = torch.empty(0, csz, dtype=torch.int64)  # (capacity, csz), -1 when unknown
+        self.n = 0  # chunks stored
+        self.evicted = 0  # chunks evicted since the last clear (chunk serial = evicted + position)
+        self.pend_k = torch.empty(n_kv_heads, 0, head_dim, dtype=dtype)  # (Hkv, <csz, d) partial chunk
+        self.pend_v = torch.empty_like(self.pend_k)
+        self.pend_t = torch.empty(0, dtype=torch.int64)
+
+    def _new_index(self):
+        index = faiss.IndexFlatIP(self.d)
+        if self.gpu_res is not None:
+            index = faiss.index_cpu_to_gpu(self.gpu_res, 0, index)
+        return index
+
+    def _reserve(self, n_total: int):
+        cap = self.k.shape[1]
+        if n_total <= cap:
+            return
+        new = max(n_total, 2 * cap, 64)
+        k = self.k.new_empty(self.hkv, new, self.csz, self.d)
+        v = self.v.new_empty(self.hkv, new, self.csz, self.d)
+        k[:, :cap], v[:, :cap] = self.k, self.v
+        tok = self.tokens.new_full((new, self.csz), -1)
+        tok[:cap] = self.tokens
+        self.k, self.v, self.tokens = k, v, tok
+
+    def add(self, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor) -> None:
+        """k, v (Hkv, T, d); tokens (T,)."""
+        k = torch.cat([self.pend_k, k.to("cpu", self.dtype)], dim=1)
+        v = torch.cat([self.pend_v, v.to("cpu", self.dtype)], dim=1)
+        tokens = torch.cat([self.pend_t, tokens.to("cpu", torch.int64)])
+        full = (k.shape[1] // self.csz) * self.csz
+        self.pend_k, self.pend_v, self.pend_t = k[:, full:].clone(), v[:, full:].clone(), tokens[full:].clone()
+        nc = full // self.csz
+        if nc == 0:
+            return
+        ck = k[:, :full].reshape(self.hkv, nc, self.csz, self.d)
+        cv = v[:, :full].reshape(self.hkv, nc, self.csz, self.d)
+        self._reserve(self.n + nc)
+        self.k[:, self.n:self.n + nc] = ck
+        self.v[:, self.n:self.n + nc] = cv
+        self.tokens[self.n:self.n + nc] = tokens[:full].view(nc, self.csz)
+        keys = ck.float().mean(dim=2).numpy()  # (Hkv, nc, d) mean-pooled chunk keys
+        for j, index in enumerate(self.indexes):
+            index.add(np.ascontiguousarray(keys[j]))
+        self.n += nc
+
+    def evict(self, n_chunks: int) -> None:
+        """Drop the oldest ``n_chunks`` chunks (FIFO)."""
+        e = min(n_chunks, self.n)
+        if e <= 0:
+            return
+        for j, index in enumerate(self.indexes):
+            if self.gpu_res is None:
+                index.remove_ids(faiss.IDSelectorRange(0, e))
+            else:  # GPU flat indexes cannot remove: rebuild from the kept keys
+                index.reset()
+                index.add(np.ascontiguousarray(self.k[j, e:self.n].float().mean(dim=1).numpy()))
+        keep = self.n - e
+        self.k[:, :keep] = self.k[:, e:self.n].clone()
+        self.v[:, :keep] = self.v[:, e:self.n].clone()
+        self.tokens[:keep] = self.tokens[e:self.n].clone()
+        self.n = keep
+        self.evicted += e
+
+    def search(self, q: torch.Tensor, n_chunks: int, group: int):
+        """q (Hq, T, d) -> keys, values (Hq, T, K, d), mask (Hq, T, K), ids (Hq, T, n_chunks)."""
+        hq, T, d = q.shape
+        ids = np.full((hq, T, n_chunks), -1, dtype=np.int64)
+        if self.n > 0:
+            qf = q.detach().to("cpu", torch.float32).numpy()
+            for j, index in enumerate(self.indexes):
+                block = np.ascontiguousarray(qf[j * group:(j + 1) * group].reshape(group * T, d))
+                _, found = index.search(block, min(n_chunks, self.n))
+                ids[j * group:(j + 1) * group, :, : found.shape[1]] = found.reshape(group, T, -1)
+        ids_t = torch.from_numpy(ids)
+        valid = ids_t >= 0  # (Hq, T, n)
+        safe = ids_t.clamp(min=0)
+        kv_head = torch.arange(hq) // group  # (Hq,)
+        if self.n > 0:
+            keys = self.k[kv_head[:, None, None], safe]  # (Hq, T, n, csz, d)
+            values = self.v[kv_head[:, None, None], safe]
+        else:
+            keys = torch.zeros(hq, T, n_chunks, self.csz, d, dtype=self.dtype)
+            values = torch.zeros_like(keys)
+        K = n_chunks * self.csz
+        mask = valid[..., None].expand(hq, T, n_chunks, self.csz).reshape(hq, T, K)
+        serial = torch.where(valid, ids_t + self.evicted, torch.full_like(ids_t, -1))
+        return keys.reshape(hq, T, K, d), values.reshape(hq, T, K, d), mask, serial
+
+
+class MemoryBank:
+    """The narrow memory interface passed into forward: ``add``, ``search``, ``clear`` (plus a few read-outs)."""
+
+    def __init__(self, n_kv_heads: int, head_dim: int, *, csz: int = 4, capacity: int | None = 65536,
+                 batch_size: int = 1, dtype: torch.dtype = torch.bfloat16, use_gpu: bool | None = None):
+        if csz < 1:
+            raise ValueError(f"chunk size must be >= 1, got {csz}")
+        if capacity is not None and capacity < csz:
+            raise ValueError(f"capacity ({capacity} tokens) must hold at least one chunk of {csz}")
+        self.n_kv_heads, self.head_dim, self.csz = n_kv_heads, head_dim, csz
+        self.capacity = capacity
+        self.dtype = dtype
+        self.gpu_res = _gpu_resources() if use_gpu is not False else None
+        if use_gpu and self.gpu_res is None:
+            raise RuntimeError("GPU faiss requested but faiss has no GPU support or CUDA is unavailable")
+        self.rows = [self._row() for _ in range(batch_size)]
+
+    def _row(self) -> _Row:
+        return _Row(self.n_kv_heads, self.head_dim, self.csz, self.dtype, self.gpu_res)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
+
+    def __len__(self) -> int:
+        """Tokens searchable in row 0 (all rows of a single-document bank)."""
+        return self.rows[0].n * self.csz
+
+    def sizes(self) -> list[int]:
+        """Searchable tokens per row."""
+        return [r.n * self.csz for r in self.rows]
+
+    def add(self, keys: torch.Tensor, values: torch.Tensor, tokens: torch.Tensor | None = None) -> None:
+        """Append keys/values (B, Hkv, T, d) of T new tokens per row (and their ids (B, T)), evicting FIFO."""
+        B, hkv, T, d = keys.shape
+        if B != self.batch_size or hkv != self.n_kv_heads or d != self.head_dim:
+            raise ValueError(f"memory expects (B={self.batch_size}, Hkv={self.n_kv_heads}, T, d={self.head_dim}), "
+                             f"got {tuple(keys.shape)}")
+        if tokens is None:
+            tokens = torch.full((B, T), -1, dtype=torch.int64)
+        for b, row in enumerate(self.rows):
+            row.add(keys[b], values[b], tokens[b])
+            if self.capacity is not None and row.n * self.csz > self.capacity:
+                row.evict(row.n - self.capacity // self.csz)
+
+    @torch.no_grad()
+    def search(self, queries: torch.Tensor, n_chunks: int) -> Retrieved:
+        """Top ``n_chunks`` chunks per query token and head for queries (B, Hq, T, d), by inner product."""
+        B, hq, T, d = queries.shape
+        if B != self.batch_size or hq % self.n_kv_heads or d != self.head_dim:
+            raise ValueError(f"queries {tuple(queries.shape)} do not fit memory with B={self.batch_size}, "
+                             f"Hkv={self.n_kv_heads}, d={self.head_dim}")
+        group = hq // self.n_kv_heads
+        parts = [row.search(queries[b], n_chunks, group) for b, row in enumerate(self.rows)]
+        keys, values, mask, ids = (torch.stack(t).to(queries.device) for t in zip(*parts))
+        return Retrieved(keys=keys, values=values, mask=mask, chunk_ids=ids)
+
+    def clear(self, rows: list[int] | None = None) -> None:
+        """Forget everything (or only the given rows, e.g. where a new document starts)."""
+        for b in range(self.batch_size) if rows is None else rows:
+            self.rows[b] = self._row()
+
+    def chunk_tokens(self, row: int, serial: int) -> torch.Tensor:
+        """Token ids (csz,) of a stored chunk by its serial number (-1 entries when ids were not given)."""
+        r = self.rows[row]
+        pos = serial - r.evicted
+        if not 0 <= pos < r.n:
+            raise KeyError(f"chunk {serial} is not in row {row} (evicted or never stored)")
+        return r.tokens[pos].clone()

@@ -1,0 +1,155 @@
+"""LongMemModel: frozen backbone + residual SideNet + memory bank (the paper's figure 1).
+
+    ids (B, T) --backbone (frozen, no grad)--> H_llm[0..L'] and pre-RoPE K/V of layer m
+        H_llm --SideNet (L'/r layers, one memory-augmented; reads memory)--> H_side[L] --frozen norm + LM head--> logits
+        K/V of layer m --after the step--> memory bank (retrieval for later segments)
+
+Checkpoints are a directory with ``sidenet.safetensors`` and ``config.json`` (model config, backbone identity and
+weights hash, provenance). Loading refuses a checkpoint trained for another backbone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .backbone import DEFAULT_BACKBONE, DTYPES, Backbone, BackboneSpec, load_backbone, resolve_dtype
+from .lm import SegmentLM, Step, Window
+from .memory import MemoryBank
+from .sidenet import LayerCache, SideNet
+
+CHECKPOINT_FORMAT = 1
+
+
+class CheckpointError(RuntimeError):
+    """A SideNet checkpoint that is missing, malformed, or made for another backbone."""
+
+
+@dataclass
+class LongMemConfig:
+    backbone: str = DEFAULT_BACKBONE  # "default" = embedded SmolLM2-135M-Instruct, or a local HF model directory
+    dtype: str = "auto"  # backbone/SideNet weights: "auto" (bf16 where the hardware has it, else fp32), or a name
+    reduction: int = 2  # r: the SideNet has L'/r layers, layer l copied from backbone layer r*l
+    memory_layer: int | None = None  # SideNet layer (0-based) with memory; None = 3/4 depth, round(0.75 L) - 1
+    cached_layer: int | None = None  # backbone layer m (0-based) cached in memory; None = the memory layer's twin
+    csz: int = 4  # tokens per memory chunk
+    topk: int = 64  # K: memory tokens each query token attends to (K/csz chunks per head)
+    capacity: int | None = 65536  # M: memory tokens per stream (FIFO beyond); None = unbounded
+    segment_len: int = 1024  # local context window
+    side_init: str = "rezero"  # "rezero": zero-scaled branches, reproduces the backbone; "plain": paper's copy-init
+    gate_init: float = 0.0  # head-wise memory gate g at init (sigmoid(0) = 50/50)
+
+    def resolved(self, spec: BackboneSpec) -> "LongMemConfig":
+        """Fill the depth-dependent defaults for a backbone and check everything fits it."""
+        n_side = spec.n_layers // self.reduction
+        mem = self.memory_layer if self.memory_layer is not None else max(0, round(0.75 * n_side) - 1)
+        cached = self.cached_layer if self.cached_layer is not None else min(self.reduction * (mem + 1),
+                                                                              spec.n_layers) - 1
+        if not 0 <= cached < spec.n_layers:
+            raise ValueError(f"cached layer {cached} outside the backbone's {spec.n_layers} layers")
+        if self.segment_len > spec.max_positions:
+            raise ValueError(f"segment_len {self.segment_len} exceeds the backbone's {spec.max_positions} positions")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        return replace(self, memory_layer=mem, cached_layer=cached)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LongMemConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class LongMemModel(SegmentLM):
+    """The LongMem language model. Memory is an argument of every call, never hidden state of the model."""
+
+    def __init__(self, backbone: Backbone, config: LongMemConfig | None = None):
+        super().__init__()
+        self.backbone = backbone
+        self.config = (config or LongMemConfig()).resolved(backbone.spec)
+        c = self.config
+        self.segment_len, self.csz, self.capacity, self.cached_layer = c.segment_len, c.csz, c.capacity, c.cached_layer
+        self.sidenet = SideNet(backbone, reduction=c.reduction, memory_layer=c.memory_layer,
+                               cached_layer=c.cached_layer, csz=c.csz, topk=c.topk, side_init=c.side_init,
+                               gate_init=c.gate_init)
+        self.provenance: dict = {}
+
+    @classmethod
+    def from_config(cls, config: LongMemConfig | None = None, device: str = "cpu") -> "LongMemModel":
+        config = config or LongMemConfig()
+        return cls(load_backbone(config.backbone, resolve_dtype(config.dtype, device), device), config)
+
+    def step(self, ids: torch.Tensor, memory: MemoryBank | None, window: Window | None = None) -> Step:
+        start = window.length if window is not None else 0
+        positions = torch.arange(start, start + ids.shape[1], device=ids.device)
+        with torch.no_grad():
+            out = self.backbone(ids, positions=positions, use_cache=window is not None,
+                                past_key_values=None if window is None else window.past)
+            k, v = self.memory_kv(out.hidden[self.cached_layer])
+        if window is not None and window.side is None:
+            window.side = [LayerCache() for _ in self.sidenet.layers]
+        trace: list = []
+        h = self.sidenet(out.hidden, rope=self.backbone.rope, positions=positions, memory=memory, trace=trace,
+                         caches=None if window is None else window.side)
+        if window is not None:
+            window.past = out.past_key_values
+            window.append(ids, k, v)
+        return Step(logits=self.backbone.logits(h), k=k, v=v, chunk_ids=trace)
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().contiguous() for k, v in self.sidenet.state_dict().items()}
+
+    def save(self, path: str | os.PathLike, provenance: dict | None = None) -> Path:
+        """Write ``sidenet.safetensors`` + ``config.json`` into directory ``path`` atomically (temp dir + rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
+        try:
+            save_file(self.trainable_state(), str(tmp / "sidenet.safetensors"), metadata={"format": "pt"})
+            meta = {"format": CHECKPOINT_FORMAT, "config": asdict(self.config), "backbone": self.backbone.identity(),
+                    "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "provenance": {**self.provenance,
+                                                                                   **(provenance or {})}}
+            (tmp / "config.json").write_text(json.dumps(meta, indent=2))
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, backbone: Backbone | None = None, device: str = "cpu") -> "LongMemModel":
+        """Load a checkpoint directory; the backbone is loaded from its config unless given (and then checked)."""
+        path = Path(path)
+        try:
+            meta = json.loads((path / "config.json").read_text())
+        except FileNotFoundError:
+            raise CheckpointError(f"{path} is not a LongMem checkpoint (no config.json)") from None
+        except ValueError as e:
+            raise CheckpointError(f"{path}/config.json is not valid JSON: {e}") from None
+        if meta.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT}")
+        config = LongMemConfig.from_dict(meta["config"])
+        if backbone is None:
+            backbone = load_backbone(config.backbone, resolve_dtype(config.dtype, device), device)
+        want = meta["backbone"]
+        if want["sha256"] != backbone.fingerprint():
+            raise CheckpointError(f"{path} was trained for backbone {want['name']!r} (sha256 {want['sha256'][:12]}…), "
+                                  f"not {backbone.name!r} (sha256 {backbone.fingerprint()[:12]}…)")
+        model = cls(backbone, config)
+        state = load_file(str(path / "sidenet.safetensors"))
+        missing, unexpected = model.sidenet.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(f"{path}: weights do not match the SideNet (missing {missing[:3]}, "
+                                  f"unexpected {unexpected[:3]})")
+        model.provenance = meta.get("provenance", {})
+        return model.to(device)

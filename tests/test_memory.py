@@ -1,0 +1,119 @@
+"""The memory bank: exact faiss search, chunking, FIFO eviction, GQA head mapping, per-row streams."""
+
+import pytest
+import torch
+
+from longmem.memory import MemoryBank
+
+
+def _bank(**kw):
+    base = dict(csz=4, capacity=None, batch_size=1, dtype=torch.float32)
+    base.update(kw)
+    return MemoryBank(2, 8, **base)
+
+
+def _kv(T, B=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, 2, T, 8, generator=g), torch.randn(B, 2, T, 8, generator=g)
+
+
+def test_search_equals_brute_force_topk():
+    bank = _bank()
+    k, v = _kv(64)
+    bank.add(k, v)
+    q = torch.randn(1, 6, 5, 8)  # 6 query heads over 2 KV heads: groups of 3
+    r = bank.search(q, n_chunks=3)
+    chunk_keys = k[0].view(2, 16, 4, 8).mean(dim=2)  # (Hkv, chunks, d)
+    for h in range(6):
+        scores = q[0, h] @ chunk_keys[h // 3].T  # (T, chunks)
+        want = scores.topk(3, dim=-1).indices
+        assert torch.equal(r.chunk_ids[0, h].sort(-1).values, want.sort(-1).values)
+        # the returned token keys/values are exactly the chunks' tokens, flattened
+        for t in range(5):
+            for j, c in enumerate(r.chunk_ids[0, h, t]):
+                torch.testing.assert_close(r.keys[0, h, t, j * 4:(j + 1) * 4], k[0, h // 3, c * 4:(c + 1) * 4])
+                torch.testing.assert_close(r.values[0, h, t, j * 4:(j + 1) * 4], v[0, h // 3, c * 4:(c + 1) * 4])
+    assert r.keys.shape == (1, 6, 5, 12, 8) and r.mask.all()
+
+
+def test_fewer_chunks_than_asked_are_masked():
+    bank = _bank()
+    bank.add(*_kv(8))  # 2 chunks
+    r = bank.search(torch.randn(1, 2, 3, 8), n_chunks=4)
+    assert r.mask[..., :8].all() and not r.mask[..., 8:].any()
+    assert (r.chunk_ids[..., 2:] == -1).all()
+
+
+def test_empty_bank_returns_nothing_valid():
+    r = _bank().search(torch.randn(1, 2, 3, 8), n_chunks=2)
+    assert not r.mask.any() and r.keys.shape == (1, 2, 3, 8, 8)
+
+
+def test_partial_chunks_wait_until_full():
+    bank = _bank()
+    k, v = _kv(6)
+    bank.add(k[:, :, :3], v[:, :, :3])
+    assert len(bank) == 0
+    bank.add(k[:, :, 3:], v[:, :, 3:])
+    assert len(bank) == 4  # one full chunk; 2 tokens pending
+    r = bank.search(torch.randn(1, 2, 1, 8), n_chunks=1)
+    torch.testing.assert_close(r.keys[0, 0, 0], k[0, 0, :4])
+
+
+def test_fifo_eviction_drops_oldest_first():
+    bank = _bank(capacity=16)  # 4 chunks
+    tokens = torch.arange(28).view(1, 28)
+    k, v = _kv(28)
+    bank.add(k, v, tokens=tokens)  # 7 chunks -> keep the newest 4
+    assert len(bank) == 16
+    row = bank.rows[0]
+    assert row.evicted == 3
+    assert torch.equal(row.tokens[:4].flatten(), torch.arange(12, 28))
+    torch.testing.assert_close(row.k[:, :4].reshape(2, 16, 8), k[0, :, 12:28])
+    with pytest.raises(KeyError):
+        bank.chunk_tokens(0, 2)
+    assert torch.equal(bank.chunk_tokens(0, 3), torch.arange(12, 16))
+    # the index only knows the kept chunks: every hit is one of serials 3..6
+    r = bank.search(torch.randn(1, 2, 10, 8), n_chunks=4)
+    assert set(r.chunk_ids.unique().tolist()) == {3, 4, 5, 6}
+
+
+def test_eviction_keeps_index_and_tensors_aligned():
+    bank = _bank(capacity=8, csz=2)
+    k, v = _kv(20)
+    bank.add(k, v)
+    q = k[:, :1, -2:].mean(dim=2, keepdim=True).repeat(1, 2, 1, 1) * 100  # points at the newest chunk
+    r = bank.search(q, n_chunks=1)
+    torch.testing.assert_close(r.keys[0, 0, 0], k[0, 0, -2:])
+
+
+def test_rows_are_independent_streams_and_clear_by_row():
+    bank = _bank(batch_size=2)
+    k, v = _kv(8, B=2)
+    bank.add(k, v, tokens=torch.stack([torch.arange(8), torch.arange(100, 108)]))
+    assert bank.sizes() == [8, 8]
+    r = bank.search(torch.randn(2, 2, 3, 8), n_chunks=2)
+    assert torch.equal(r.keys[1, 0].reshape(-1, 4, 8)[0], k[1, 0, :4]) or \
+        torch.equal(r.keys[1, 0].reshape(-1, 4, 8)[0], k[1, 0, 4:])
+    bank.clear(rows=[0])
+    assert bank.sizes() == [0, 8]
+    bank.clear()
+    assert bank.sizes() == [0, 0]
+
+
+def test_shape_errors_name_the_problem():
+    bank = _bank()
+    with pytest.raises(ValueError, match="memory expects"):
+        bank.add(torch.zeros(1, 3, 4, 8), torch.zeros(1, 3, 4, 8))
+    with pytest.raises(ValueError, match="do not fit"):
+        bank.search(torch.zeros(1, 3, 1, 8), 1)
+    with pytest.raises(ValueError, match="capacity"):
+        MemoryBank(2, 8, csz=4, capacity=2)
+
+
+def test_bf16_storage_keeps_fp32_index():
+    bank = _bank(dtype=torch.bfloat16)
+    k, v = _kv(16)
+    bank.add(k, v)
+    r = bank.search(torch.randn(1, 2, 2, 8), n_chunks=2)
+    assert r.keys.dtype == torch.bfloat16 and r.mask.all()

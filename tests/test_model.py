@@ -1,0 +1,218 @@
+"""LongMemModel and the baselines on tiny configs: reproduction at init, memory causality, cached decoding,
+the gate, checkpoints."""
+
+import json
+
+import pytest
+import torch
+from conftest import random_ids, small_config, tiny_gpt2, tiny_llama
+
+from longmem.baselines import BackboneLM, MemTRM
+from longmem.lm import Sampling, Window
+from longmem.model import CheckpointError, LongMemConfig, LongMemModel
+from longmem.sidenet import MemoryAugmentedLayer, local_attention, memory_attention
+
+
+def test_shapes_and_layout(model):
+    spec = model.backbone.spec
+    assert len(model.sidenet.layers) == spec.n_layers // 2
+    assert isinstance(model.sidenet.layers[model.config.memory_layer], MemoryAugmentedLayer)
+    mem = model.new_memory(batch_size=2)
+    out = model(random_ids(16, batch=2), mem, labels=random_ids(16, batch=2))
+    assert out.logits.shape == (2, 16, spec.vocab_size)
+    assert out.loss.ndim == 0 and torch.isfinite(out.loss)
+    assert mem.sizes() == [16, 16]
+
+
+def test_default_depths_follow_the_paper():
+    """24-layer backbone (the paper's GPT-2*): memory in side layer 9, keys from backbone layer 18 (1-based)."""
+    cfg = LongMemConfig(segment_len=256).resolved(tiny_llama(n_layers=24).spec)
+    assert (cfg.memory_layer, cfg.cached_layer) == (8, 17)
+
+
+def test_untrained_sidenet_reproduces_backbone(backbone):
+    ids = random_ids(16)
+    model = LongMemModel(backbone, small_config())
+    mem = model.new_memory()
+    model(random_ids(16, seed=1), mem)  # memory is not empty, yet closed branches ignore it
+    ref = backbone.model(ids).logits
+    torch.testing.assert_close(model(ids, mem).logits, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_paper_plain_init_does_not_reproduce_backbone():
+    bb = tiny_llama()
+    ids = random_ids(16)
+    plain = LongMemModel(bb, small_config(side_init="plain"))
+    assert (plain(ids).logits - bb.model(ids).logits).abs().max() > 1e-2
+
+
+def test_odd_depth_residuals_reach_the_top():
+    bb = tiny_llama(n_layers=5)  # 5 // 2 = 2 side layers; the last residual spans backbone layers 3..5
+    model = LongMemModel(bb, small_config())
+    assert model.sidenet.boundaries == [0, 2, 5]
+    ids = random_ids(8)
+    torch.testing.assert_close(model(ids).logits, bb.model(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_gate_at_init_mixes_fifty_fifty():
+    bb = tiny_llama()
+    model = LongMemModel(bb, small_config())
+    layer = model.sidenet.layers[model.config.memory_layer]
+    assert torch.all(torch.sigmoid(layer.gate) == 0.5)
+    mem = model.new_memory()
+    model.memorize(random_ids(32, seed=3), mem)
+    q, k, v = torch.randn(1, 6, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    q_raw = torch.randn(1, 6, 5, 8)
+    a = local_attention(q, k, v)
+    r = mem.search(q_raw, layer.n_chunks)
+    m, found = memory_attention(q_raw, r.keys, r.values, r.mask)
+    assert found.all()
+    mixed = layer._attend(q, k, v, q_raw, mem, None)
+    torch.testing.assert_close(mixed, 0.5 * a + 0.5 * m)
+    assert not torch.allclose(mixed, a)
+
+
+@pytest.mark.parametrize("kind", ["longmem", "memtrm"])
+def test_no_token_retrieves_its_own_or_a_later_segment(kind):
+    bb = tiny_llama()
+    model = LongMemModel(bb, small_config()) if kind == "longmem" else \
+        MemTRM(bb, csz=2, topk=8, capacity=None, segment_len=16)
+    mem = model.new_memory()
+    ids = random_ids(64)
+    for s in range(0, 64, 16):
+        out = model.step(ids[:, s:s + 16], mem)
+        if s == 0:
+            assert not (out.chunk_ids[0] >= 0).any()  # nothing in memory before the first segment
+        else:
+            hits = out.chunk_ids[0][out.chunk_ids[0] >= 0]
+            assert hits.numel() > 0 and hits.max() < s // 2  # chunks of csz=2 tokens, all before this segment
+        mem.add(out.k, out.v, tokens=ids[:, s:s + 16])
+    # stored chunks hold exactly the text in order
+    assert torch.equal(mem.rows[0].tokens[:32].flatten(), ids[0])
+
+
+@pytest.mark.parametrize("kind", ["longmem", "backbone", "memtrm"])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_cached_decoding_equals_uncached(kind, family):
+    bb = tiny_llama() if family == "llama" else tiny_gpt2()
+    if kind == "longmem":
+        model = LongMemModel(bb, small_config())
+        for layer in model.sidenet.layers:  # open the branches so the SideNet's own cache matters
+            layer.alpha_attn.data.fill_(0.7)
+            layer.alpha_mlp.data.fill_(0.7)
+    elif kind == "backbone":
+        model = BackboneLM(bb, 16)
+    else:
+        model = MemTRM(bb, cached_layer=1, csz=2, topk=8, capacity=None, segment_len=16)
+    mem = model.new_memory() if model.uses_memory else None
+    if mem is not None:
+        model.memorize(random_ids(32, seed=5), mem)
+    ids = random_ids(12)
+    with torch.no_grad():
+        full = model.step(ids, mem).logits
+        window = Window()
+        parts = [model.step(ids[:, :7], mem, window).logits]
+        parts += [model.step(ids[:, t:t + 1], mem, window).logits for t in range(7, 12)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-4, rtol=1e-4)
+    assert window.length == 12
+
+
+def test_generation_moves_old_tokens_into_memory(llama):
+    model = LongMemModel(llama, small_config())
+    mem = model.new_memory()
+    prompt = random_ids(20)  # longer than the 16-token window: its head goes to memory first
+    out = list(model.generate(prompt, mem, Sampling(max_new_tokens=30, temperature=0)))
+    assert len(out) == 30
+    stored = mem.rows[0].tokens[: mem.rows[0].n].flatten()
+    assert torch.equal(stored[:12], prompt[0, :12])  # head of the prompt (20 - 8 kept) in order
+    assert len(mem) > 12  # and generated context moved in as the window filled
+
+
+def test_greedy_generation_with_empty_memory_matches_backbone(llama):
+    model = LongMemModel(llama, small_config())
+    base = BackboneLM(llama, 16)
+    prompt = random_ids(6)
+    s = Sampling(max_new_tokens=12, temperature=0)
+    assert list(model.generate(prompt, model.new_memory(), s)) == list(base.generate(prompt, None, s))
+
+
+def test_sampling_is_reproducible_with_a_seed(llama):
+    model = BackboneLM(llama, 16)
+    s = Sampling(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=7)
+    assert list(model.generate(random_ids(4), None, s)) == list(model.generate(random_ids(4), None, s))
+
+
+def test_score_and_nll_agree(llama):
+    model = LongMemModel(llama, small_config())
+    ids = random_ids(12)
+    nll, n = model.nll(ids)
+    assert n == 11
+    assert model.score(ids[:, :1], ids[:, 1:]) == pytest.approx(-nll, rel=1e-4)
+
+
+def test_nll_over_segments_counts_every_token(llama):
+    model = LongMemModel(llama, small_config())
+    nll, n = model.nll(random_ids(40), model.new_memory())
+    assert n == 39 and nll > 0
+
+
+def test_training_signal_reaches_scales_and_gate(llama):
+    model = LongMemModel(llama, small_config())
+    mem = model.new_memory()
+    model.memorize(random_ids(32, seed=2), mem)
+    ids = random_ids(16)
+    model(ids, mem, labels=ids).loss.backward()
+    layer = model.sidenet.layers[model.config.memory_layer]
+    assert layer.alpha_attn.grad.abs() > 0 and layer.alpha_mlp.grad.abs() > 0
+    assert all(p.grad is None for p in llama.parameters())
+
+
+def test_memtrm_trains_only_its_memory_layer_and_starts_as_backbone(llama):
+    model = MemTRM(llama, cached_layer=2, csz=2, topk=8, capacity=None, segment_len=16)
+    ids = random_ids(16)
+    torch.testing.assert_close(model(ids, model.new_memory()).logits, llama.model(ids).logits,
+                               atol=1e-5, rtol=1e-5)  # empty memory: local attention only
+    mem = model.new_memory()
+    model.memorize(random_ids(32, seed=4), mem)
+    model(ids, mem, labels=ids).loss.backward()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith("memory_layer.") for n in trainable)
+    assert model.memory_layer.gate.grad is not None
+
+
+def test_save_load_round_trip_is_bit_identical(tmp_path, llama):
+    model = LongMemModel(llama, small_config())
+    with torch.no_grad():
+        for p in model.sidenet.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    path = model.save(tmp_path / "ckpt", provenance={"note": "test"})
+    again = LongMemModel.load(path, backbone=llama)
+    a, b = model.trainable_state(), again.trainable_state()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    meta = json.loads((path / "config.json").read_text())
+    assert meta["backbone"]["sha256"] == llama.fingerprint() and meta["provenance"]["note"] == "test"
+    ids = random_ids(16)
+    assert torch.equal(model(ids).logits, again(ids).logits)
+
+
+def test_load_refuses_another_backbone(tmp_path, llama):
+    path = LongMemModel(llama, small_config()).save(tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="trained for backbone"):
+        LongMemModel.load(path, backbone=tiny_llama(seed=1))
+
+
+def test_load_reports_missing_or_broken_checkpoint(tmp_path, llama):
+    with pytest.raises(CheckpointError, match="not a LongMem checkpoint"):
+        LongMemModel.load(tmp_path, backbone=llama)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        LongMemModel.load(tmp_path, backbone=llama)
+
+
+def test_config_errors_name_the_problem(llama):
+    with pytest.raises(ValueError, match="multiple of the chunk size"):
+        LongMemModel(llama, small_config(topk=7))
+    with pytest.raises(ValueError, match="exceeds the backbone"):
+        LongMemModel(llama, small_config(segment_len=100_000))
+    with pytest.raises(ValueError, match="exceeds segment_len"):
+        LongMemModel(llama, small_config())(random_ids(17))
