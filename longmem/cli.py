@@ -43,10 +43,7 @@ def _load_model(args):
     return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype))
 
 
-def _memorize_file(model, path: str, memory) -> int:
-    from .text import read_text
-
-    ids = model.backbone.tokenizer(read_text(path), return_tensors="pt").input_ids
+def _memorize_ids(model, ids, memory) -> int:
     with tqdm(total=ids.shape[1], unit="tok", desc="memorizing", file=sys.stderr) as bar:
         model.memorize(ids, memory, progress=lambda done, _total: bar.update(done - bar.n))
     return ids.shape[1]
@@ -71,11 +68,14 @@ def _stream(model, prompt_ids, memory, sampling) -> str:
 
 
 def cmd_chat(args) -> int:
+    from .text import read_text
+
+    text = read_text(args.file) if args.file else None  # bad input fails before the model loads
     model = _load_model(args)
     tok = model.backbone.tokenizer
     memory = model.new_memory(capacity=None)
-    if args.file:
-        n = _memorize_file(model, args.file, memory)
+    if text is not None:
+        n = _memorize_ids(model, tok(text, return_tensors="pt").input_ids, memory)
         print(f"[{n} tokens of {args.file} in memory]", file=sys.stderr)
     sampling = _sampling(args)
     sampling.stop_ids = tuple(i for i in (tok.eos_token_id,) if i is not None)
@@ -106,19 +106,19 @@ def cmd_chat(args) -> int:
 def cmd_generate(args) -> int:
     from .text import read_text
 
-    model = _load_model(args)
-    memory = model.new_memory(capacity=None)
-    tok = model.backbone.tokenizer
-    if args.prompt is not None:
-        if args.file:
-            _memorize_file(model, args.file, memory)
-        prompt = args.prompt
-    elif args.file:  # continue the file from its end: the head goes to memory inside generate
-        prompt = read_text(args.file)
-    else:
+    if args.file is None and args.prompt is None:
         print("error: give --file and/or --prompt", file=sys.stderr)
         return 2
-    ids = tok(prompt, return_tensors="pt").input_ids
+    text = read_text(args.file) if args.file else None  # bad input fails before the model loads
+    model = _load_model(args)
+    memory = model.new_memory(capacity=None)
+    if args.prompt is not None:
+        if text is not None:
+            _memorize_ids(model, model.backbone.tokenizer(text, return_tensors="pt").input_ids, memory)
+        prompt = args.prompt
+    else:  # continue the file from its end: generate moves its head into memory
+        prompt = text
+    ids = model.backbone.tokenizer(prompt, return_tensors="pt").input_ids
     if ids.shape[1] == 0:
         print("error: the prompt is empty", file=sys.stderr)
         return 2
@@ -163,11 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_bench(args, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    from .backbone import BackboneError
+    from .model import CheckpointError
     from .text import InputError
 
     try:
         return {"chat": cmd_chat, "generate": cmd_generate}[args.command](args)
-    except InputError as e:
+    except (InputError, BackboneError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
