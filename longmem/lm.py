@@ -103,18 +103,29 @@ class SegmentLM(nn.Module):
         return self.backbone.layer_kv(self.cached_layer, hidden_m)
 
     @torch.no_grad()
-    def memorize(self, ids, memory: MemoryBank, progress: Progress | None = None) -> int:
+    def memorize(self, ids, memory: MemoryBank, progress: Progress | None = None, batch_segments: int = 4) -> int:
         """Push token ids (T,) or (B, T) into memory, segment by segment, running the backbone only up to the
-        cached layer. Returns the number of tokens added per row."""
+        cached layer. Each segment is encoded on its own (positions from 0), as in training; for a single stream,
+        ``batch_segments`` consecutive segments run as one batch (larger matmuls, same result).
+        Returns the number of tokens added per row."""
         ids = _as_ids(ids, self.backbone.device)
-        total = ids.shape[1]
-        for s in range(0, total, self.segment_len):
-            seg = ids[:, s:s + self.segment_len]
-            out = self.backbone(seg, n_layers=self.cached_layer)
-            k, v = self.memory_kv(out.hidden[self.cached_layer])
-            memory.add(k, v, tokens=seg)
+        total, L = ids.shape[1], self.segment_len
+        step = L * (batch_segments if ids.shape[0] == 1 else 1)
+        for s in range(0, total, step):
+            segs = list(ids[:, s:s + step].split(L, dim=1))
+            if len(segs) > 1 and segs[-1].shape[1] == L:  # full segments of one stream: one batch
+                segs = [torch.cat(segs, dim=0)]
+            elif len(segs) > 2:
+                segs = [torch.cat(segs[:-1], dim=0), segs[-1]]
+            for seg in segs:
+                out = self.backbone(seg, n_layers=self.cached_layer)
+                k, v = self.memory_kv(out.hidden[self.cached_layer])  # (b, Hkv, T, d)
+                if seg.shape[0] != ids.shape[0]:  # batched segments of one stream: back to one row, in order
+                    k, v = (t.transpose(0, 1).reshape(1, t.shape[1], -1, t.shape[-1]) for t in (k, v))
+                    seg = seg.reshape(1, -1)
+                memory.add(k, v, tokens=seg)
             if progress is not None:
-                progress(min(s + self.segment_len, total), total)
+                progress(min(s + step, total), total)
         return total
 
     # -- language modelling ---------------------------------------------------------------------------------------

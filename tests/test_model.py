@@ -216,3 +216,16 @@ def test_config_errors_name_the_problem(llama):
         LongMemModel(llama, small_config(segment_len=100_000))
     with pytest.raises(ValueError, match="exceeds segment_len"):
         LongMemModel(llama, small_config())(random_ids(17))
+
+
+def test_batched_memorize_equals_segment_by_segment(llama):
+    model = LongMemModel(llama, small_config())
+    ids = random_ids(16 * 5 + 6)
+    a, b = model.new_memory(), model.new_memory()
+    model.memorize(ids, a, batch_segments=4)
+    model.memorize(ids, b, batch_segments=1)
+    ra, rb = a.rows[0], b.rows[0]
+    assert ra.n == rb.n == 43
+    assert torch.equal(ra.tokens[:43], rb.tokens[:43]) and torch.equal(ra.tokens[:43].flatten(), ids[0])
+    torch.testing.assert_close(ra.k[:, :43], rb.k[:, :43])
+    torch.testing.assert_close(ra.v[:, :43], rb.v[:, :43])
