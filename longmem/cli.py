@@ -68,6 +68,7 @@ def _stream(model, prompt_ids, memory, sampling) -> str:
 
 
 def cmd_chat(args) -> int:
+    from .tasks import Chat
     from .text import read_text
 
     text = read_text(args.file) if args.file else None  # bad input fails before the model loads
@@ -77,9 +78,7 @@ def cmd_chat(args) -> int:
     if text is not None:
         n = _memorize_ids(model, tok(text, return_tensors="pt").input_ids, memory)
         print(f"[{n} tokens of {args.file} in memory]", file=sys.stderr)
-    sampling = _sampling(args)
-    sampling.stop_ids = tuple(i for i in (tok.eos_token_id,) if i is not None)
-    history: list[dict] = []
+    chat = Chat(model, memory, _sampling(args))
     questions = [args.ask] if args.ask else None
     while True:
         if questions is not None:
@@ -93,14 +92,13 @@ def cmd_chat(args) -> int:
             except (EOFError, KeyboardInterrupt):
                 print()
                 return 0
-        if question in ("", "/quit", "/exit"):
-            if question:
-                return 0
+        if question in ("/quit", "/exit"):
+            return 0
+        if not question:
             continue
-        history.append({"role": "user", "content": question})
-        prompt = tok.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
-        ids = tok(prompt, return_tensors="pt").input_ids
-        history.append({"role": "assistant", "content": _stream(model, ids, memory, sampling)})
+        for piece in chat.ask(question):
+            print(piece, end="", flush=True)
+        print()
 
 
 def cmd_generate(args) -> int:

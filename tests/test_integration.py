@@ -85,3 +85,17 @@ def test_long_prompt_overflows_into_memory(model, backbone, book_text):
     out = list(model.generate(ids, memory, Sampling(max_new_tokens=4, temperature=0)))
     assert len(out) == 4
     assert len(memory) == 988  # 1500 - 512 kept in the window, whole chunks of 4
+
+
+def test_chat_moves_old_turns_into_memory(backbone):
+    from longmem.tasks import Chat
+
+    model = LongMemModel(backbone, LongMemConfig(segment_len=128))
+    memory = model.new_memory()
+    chat = Chat(model, memory, Sampling(max_new_tokens=24, temperature=0))
+    answers = ["".join(chat.ask(q)) for q in ("Name three colours.", "Name three animals.", "Name three cities.")]
+    assert all(a.strip() for a in answers)
+    assert chat.moved_turns >= 1 and len(memory) > 0  # older turns left the 128-token window for memory
+    assert len(chat.history) == 6 - chat.moved_turns
+    with pytest.raises(ValueError, match="empty"):
+        next(chat.ask("  "))
