@@ -21,14 +21,14 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
+
+from .files import atomic_directory
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,8 @@ class BackboneSpec:
 
 @dataclass
 class BackboneOutput:
-    hidden: list[torch.Tensor]  # H_llm[0..n], each (B, T, E), un-normed residual stream; H[0] = embeddings
+    hidden: list[torch.Tensor | None]  # H_llm[0..n] (B, T, E), un-normed residual stream, H[0] = embeddings;
+    # None where the caller did not ask to keep it
     past_key_values: object | None  # Hugging Face cache when decoding incrementally
 
 
@@ -258,12 +259,15 @@ class Backbone(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, *, n_layers: int | None = None, positions: torch.Tensor | None = None,
                 past_key_values=None, use_cache: bool = False,
-                override: tuple[int, Callable[[torch.Tensor], torch.Tensor]] | None = None) -> BackboneOutput:
+                override: tuple[int, Callable[[torch.Tensor], torch.Tensor]] | None = None,
+                keep: set[int] | None = None) -> BackboneOutput:
         """Run the first ``n_layers`` decoder layers (all by default) on ids (B, T) and collect H_llm[0..n].
 
         ``positions`` (T,) are absolute positions (default 0..T-1 after any cached tokens). ``override=(i, fn)``
         replaces the output of layer i by ``fn(input of layer i)`` (how MemTRM inserts its memory layer); only
         then does the pass keep gradients (for the layers above i), otherwise it runs without them.
+        ``keep`` names the hidden states to hold on to (all by default); the others are None in the result, so a
+        long input does not keep L'+1 copies of its activations alive.
         """
         n = self.spec.n_layers if n_layers is None else n_layers
         if not 0 <= n <= self.spec.n_layers:
@@ -271,11 +275,14 @@ class Backbone(nn.Module):
         hidden: list[torch.Tensor] = []
         layers = list(self.layers)[: max(n, 1)]
 
+        def record(h: torch.Tensor) -> None:
+            hidden.append(h if keep is None or len(hidden) in keep else None)
+
         def grab_input(_m, args, kwargs):
-            hidden.append(args[0] if args else kwargs["hidden_states"])
+            record(args[0] if args else kwargs["hidden_states"])
 
         def grab_output(_m, _args, _kwargs, out):
-            hidden.append(out[0] if isinstance(out, tuple) else out)
+            record(out[0] if isinstance(out, tuple) else out)
 
         handles = []
         if override is not None:
@@ -351,20 +358,12 @@ def _materialise_default(target: Path) -> None:
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
                                                  quantization_config=GgufConfig(dequantize=True))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-    try:
+    with atomic_directory(target) as tmp:
         model.config._name_or_path = DEFAULT_NAME
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         source = {"format": _CACHE_FORMAT, "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size, "name": DEFAULT_NAME}
         (tmp / "longmem_source.json").write_text(json.dumps(source, indent=2))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def default_backbone_dir() -> Path:

@@ -29,17 +29,17 @@ class BackboneLM(SegmentLM):
         if segment_len > backbone.spec.max_positions:
             raise ValueError(f"segment_len {segment_len} exceeds the backbone's {backbone.spec.max_positions}")
         self.backbone, self.segment_len = backbone, segment_len
+        self._top = backbone.spec.n_layers
 
     def step(self, ids: torch.Tensor, memory: MemoryBank | None, window: Window | None = None) -> Step:
         start = window.length if window is not None else 0
         positions = torch.arange(start, start + ids.shape[1], device=ids.device)
         out = self.backbone(ids, positions=positions, use_cache=window is not None,
-                            past_key_values=None if window is None else window.past)
+                            past_key_values=None if window is None else window.past, keep={self._top})
         if window is not None:
             window.past = out.past_key_values
             window.append(ids, None, None)
-        with torch.no_grad():
-            return Step(logits=self.backbone.logits(out.hidden[-1]), k=None, v=None)
+        return Step(hidden=out.hidden[-1], k=None, v=None)
 
 
 class MemTRM(SegmentLM):
@@ -81,10 +81,10 @@ class MemTRM(SegmentLM):
 
         out = self.backbone(ids, positions=positions, use_cache=window is not None,
                             past_key_values=None if window is None else window.past,
-                            override=(self.cached_layer, memory_layer))
+                            override=(self.cached_layer, memory_layer), keep={self.backbone.spec.n_layers})
         with torch.no_grad():
             k, v = self.memory_kv(captured["h"])
         if window is not None:
             window.past = out.past_key_values
             window.append(ids, k, v)
-        return Step(logits=self.backbone.logits(out.hidden[-1]), k=k, v=v, chunk_ids=trace)
+        return Step(hidden=out.hidden[-1], k=k, v=v, chunk_ids=trace)

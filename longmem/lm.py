@@ -1,7 +1,9 @@
 """What every model in LongMem shares: segment-wise language modelling with an optional memory bank.
 
 A model implements ``step``: run ids (B, T) that follow an optional local ``Window`` (incremental decoding) and
-return logits plus the pre-RoPE keys/values of its cached layer for those tokens. On top of that this module gives
+return its last hidden state (before the frozen norm + LM head) plus the pre-RoPE keys/values of its cached layer
+for those tokens. Logits are computed only where they are needed (the last position when generating, chunks of
+positions when scoring), since the 49k-word LM head is a large share of the cost. On top of that this module gives
 all models the same ``forward`` (loss + the paper's memory update: retrieve first, then append the segment),
 ``memorize``, ``nll`` over a long stream, ``score`` and streaming ``generate``. LongMem, the backbone alone and
 the MemTRM baseline thus run through identical loops, so evaluations compare like with like.
@@ -20,6 +22,7 @@ from .backbone import Backbone
 from .memory import MemoryBank
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens total)
+LOGIT_CHUNK = 1024  # positions per LM-head call when scoring long inputs (bounds the (T, V) logits in memory)
 
 
 @dataclass
@@ -45,7 +48,7 @@ class Window:
 
 @dataclass
 class Step:
-    logits: torch.Tensor  # (B, T, V)
+    hidden: torch.Tensor  # (B, T, E) last hidden state, before the final norm and LM head
     k: torch.Tensor | None  # (B, Hkv, T, d) pre-RoPE keys of the cached layer (None for models without memory)
     v: torch.Tensor | None
     chunk_ids: list = field(default_factory=list)  # what the memory layer retrieved: [(B, Hq, T, n_chunks)]
@@ -112,12 +115,9 @@ class SegmentLM(nn.Module):
         total, L = ids.shape[1], self.segment_len
         step = L * (batch_segments if ids.shape[0] == 1 else 1)
         for s in range(0, total, step):
-            segs = list(ids[:, s:s + step].split(L, dim=1))
-            if len(segs) > 1 and segs[-1].shape[1] == L:  # full segments of one stream: one batch
-                segs = [torch.cat(segs, dim=0)]
-            elif len(segs) > 2:
-                segs = [torch.cat(segs[:-1], dim=0), segs[-1]]
-            for seg in segs:
+            segs = ids[:, s:s + step].split(L, dim=1)  # only the last one can be shorter than L
+            full = [x for x in segs if x.shape[1] == L]
+            for seg in ([torch.cat(full)] if full else []) + [x for x in segs if x.shape[1] < L]:
                 out = self.backbone(seg, n_layers=self.cached_layer)
                 k, v = self.memory_kv(out.hidden[self.cached_layer])  # (b, Hkv, T, d)
                 if seg.shape[0] != ids.shape[0]:  # batched segments of one stream: back to one row, in order
@@ -137,11 +137,20 @@ class SegmentLM(nn.Module):
         out = self.step(input_ids, memory)
         if memory is not None and update_memory and out.k is not None:
             memory.add(out.k.detach(), out.v.detach(), tokens=input_ids)
+        logits = self.backbone.logits(out.hidden)
         loss = None
         if labels is not None:
-            logits = out.logits[:, :-1].float()
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
-        return LMOutput(logits=out.logits, loss=loss)
+            pred = logits[:, :-1].float()
+            loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+        return LMOutput(logits=logits, loss=loss)
+
+    def token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """log P(targets) (B, T) from hidden states (B, T, E) at the positions before them, in chunks."""
+        out = []
+        for s in range(0, hidden.shape[1], LOGIT_CHUNK):
+            logp = torch.log_softmax(self.backbone.logits(hidden[:, s:s + LOGIT_CHUNK]).float(), dim=-1)
+            out.append(logp.gather(-1, targets[:, s:s + LOGIT_CHUNK, None])[..., 0])
+        return torch.cat(out, dim=1)
 
     @torch.no_grad()
     def nll(self, ids, memory: MemoryBank | None = None, progress: Progress | None = None) -> tuple[float, int]:
@@ -152,16 +161,14 @@ class SegmentLM(nn.Module):
         total, nll, count, prev = ids.shape[1], 0.0, 0, None
         for s in range(0, total, self.segment_len):
             seg = ids[:, s:s + self.segment_len]
-            logits = self(seg, memory).logits.float()
-            if prev is not None:
-                logits = torch.cat([prev, logits], dim=1)
-                targets = ids[:, s:s + seg.shape[1]]
-            else:
-                targets = seg[:, 1:]
-            pred = logits[:, : targets.shape[1]]
-            nll += F.cross_entropy(pred.reshape(-1, pred.shape[-1]), targets.reshape(-1), reduction="sum").item()
+            out = self.step(seg, memory)
+            if memory is not None and out.k is not None:
+                memory.add(out.k, out.v, tokens=seg)
+            hidden = out.hidden if prev is None else torch.cat([prev, out.hidden], dim=1)
+            targets = seg[:, 1:] if prev is None else seg
+            nll -= self.token_logprobs(hidden[:, : targets.shape[1]], targets).sum().item()
             count += targets.numel()
-            prev = logits[:, -1:]
+            prev = out.hidden[:, -1:]
             if progress is not None:
                 progress(min(s + self.segment_len, total), total)
         return nll, count
@@ -177,8 +184,7 @@ class SegmentLM(nn.Module):
         if n >= self.segment_len:
             raise ValueError(f"continuation of {n} tokens does not fit the {self.segment_len}-token window")
         ids = torch.cat([ctx, cont], dim=1)[:, -self.segment_len:]
-        logp = torch.log_softmax(self.step(ids, memory).logits[:, -n - 1:-1].float(), dim=-1)
-        return logp.gather(-1, ids[:, -n:, None]).sum().item()
+        return self.token_logprobs(self.step(ids, memory).hidden[:, -n - 1:-1], ids[:, -n:]).sum().item()
 
     @torch.no_grad()
     def generate(self, prompt, memory: MemoryBank | None = None, sampling: Sampling | None = None) -> Iterator[int]:
@@ -199,7 +205,8 @@ class SegmentLM(nn.Module):
                 self.memorize(ids[:, :head], memory)
             ids = ids[:, head:]
         window = Window()
-        logits = self.step(ids, memory, window).logits[0, -1]
+        last = lambda step: self.backbone.logits(step.hidden[:, -1:])[0, -1]  # noqa: E731
+        logits = last(self.step(ids, memory, window))
         for _ in range(sampling.max_new_tokens):
             tok = _sample(logits, sampling, gen)
             yield tok
@@ -212,9 +219,9 @@ class SegmentLM(nn.Module):
                     memory.add(window.mem_k[:, :, :n_out], window.mem_v[:, :, :n_out], tokens=window.ids[:, :n_out])
                 ids = torch.cat([window.ids[:, n_out:], new], dim=1)
                 window = Window()
-                logits = self.step(ids, memory, window).logits[0, -1]
+                logits = last(self.step(ids, memory, window))
             else:
-                logits = self.step(new, memory, window).logits[0, -1]
+                logits = last(self.step(new, memory, window))
 
 
 def _sample(logits: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> int:

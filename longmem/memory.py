@@ -186,7 +186,8 @@ class MemoryBank:
                              f"Hkv={self.n_kv_heads}, d={self.head_dim}")
         group = hq // self.n_kv_heads
         parts = [row.search(queries[b], n_chunks, group) for b, row in enumerate(self.rows)]
-        keys, values, mask, ids = (torch.stack(t).to(queries.device) for t in zip(*parts))
+        join = (lambda t: t[0].unsqueeze(0)) if B == 1 else torch.stack  # no copy of the (large) K/V for one row
+        keys, values, mask, ids = (join(t).to(queries.device) for t in zip(*parts))
         return Retrieved(keys=keys, values=values, mask=mask, chunk_ids=ids)
 
     def clear(self, rows: list[int] | None = None) -> None:

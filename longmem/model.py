@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -22,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .backbone import DEFAULT_BACKBONE, DTYPES, Backbone, BackboneSpec, load_backbone, resolve_dtype
+from .files import atomic_directory
 from .lm import SegmentLM, Step, Window
 from .memory import MemoryBank
 from .sidenet import LayerCache, SideNet
@@ -80,6 +79,7 @@ class LongMemModel(SegmentLM):
                                cached_layer=c.cached_layer, csz=c.csz, topk=c.topk, side_init=c.side_init,
                                gate_init=c.gate_init)
         self.provenance: dict = {}
+        self._keep = set(self.sidenet.boundaries) | {c.cached_layer}  # backbone states the SideNet reads
 
     @classmethod
     def from_config(cls, config: LongMemConfig | None = None, device: str = "cpu") -> "LongMemModel":
@@ -91,7 +91,7 @@ class LongMemModel(SegmentLM):
         positions = torch.arange(start, start + ids.shape[1], device=ids.device)
         with torch.no_grad():
             out = self.backbone(ids, positions=positions, use_cache=window is not None,
-                                past_key_values=None if window is None else window.past)
+                                past_key_values=None if window is None else window.past, keep=self._keep)
             k, v = self.memory_kv(out.hidden[self.cached_layer])
         if window is not None and window.side is None:
             window.side = [LayerCache() for _ in self.sidenet.layers]
@@ -101,7 +101,7 @@ class LongMemModel(SegmentLM):
         if window is not None:
             window.past = out.past_key_values
             window.append(ids, k, v)
-        return Step(logits=self.backbone.logits(h), k=k, v=v, chunk_ids=trace)
+        return Step(hidden=h, k=k, v=v, chunk_ids=trace)
 
     # -- checkpoints ----------------------------------------------------------------------------------------------
     def trainable_state(self) -> dict[str, torch.Tensor]:
@@ -110,20 +110,12 @@ class LongMemModel(SegmentLM):
     def save(self, path: str | os.PathLike, provenance: dict | None = None) -> Path:
         """Write ``sidenet.safetensors`` + ``config.json`` into directory ``path`` atomically (temp dir + rename)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
-        try:
+        with atomic_directory(path) as tmp:
             save_file(self.trainable_state(), str(tmp / "sidenet.safetensors"), metadata={"format": "pt"})
             meta = {"format": CHECKPOINT_FORMAT, "config": asdict(self.config), "backbone": self.backbone.identity(),
-                    "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "provenance": {**self.provenance,
-                                                                                   **(provenance or {})}}
+                    "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "provenance": {**self.provenance, **(provenance or {})}}
             (tmp / "config.json").write_text(json.dumps(meta, indent=2))
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return path
 
     @classmethod

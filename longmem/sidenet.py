@@ -31,6 +31,7 @@ from torch import nn
 from .backbone import Backbone, LayerOps
 from .memory import MemoryBank
 
+RETRIEVAL_BLOCK = 256  # query tokens per memory search + memory attention (bounds the (B, H, T, K, d) gather)
 RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -122,10 +123,17 @@ class MemoryAugmentedLayer(SideLayer):
         a = local_attention(q, k, v)
         if memory is None:
             return a
-        r = memory.search(q_raw, self.n_chunks)
+        m, found, ids = [], [], []
+        for s in range(0, q_raw.shape[2], RETRIEVAL_BLOCK):  # bounded (T, K, d) temporaries for long segments
+            qb = q_raw[:, :, s:s + RETRIEVAL_BLOCK]
+            r = memory.search(qb, self.n_chunks)
+            mb, fb = memory_attention(qb, r.keys.to(qb.dtype), r.values.to(qb.dtype), r.mask)
+            m.append(mb)
+            found.append(fb)
+            ids.append(r.chunk_ids)
+        m, found = torch.cat(m, dim=2), torch.cat(found, dim=2)
         if trace is not None:
-            trace.append(r.chunk_ids)
-        m, found = memory_attention(q_raw, r.keys.to(q_raw.dtype), r.values.to(q_raw.dtype), r.mask)
+            trace.append(torch.cat(ids, dim=2))
         w = torch.sigmoid(self.gate).view(1, -1, 1, 1)
         mixed = (w * a.float() + (1 - w) * m.float()).to(a.dtype)
         return torch.where(found[..., None], mixed, a)
@@ -147,7 +155,7 @@ class SideNet(nn.Module):
             raise ValueError(f"side_init must be 'rezero' or 'plain', got {side_init!r}")
         rezero = side_init == "rezero"
         # boundaries[l] = index of the backbone hidden state that side layer l (1-based) lines up with
-        self.boundaries = [reduction * l for l in range(n_side)] + [n_back]
+        self.boundaries = [reduction * i for i in range(n_side)] + [n_back]
         self.memory_layer = memory_layer
         layers = []
         for i in range(n_side):

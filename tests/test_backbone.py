@@ -128,3 +128,12 @@ def test_load_backbone_rejects_non_model_dir(tmp_path):
 
     with pytest.raises(BackboneError, match="not a Hugging Face model directory"):
         load_backbone(str(tmp_path))
+
+
+def test_keep_drops_unneeded_hidden_states(backbone):
+    ids = random_ids(7)
+    full = backbone(ids).hidden
+    part = backbone(ids, keep={0, 2}).hidden
+    assert len(part) == len(full)
+    assert [i for i, h in enumerate(part) if h is not None] == [0, 2]
+    torch.testing.assert_close(part[2], full[2])

@@ -109,10 +109,10 @@ def test_cached_decoding_equals_uncached(kind, family):
         model.memorize(random_ids(32, seed=5), mem)
     ids = random_ids(12)
     with torch.no_grad():
-        full = model.step(ids, mem).logits
+        full = model.step(ids, mem).hidden
         window = Window()
-        parts = [model.step(ids[:, :7], mem, window).logits]
-        parts += [model.step(ids[:, t:t + 1], mem, window).logits for t in range(7, 12)]
+        parts = [model.step(ids[:, :7], mem, window).hidden]
+        parts += [model.step(ids[:, t:t + 1], mem, window).hidden for t in range(7, 12)]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-4, rtol=1e-4)
     assert window.length == 12
 
@@ -229,3 +229,19 @@ def test_batched_memorize_equals_segment_by_segment(llama):
     assert torch.equal(ra.tokens[:43], rb.tokens[:43]) and torch.equal(ra.tokens[:43].flatten(), ids[0])
     torch.testing.assert_close(ra.k[:, :43], rb.k[:, :43])
     torch.testing.assert_close(ra.v[:, :43], rb.v[:, :43])
+
+
+def test_blockwise_retrieval_equals_one_block(llama, monkeypatch):
+    import longmem.sidenet as sidenet
+
+    model = LongMemModel(llama, small_config())
+    for layer in model.sidenet.layers:
+        layer.alpha_attn.data.fill_(0.5)
+    mem = model.new_memory()
+    model.memorize(random_ids(48, seed=9), mem)
+    ids = random_ids(16)
+    whole = model.step(ids, mem)
+    monkeypatch.setattr(sidenet, "RETRIEVAL_BLOCK", 5)
+    blocks = model.step(ids, mem)
+    torch.testing.assert_close(blocks.hidden, whole.hidden)
+    assert torch.equal(blocks.chunk_ids[0], whole.chunk_ids[0])
