@@ -153,7 +153,7 @@ def scenario_bank(ctx: Ctx) -> dict:
     out["config"] = asdict(model.config)
 
     log(f"memorize throughput on {a.ingest_tokens:,} tokens")
-    s = median_times({"memorize": lambda: model.memorize(ids[:, :a.ingest_tokens], model.new_memory())}, 1,
+    s = median_times({"memorize": lambda: model.memorize(ids[:, :a.ingest_tokens], model.new_memory())}, a.reps,
                      {"memorize": lambda: model.memorize(ids[:, :a.segment_len], model.new_memory())})["memorize"]
     out["memorize"] = {"tokens": a.ingest_tokens, "s": s, "tok_s": a.ingest_tokens / s}
 
