@@ -56,15 +56,12 @@ def _sampling(args):
                     seed=args.seed)
 
 
-def _stream(model, prompt_ids, memory, sampling) -> str:
+def _stream(model, prompt_ids, memory, sampling) -> None:
     from .text import stream_text
 
-    out = []
     for piece in stream_text(model.backbone.tokenizer, model.generate(prompt_ids, memory, sampling)):
         print(piece, end="", flush=True)
-        out.append(piece)
     print()
-    return "".join(out)
 
 
 def cmd_chat(args) -> int:

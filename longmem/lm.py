@@ -134,15 +134,21 @@ class SegmentLM(nn.Module):
         """One segment (B, T): retrieve from memory, predict, then append the segment to memory (paper's update)."""
         if input_ids.shape[1] > self.segment_len:
             raise ValueError(f"segment of {input_ids.shape[1]} tokens exceeds segment_len={self.segment_len}")
-        out = self.step(input_ids, memory)
-        if memory is not None and update_memory and out.k is not None:
-            memory.add(out.k.detach(), out.v.detach(), tokens=input_ids)
+        out = self._step_then_remember(input_ids, memory if update_memory else None, read_from=memory)
         logits = self.backbone.logits(out.hidden)
         loss = None
         if labels is not None:
             pred = logits[:, :-1].float()
             loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
         return LMOutput(logits=logits, loss=loss)
+
+    def _step_then_remember(self, ids: torch.Tensor, memory: MemoryBank | None,
+                            read_from: MemoryBank | None = None) -> Step:
+        """The paper's update rule: the segment reads memory first, then its own K/V are appended to it."""
+        out = self.step(ids, memory if read_from is None else read_from)
+        if memory is not None and out.k is not None:
+            memory.add(out.k.detach(), out.v.detach(), tokens=ids)
+        return out
 
     def token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """log P(targets) (B, T) from hidden states (B, T, E) at the positions before them, in chunks."""
@@ -161,9 +167,7 @@ class SegmentLM(nn.Module):
         total, nll, count, prev = ids.shape[1], 0.0, 0, None
         for s in range(0, total, self.segment_len):
             seg = ids[:, s:s + self.segment_len]
-            out = self.step(seg, memory)
-            if memory is not None and out.k is not None:
-                memory.add(out.k, out.v, tokens=seg)
+            out = self._step_then_remember(seg, memory)
             hidden = out.hidden if prev is None else torch.cat([prev, out.hidden], dim=1)
             targets = seg[:, 1:] if prev is None else seg
             nll -= self.token_logprobs(hidden[:, : targets.shape[1]], targets).sum().item()
