@@ -107,13 +107,17 @@ def cmd_generate(args) -> int:
     text = read_text(args.file) if args.file else None  # bad input fails before the model loads
     model = _load_model(args)
     memory = model.new_memory(capacity=None)
+    tok = model.backbone.tokenizer
     if args.prompt is not None:
         if text is not None:
-            _memorize_ids(model, model.backbone.tokenizer(text, return_tensors="pt").input_ids, memory)
-        prompt = args.prompt
-    else:  # continue the file from its end: generate moves its head into memory
-        prompt = text
-    ids = model.backbone.tokenizer(prompt, return_tensors="pt").input_ids
+            _memorize_ids(model, tok(text, return_tensors="pt").input_ids, memory)
+        ids = tok(args.prompt, return_tensors="pt").input_ids
+    else:  # continue the file from its end: all but the last half-window goes into memory first
+        ids = tok(text, return_tensors="pt").input_ids
+        head = max(0, ids.shape[1] - model.segment_len // 2)
+        if head:
+            _memorize_ids(model, ids[:, :head], memory)
+        ids = ids[:, head:]
     if ids.shape[1] == 0:
         print("error: the prompt is empty", file=sys.stderr)
         return 2
