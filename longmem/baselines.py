@@ -29,13 +29,12 @@ class BackboneLM(SegmentLM):
         if segment_len > backbone.spec.max_positions:
             raise ValueError(f"segment_len {segment_len} exceeds the backbone's {backbone.spec.max_positions}")
         self.backbone, self.segment_len = backbone, segment_len
-        self._top = backbone.spec.n_layers
 
     def step(self, ids: torch.Tensor, memory: MemoryBank | None, window: Window | None = None) -> Step:
         start = window.length if window is not None else 0
         positions = torch.arange(start, start + ids.shape[1], device=ids.device)
         out = self.backbone(ids, positions=positions, use_cache=window is not None,
-                            past_key_values=None if window is None else window.past, keep={self._top})
+                            past_key_values=None if window is None else window.past, keep={self.backbone.spec.n_layers})
         if window is not None:
             window.past = out.past_key_values
             window.append(ids, None, None)

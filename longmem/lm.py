@@ -134,7 +134,7 @@ class SegmentLM(nn.Module):
         """One segment (B, T): retrieve from memory, predict, then append the segment to memory (paper's update)."""
         if input_ids.shape[1] > self.segment_len:
             raise ValueError(f"segment of {input_ids.shape[1]} tokens exceeds segment_len={self.segment_len}")
-        out = self._step_then_remember(input_ids, memory if update_memory else None, read_from=memory)
+        out = self._step_then_remember(input_ids, memory, update=update_memory)
         logits = self.backbone.logits(out.hidden)
         loss = None
         if labels is not None:
@@ -142,11 +142,10 @@ class SegmentLM(nn.Module):
             loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
         return LMOutput(logits=logits, loss=loss)
 
-    def _step_then_remember(self, ids: torch.Tensor, memory: MemoryBank | None,
-                            read_from: MemoryBank | None = None) -> Step:
-        """The paper's update rule: the segment reads memory first, then its own K/V are appended to it."""
-        out = self.step(ids, memory if read_from is None else read_from)
-        if memory is not None and out.k is not None:
+    def _step_then_remember(self, ids: torch.Tensor, memory: MemoryBank | None, update: bool = True) -> Step:
+        """The paper's update rule: the segment reads memory first, then (``update``) its K/V are appended to it."""
+        out = self.step(ids, memory)
+        if update and memory is not None and out.k is not None:
             memory.add(out.k.detach(), out.v.detach(), tokens=ids)
         return out
 
