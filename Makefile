@@ -4,7 +4,7 @@
 PY ?= python3
 FILE ?=
 
-.PHONY: install run test bench
+.PHONY: install run test bench bench-bank
 install:
 	@# The CPU build of PyTorch first: a bare `torch` requirement would pull several GB of CUDA packages.
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
@@ -20,3 +20,6 @@ test: install
 
 bench: install
 	$(PY) -m longmem.bench
+
+bench-bank: install
+	$(PY) -m longmem.bench_bank

@@ -56,7 +56,7 @@ def log(msg: str) -> None:
 # Process facts: resident memory and CPU steal (this machine is a VM; steal says how noisy the timings are)
 
 
-def _status_mb(field: str) -> float:
+def status_mb(field: str) -> float:
     """VmRSS / VmHWM of this process in MiB (ru_maxrss, KiB on Linux, when /proc is missing)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -163,7 +163,7 @@ def scenario_bank(ctx: Ctx) -> dict:
     model.memorize(ids[:, :a.memory_tokens], memory, progress=lambda done, _total: bar.update(done - bar.n))
     s = time.perf_counter() - t0
     bar.close()
-    out["fill"] = {"tokens": len(memory), "s": s, "tok_s": a.memory_tokens / s, "rss_mb": _status_mb("VmRSS")}
+    out["fill"] = {"tokens": len(memory), "s": s, "tok_s": a.memory_tokens / s, "rss_mb": status_mb("VmRSS")}
     log(f"memory holds {len(memory):,} tokens ({a.memory_tokens / s:.0f} tok/s)")
 
     seg = ids[:, a.memory_tokens:a.memory_tokens + a.segment_len]  # the text that follows the memorized part
@@ -218,7 +218,7 @@ def run_scenario(args: argparse.Namespace) -> dict:
                max(args.score_tokens))
     ids = torch.tensor(backbone.tokenizer(text[: 12 * need], add_special_tokens=False).input_ids)
     ids = ids.repeat(-(-need // len(ids)))[:need].view(1, -1)  # repeat a short text until it is long enough
-    rss_load, peak_load = _status_mb("VmRSS"), _status_mb("VmHWM")
+    rss_load, peak_load = status_mb("VmRSS"), status_mb("VmHWM")
     load_s = time.perf_counter() - t0
     reset_peak_rss()
     ctx = Ctx(args, backbone, ids)
@@ -230,7 +230,7 @@ def run_scenario(args: argparse.Namespace) -> dict:
         out = scenario_score(ctx, which, int(n))
     steal1, total1 = cpu_times()
     out["process"] = {"load_s": load_s, "rss_after_load_mb": rss_load, "peak_rss_during_load_mb": peak_load,
-                      "peak_rss_mb": _status_mb("VmHWM"), "wall_s": time.perf_counter() - t0,
+                      "peak_rss_mb": status_mb("VmHWM"), "wall_s": time.perf_counter() - t0,
                       "cpu_steal_pct": 100 * (steal1 - steal0) / max(1, total1 - total0)}
     out["process"]["peak_increment_mb"] = out["process"]["peak_rss_mb"] - rss_load
     return out

@@ -1,10 +1,10 @@
-"""The ``longmem`` command line: chat about or continue a text file held in memory, and benchmark.
+"""The ``longmem`` command line: chat about or continue text held in memory, classify, manage banks, benchmark.
 
-    longmem chat --file book.txt          # memorize the book, then ask about it
+    longmem chat --file book.txt          # memorize the book for this run, then ask about it
+    longmem chat --bank gatsby            # ... or use a persistent bank (see `longmem bank --help`)
     longmem generate --file book.txt      # continue the book from its end (or --prompt TEXT)
+    longmem classify --bank sst2 --text "a gorgeous film"   # many-shot classification with demos in a bank
     longmem bench [--quick]               # speed and memory of LongMem vs the backbone (JSON + markdown)
-
-Persistent banks (``--bank``) come with the memory-bank store; until then the memory lives for one run.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import sys
 
 import torch
 from tqdm import tqdm
+
+from . import cli_bank
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -43,6 +45,25 @@ def _load_model(args):
     return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype))
 
 
+def _memory(args, model):
+    """The run's memory: a persistent bank's (``--bank``) or an empty one, unbounded either way."""
+    if getattr(args, "bank", None):
+        from .cli_bank import load_memory
+        from .store import Store
+
+        with Store(args.banks_dir).open(args.bank) as bank:
+            return load_memory(bank, model)
+    return model.new_memory(capacity=None)
+
+
+def _check_bank(args) -> None:
+    """An unknown bank fails before the model loads."""
+    if getattr(args, "bank", None):
+        from .store import Store
+
+        Store(args.banks_dir).open(args.bank).close()
+
+
 def _memorize_ids(model, ids, memory) -> int:
     with tqdm(total=ids.shape[1], unit="tok", desc="memorizing", file=sys.stderr) as bar:
         model.memorize(ids, memory, progress=lambda done, _total: bar.update(done - bar.n))
@@ -69,9 +90,10 @@ def cmd_chat(args) -> int:
     from .text import read_text
 
     text = read_text(args.file) if args.file else None  # bad input fails before the model loads
+    _check_bank(args)
     model = _load_model(args)
     tok = model.backbone.tokenizer
-    memory = model.new_memory(capacity=None)
+    memory = _memory(args, model)
     if text is not None:
         n = _memorize_ids(model, tok(text, return_tensors="pt").input_ids, memory)
         print(f"[{n} tokens of {args.file} in memory]", file=sys.stderr)
@@ -105,8 +127,9 @@ def cmd_generate(args) -> int:
         print("error: give --file and/or --prompt", file=sys.stderr)
         return 2
     text = read_text(args.file) if args.file else None  # bad input fails before the model loads
+    _check_bank(args)
     model = _load_model(args)
-    memory = model.new_memory(capacity=None)
+    memory = _memory(args, model)
     tok = model.backbone.tokenizer
     if args.prompt is not None:
         if text is not None:
@@ -122,6 +145,29 @@ def cmd_generate(args) -> int:
         print("error: the prompt is empty", file=sys.stderr)
         return 2
     _stream(model, ids, memory, _sampling(args))
+    return 0
+
+
+def cmd_classify(args) -> int:
+    from .store import Store
+    from .tasks import Classifier
+
+    texts = args.text or [line.strip() for line in sys.stdin if line.strip()]
+    if not texts:
+        print("error: give --text (repeatable) or texts on standard input, one per line", file=sys.stderr)
+        return 2
+    with Store(args.banks_dir).open(args.bank) as bank:
+        documents = bank.documents()
+        model = _load_model(args)
+        memory = _memory(args, model)
+    classifier = Classifier.from_documents(model, memory, documents)
+    if args.template:
+        classifier.template = args.template
+    for text in texts:
+        scores = classifier.scores(text)
+        best = max(scores, key=scores.get)
+        detail = "  ".join(f"{w}={s:.2f}" for w, s in scores.items())
+        print(f"{best}\t{text}" if not args.verbose else f"{best}\t{detail}\t{text}")
     return 0
 
 
@@ -149,6 +195,19 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(gen)
     _sampling_args(gen)
 
+    cls = sub.add_parser("classify", help="label texts with the demonstrations stored in a bank (log-prob of each "
+                                          "label word)")
+    cls.add_argument("--bank", required=True, help="bank holding the demonstrations")
+    cls.add_argument("--text", action="append", help="text to classify (repeatable; default: stdin lines)")
+    cls.add_argument("--template", default=None, help="prompt template (default: the demonstrations' own)")
+    _model_args(cls)
+    cli_bank.banks_dir_arg(cls)
+
+    for p in (chat, gen):
+        p.add_argument("--bank", default=None, help="persistent memory bank to load (see `longmem bank`)")
+        cli_bank.banks_dir_arg(p)
+    cli_bank.add_parser(sub, _model_args)
+
     sub.add_parser("bench", help="benchmark speed and memory (options: longmem bench --help)", add_help=False)
     return parser
 
@@ -164,11 +223,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from .backbone import BackboneError
     from .model import CheckpointError
+    from .store import BankError
     from .text import InputError
 
     try:
-        return {"chat": cmd_chat, "generate": cmd_generate}[args.command](args)
-    except (InputError, BackboneError, CheckpointError) as e:
+        if args.command == "bank":
+            return cli_bank.run(args, _load_model)
+        return {"chat": cmd_chat, "generate": cmd_generate, "classify": cmd_classify}[args.command](args)
+    except (InputError, BackboneError, CheckpointError, BankError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

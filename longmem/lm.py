@@ -106,6 +106,13 @@ class SegmentLM(nn.Module):
         return self.backbone.layer_kv(self.cached_layer, hidden_m)
 
     @torch.no_grad()
+    def encode_memory(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V (B, Hkv, T, d) to store for segments ids (B, T), each encoded on its own (positions from 0), running
+        the backbone only up to the cached layer."""
+        out = self.backbone(ids, n_layers=self.cached_layer, keep={self.cached_layer})
+        return self.memory_kv(out.hidden[self.cached_layer])
+
+    @torch.no_grad()
     def memorize(self, ids, memory: MemoryBank, progress: Progress | None = None, batch_segments: int = 4) -> int:
         """Push token ids (T,) or (B, T) into memory, segment by segment, running the backbone only up to the
         cached layer. Each segment is encoded on its own (positions from 0), as in training; for a single stream,
@@ -118,8 +125,7 @@ class SegmentLM(nn.Module):
             segs = ids[:, s:s + step].split(L, dim=1)  # only the last one can be shorter than L
             full = [x for x in segs if x.shape[1] == L]
             for seg in ([torch.cat(full)] if full else []) + [x for x in segs if x.shape[1] < L]:
-                out = self.backbone(seg, n_layers=self.cached_layer)
-                k, v = self.memory_kv(out.hidden[self.cached_layer])  # (b, Hkv, T, d)
+                k, v = self.encode_memory(seg)  # (b, Hkv, T, d)
                 if seg.shape[0] != ids.shape[0]:  # batched segments of one stream: back to one row, in order
                     k, v = (t.transpose(0, 1).reshape(1, t.shape[1], -1, t.shape[-1]) for t in (k, v))
                     seg = seg.reshape(1, -1)

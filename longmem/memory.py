@@ -18,6 +18,8 @@ import faiss
 import numpy as np
 import torch
 
+INDEX_BLOCK = 65536  # chunks per faiss add when building an index from stored keys
+
 
 @dataclass
 class Retrieved:
@@ -25,6 +27,11 @@ class Retrieved:
     values: torch.Tensor  # (B, Hq, T, K, d)
     mask: torch.Tensor  # (B, Hq, T, K) bool, False where nothing was found
     chunk_ids: torch.Tensor  # (B, Hq, T, n_chunks) int64 serial number of the chunk since the last clear, -1 if none
+
+
+def chunk_keys(k: torch.Tensor) -> np.ndarray:
+    """Mean-pooled chunk keys (Hkv, n, d) float32, C-contiguous, from chunk keys (Hkv, n, csz, d): the index entries."""
+    return np.ascontiguousarray(k.float().mean(dim=2).numpy())
 
 
 def _gpu_resources():
@@ -59,7 +66,7 @@ class _Row:
         cap = self.k.shape[1]
         if n_total <= cap:
             return
-        new = max(n_total, 2 * cap, 64)
+        new = max(n_total, cap + cap // 4, 64)  # grow by 1/4: a restored bank may already hold GBs
         k = self.k.new_empty(self.hkv, new, self.csz, self.d)
         v = self.v.new_empty(self.hkv, new, self.csz, self.d)
         k[:, :cap], v[:, :cap] = self.k, self.v
@@ -83,9 +90,9 @@ class _Row:
         self.k[:, self.n:self.n + nc] = ck
         self.v[:, self.n:self.n + nc] = cv
         self.tokens[self.n:self.n + nc] = tokens[:full].view(nc, self.csz)
-        keys = ck.float().mean(dim=2).numpy()  # (Hkv, nc, d) mean-pooled chunk keys
+        keys = chunk_keys(ck)  # (Hkv, nc, d)
         for j, index in enumerate(self.indexes):
-            index.add(np.ascontiguousarray(keys[j]))
+            index.add(keys[j])
         self.n += nc
 
     def evict(self, n_chunks: int) -> None:
@@ -98,7 +105,7 @@ class _Row:
                 index.remove_ids(faiss.IDSelectorRange(0, e))
             else:  # GPU flat indexes cannot remove: rebuild from the kept keys
                 index.reset()
-                index.add(np.ascontiguousarray(self.k[j, e:self.n].float().mean(dim=1).numpy()))
+                index.add(chunk_keys(self.k[j:j + 1, e:self.n])[0])
         keep = self.n - e
         self.k[:, :keep] = self.k[:, e:self.n].clone()
         self.v[:, :keep] = self.v[:, e:self.n].clone()
@@ -148,6 +155,36 @@ class MemoryBank:
         if use_gpu and self.gpu_res is None:
             raise RuntimeError("GPU faiss requested but faiss has no GPU support or CUDA is unavailable")
         self.rows = [self._row() for _ in range(batch_size)]
+
+    @classmethod
+    def from_chunks(cls, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, indexes: list | None = None, *,
+                    capacity: int | None = None, use_gpu: bool | None = None) -> "MemoryBank":
+        """A one-row bank that adopts memory already cut into chunks, without copying it: k, v (Hkv, n, csz, d),
+        tokens (n, csz), and optionally one faiss index per KV head holding the n mean-pooled chunk keys (built
+        here when None). This is how a persistent bank is restored without re-running the backbone."""
+        hkv, n, csz, d = k.shape
+        if v.shape != k.shape or v.dtype != k.dtype or tuple(tokens.shape) != (n, csz):
+            raise ValueError(f"chunks do not line up: k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                             f"tokens {tuple(tokens.shape)}")
+        bank = cls(hkv, d, csz=csz, capacity=None, batch_size=1, dtype=k.dtype, use_gpu=use_gpu)
+        row = bank.rows[0]
+        if indexes is None:
+            for s in range(0, n, INDEX_BLOCK):  # in blocks: the float32 mean of all keys at once could be large
+                keys = chunk_keys(k[:, s:s + INDEX_BLOCK])
+                for j, index in enumerate(row.indexes):
+                    index.add(keys[j])
+        else:
+            if len(indexes) != hkv or any(ix.ntotal != n or ix.d != d for ix in indexes):
+                raise ValueError(f"expected {hkv} indexes of {n} keys of dimension {d}, got "
+                                 f"{[(ix.ntotal, ix.d) for ix in indexes]}")
+            if bank.gpu_res is not None:
+                indexes = [faiss.index_cpu_to_gpu(bank.gpu_res, 0, ix) for ix in indexes]
+            row.indexes = list(indexes)
+        row.k, row.v, row.tokens, row.n = k, v, tokens.to(torch.int64), n
+        bank.capacity = capacity
+        if capacity is not None and n * csz > capacity:
+            row.evict(n - capacity // csz)
+        return bank
 
     def _row(self) -> _Row:
         return _Row(self.n_kv_heads, self.head_dim, self.csz, self.dtype, self.gpu_res)

@@ -1,0 +1,128 @@
+"""`longmem bank ...`, `classify --bank` and `generate --bank` end to end, on a tiny model saved to disk."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import small_config, tiny_llama
+
+from longmem.cli import main
+from longmem.model import LongMemModel
+from longmem.store import Store
+from longmem.tasks import Classifier
+
+WORDS = "the lamps were lit again while the boat drifted past the mill towards the sea".split()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny llama saved as a Hugging Face directory, and an (untrained) LongMem checkpoint that names it."""
+    root = tmp_path_factory.mktemp("tiny")
+    backbone = tiny_llama()
+    backbone.model.save_pretrained(root / "backbone")
+    backbone.tokenizer.save_pretrained(root / "backbone")
+    model = LongMemModel(backbone, small_config(backbone=str(root / "backbone"), segment_len=32))
+    return str(model.save(root / "ckpt"))
+
+
+@pytest.fixture
+def run(tmp_path, checkpoint, capsys):
+    banks = str(tmp_path / "banks")
+
+    def run(*argv, model=False):
+        extra = ["--banks-dir", banks] + (["--checkpoint", checkpoint] if model else [])
+        code = main([*argv, *extra])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    run.banks = banks
+    return run
+
+
+@pytest.fixture
+def files(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    book = tmp_path / "book.txt"
+    book.write_text(" ".join(WORDS[int(i)] for i in torch.randint(len(WORDS), (600,), generator=g)))
+    demos = tmp_path / "demos.csv"
+    rows = [f"{'a fine bright film' if i % 2 else 'a dull grey film'} {i},{i % 2}" for i in range(40)]
+    demos.write_text("text,label\n" + "\n".join(rows) + "\n")
+    return book, demos
+
+
+def test_bank_lifecycle(run, files):
+    book, _ = files
+    code, out, _ = run("bank", "ingest", "lib", str(book), "--create", model=True)
+    assert code == 0 and "ingested as document 1" in out
+    code, out, _ = run("bank", "ingest", "lib", str(book), model=True)
+    assert code == 0 and "skipped" in out
+    code, out, _ = run("bank", "list")
+    assert "lib" in out and "tiny" not in out.split("lib")[0]
+    code, out, _ = run("bank", "info", "lib")
+    assert code == 0 and "[1] book (book.txt, text)" in out and "complete" in out
+    assert run("bank", "verify", "lib")[1].strip().endswith("lib: ok")
+    (Store(run.banks).path("lib") / "keys-0.faiss").write_bytes(b"junk")
+    code, out, _ = run("bank", "verify", "lib")
+    assert code == 0 and "index files brought up to date (1 rebuilt" in out
+    assert run("bank", "rebuild-index", "lib")[0] == 0
+    assert run("bank", "rename", "lib", "library")[0] == 0
+    code, _, err = run("bank", "delete", "library")
+    assert code == 2 and "without --yes" in err
+    assert run("bank", "delete", "library", "--document", "1", "--yes")[0] == 0
+    code, out, _ = run("bank", "info", "library")
+    assert "0 tokens" in out
+    assert run("bank", "delete", "library", "--yes")[0] == 0
+    assert "no banks" in run("bank", "list")[1]
+
+
+def test_cli_errors_name_the_problem(run, files, tmp_path):
+    code, _, err = run("bank", "info", "nope")
+    assert code == 2 and "no bank named 'nope'" in err
+    code, _, err = run("bank", "create", "../out", model=True)
+    assert code == 2 and "invalid bank name" in err
+    code, _, err = run("bank", "ingest", "nope", str(files[0]), model=True)
+    assert code == 2 and "no bank named 'nope'" in err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    code, _, err = run("bank", "ingest", "x", str(empty), "--create", model=True)
+    assert code == 2 and "the file is empty" in err and not Store(run.banks).exists("x")
+    code, _, err = run("bank", "ingest", "x", str(files[1]), "--create", "--label-words", "0=bad,2=good", model=True)
+    assert code == 2 and "label '1' is not one of: 0, 2" in err
+    code, _, err = run("bank", "ingest", "x", str(files[1]), "--create", "--label-column", "sentiment", model=True)
+    assert code == 2 and "no 'sentiment' column" in err
+    code, _, err = run("generate", "--bank", "nope", "--prompt", "hi")
+    assert code == 2 and "no bank named 'nope'" in err
+
+
+def test_classify_and_generate_with_a_bank(run, files):
+    _, demos = files
+    code, out, _ = run("bank", "ingest", "demos", str(demos), "--create", "--label-words", "0=negative,1=positive",
+                       model=True)
+    assert code == 0 and "ingested" in out
+    code, out, _ = run("classify", "--bank", "demos", "--text", "a fine bright film", "--text", "a dull film",
+                       model=True)
+    assert code == 0
+    labels = [line.split("\t")[0] for line in out.strip().splitlines()]
+    assert len(labels) == 2 and set(labels) <= {"negative", "positive"}
+    code, out, err = run("generate", "--bank", "demos", "--prompt", "a fine", "--max-new-tokens", "5",
+                         "--temperature", "0", model=True)
+    assert code == 0 and "tokens in memory" in err and out.strip()
+
+
+def test_classifier_scores_every_label_and_reads_the_bank_template(tmp_path, files):
+    model = LongMemModel(tiny_llama(), small_config(segment_len=32))
+    store = Store(tmp_path / "banks")
+    from longmem.ingest import ingest
+    from longmem.readers import DemoFormat
+
+    with store.create("d", model) as bank:
+        ingest(bank, model, files[1], demos=DemoFormat(template="{text} => {label}",
+                                                       label_words={"0": "no", "1": "yes"}))
+        clf = Classifier.from_documents(model, bank.load_memory(), bank.documents())
+    assert (clf.template, clf.labels) == ("{text} => {label}", ["no", "yes"])
+    scores = clf.scores("a fine bright film")
+    tok = model.backbone.tokenizer
+    expect = model.score(tok("a fine bright film =>").input_ids, tok(" yes").input_ids, clf.memory)
+    assert set(scores) == {"no", "yes"} and scores["yes"] == pytest.approx(expect)
+    assert clf.predict("a fine bright film") == max(scores, key=scores.get)
+    with pytest.raises(ValueError, match="no demonstrations"):
+        Classifier.from_documents(model, None, [])

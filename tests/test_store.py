@@ -1,0 +1,398 @@
+"""Persistent banks with the real SQLite and faiss on tiny backbones: round trips, crashes, corruption, concurrency."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import small_config, tiny_llama, tiny_model
+
+from longmem.ingest import cut_segments, ingest
+from longmem.model import LongMemModel
+from longmem.readers import Block
+from longmem.store import BankBusy, BankCorrupt, BankError, BankExists, BankMismatch, Store, UnknownBank
+from longmem.text import InputError
+
+TESTS = Path(__file__).parent
+WORDS = ("the old house stood by the river and every night the lamps were lit again while the boat drifted "
+         "past the mill towards a sea nobody in the village had ever seen\n").split(" ")
+
+
+def book(n_chars: int, seed: int = 0) -> str:
+    g = torch.Generator().manual_seed(seed)
+    out, size = [], 0
+    while size < n_chars:
+        w = WORDS[int(torch.randint(len(WORDS), (1,), generator=g))]
+        out.append(w)
+        size += len(w) + 1
+    return " ".join(out)[:n_chars]
+
+
+@pytest.fixture
+def model() -> LongMemModel:
+    return tiny_model("llama", segment_len=32)
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(tmp_path / "banks")
+
+
+@pytest.fixture
+def text_file(tmp_path) -> Path:
+    p = tmp_path / "book.txt"
+    p.write_text(book(3000))
+    return p
+
+
+def queries(model, n: int = 24, seed: int = 1) -> torch.Tensor:
+    spec = model.backbone.spec
+    return torch.randn(1, spec.n_heads, n, spec.head_dim, generator=torch.Generator().manual_seed(seed))
+
+
+def search_all(memory, q):
+    r = memory.search(q, n_chunks=4)
+    return r.keys, r.values, r.mask, r.chunk_ids
+
+
+def table(bank, sql="SELECT s.seq, s.n_tokens, s.tokens, s.text, s.chunk_chars, kv.k, kv.v FROM segments s "
+                    "JOIN kv ON kv.segment_id = s.id ORDER BY s.id"):
+    return bank.db.execute(sql).fetchall()
+
+
+# -- names and the banks directory ---------------------------------------------------------------------------------
+
+def test_create_list_rename_delete(store, model):
+    store.create("novel", model).close()
+    assert store.names() == ["novel"]
+    with pytest.raises(BankExists):
+        store.create("novel", model)
+    store.rename("novel", "gatsby")
+    assert store.names() == ["gatsby"]
+    with store.open("gatsby") as bank:
+        assert bank.info.name == "gatsby" and bank.info.cached_layer == model.cached_layer
+    store.delete("gatsby")
+    assert store.names() == []
+    with pytest.raises(UnknownBank, match="no bank named 'gatsby'"):
+        store.open("gatsby")
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "", ".hidden", "x" * 65, "..", "a\\b", "/abs", "sp ace"])
+def test_bank_names_cannot_escape_the_banks_directory(store, model, name):
+    with pytest.raises(BankError, match="invalid bank name"):
+        store.create(name, model)
+    assert not any(store.root.parent.glob("escape*"))
+
+
+def test_banks_dir_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("LONGMEM_BANKS_DIR", str(tmp_path / "elsewhere"))
+    assert Store().root == tmp_path / "elsewhere"
+
+
+# -- ingestion -----------------------------------------------------------------------------------------------------
+
+def test_ingest_stores_tokens_text_and_kv_of_the_whole_file(store, model, text_file):
+    bank = store.create("b", model, kv_dtype="float32")
+    res = ingest(bank, model, text_file)
+    text = text_file.read_text()
+    ids = model.backbone.tokenizer(text, add_special_tokens=False).input_ids
+    assert (res.action, res.tokens, res.document.status) == ("ingested", len(ids), "complete")
+    rows = table(bank)
+    assert "".join(r[3] for r in rows) == text  # segments tile the text
+    stored = torch.cat([torch.frombuffer(bytearray(r[2]), dtype=torch.int32) for r in rows])
+    assert stored.tolist() == ids
+    # the K/V equal the in-RAM memorize of the same tokens (segment by segment, positions from 0)
+    ref = model.new_memory(capacity=None)
+    model.memorize(torch.tensor(ids), ref, batch_segments=1)
+    mem = bank.load_memory()
+    assert len(mem) == len(ref)
+    assert torch.allclose(mem.rows[0].k[:, :ref.rows[0].n], ref.rows[0].k[:, :ref.rows[0].n], atol=1e-5)
+    assert torch.equal(mem.rows[0].tokens[:ref.rows[0].n], ref.rows[0].tokens[:ref.rows[0].n])
+    bank.close()
+
+
+def test_round_trip_reopen_gives_identical_retrieval(store, model, text_file):
+    bank = store.create("b", model)
+    ingest(bank, model, text_file)
+    q = queries(model)
+    before = search_all(bank.load_memory(), q)
+    passage = bank.passage(int(before[3][0, 0, 0, 0]))
+    bank.close()
+    with Store(store.root).open("b") as again:
+        mem = again.load_memory()
+        after = search_all(mem, q)
+        assert mem.dtype == torch.bfloat16
+        for a, b in zip(before, after):
+            assert torch.equal(a, b)
+        assert again.passage(passage.serial) == passage
+        assert passage.text and passage.text in text_file.read_text() and passage.document == "book"
+
+
+def test_same_file_twice_is_skipped(store, model, text_file, tmp_path):
+    bank = store.create("b", model)
+    ingest(bank, model, text_file)
+    copy = tmp_path / "copy.txt"
+    copy.write_bytes(text_file.read_bytes())
+    assert ingest(bank, model, copy).action == "skipped"
+    assert len(bank.documents()) == 1
+
+
+def test_delete_document_removes_its_memory(store, model, text_file, tmp_path):
+    other = tmp_path / "other.txt"
+    other.write_text(book(1000, seed=7))
+    bank = store.create("b", model)
+    a = ingest(bank, model, text_file).document
+    b = ingest(bank, model, other).document
+    n_b = len(bank.load_memory())
+    bank.delete_document(a.id)
+    mem = bank.load_memory()
+    assert [d.id for d in bank.documents()] == [b.id]
+    assert len(mem) == n_b - (a.n_tokens // 2) * 2
+    assert bank.info.epoch == 1 and bank.verify().ok and bank.verify().notes == []
+    assert all(bank.passage(i).document_id == b.id for i in range(0, len(mem) // 2, 7))
+
+
+def test_interrupted_ingest_resumes_to_the_same_state(store, model, text_file):
+    whole = store.create("whole", model)
+    ingest(whole, model, text_file)
+    part = store.create("part", model)
+    calls = []
+
+    def stop_after_three(done, total):
+        calls.append(done)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ingest(part, model, text_file, progress=stop_after_three)
+    (doc,) = part.documents()
+    assert doc.status == "ingesting" and doc.n_segments == 3
+    report = part.verify()
+    assert report.ok and "incomplete" in report.notes[0]
+    assert ingest(part, model, text_file).action == "resumed"
+    assert table(part) == table(whole)
+    q = queries(model)
+    for a, b in zip(search_all(part.load_memory(), q), search_all(whole.load_memory(), q)):
+        assert torch.equal(a, b)
+
+
+def test_resume_point_survives_block_boundaries(model):
+    """Cutting from any recorded resume point reproduces the rest of the segments exactly."""
+    text = book(700, seed=3)
+    cuts = [0, 97, 301, 456, 700]
+    blocks = [Block(text[a:b], a, b) for a, b in zip(cuts, cuts[1:])]  # ASCII: chars == bytes
+    tok = model.backbone.tokenizer
+
+    def from_offset(off, skip):
+        return list(cut_segments(tok, [b for b in blocks if b.start >= off], 32, 2, skip))
+
+    full = from_offset(0, 0)
+    assert "".join(s.text for s in full) == text
+    for i, seg in enumerate(full[:-1]):
+        rest = from_offset(*seg.resume)
+        assert [s.ids.tolist() for s in rest] == [s.ids.tolist() for s in full[i + 1:]]
+        assert [s.text for s in rest] == [s.text for s in full[i + 1:]]
+
+
+# -- bad input: a clear error and nothing stored lost --------------------------------------------------------------
+
+@pytest.mark.parametrize("content,message", [(b"", "empty"), (b"\x00\x01binary\x00", "binary"),
+                                             (b"   \n\n\t  \n", "only whitespace")])
+def test_bad_files_store_nothing(store, model, text_file, tmp_path, content, message):
+    bank = store.create("b", model)
+    ingest(bank, model, text_file)
+    before = table(bank)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(content)
+    with pytest.raises(InputError, match=message):
+        ingest(bank, model, bad)
+    assert table(bank) == before and len(bank.documents()) == 1 and bank.verify().ok
+
+
+def test_invalid_utf8_is_decoded_with_a_warning(store, model, tmp_path, caplog):
+    p = tmp_path / "latin1.txt"
+    p.write_bytes(("Caf\xe9 " * 40).encode("latin-1"))
+    with caplog.at_level(logging.WARNING):
+        res = ingest(store.create("b", model), model, p)
+    assert res.document.status == "complete" and "not valid UTF-8" in caplog.text
+
+
+def test_bank_of_another_backbone_or_layout_is_refused(store, model, text_file):
+    bank = store.create("b", model)
+    ingest(bank, model, text_file)
+    for other in (LongMemModel(tiny_llama(seed=1), small_config(segment_len=32)),
+                  tiny_model("llama", segment_len=32, csz=4)):
+        with pytest.raises(BankMismatch, match="Make a new bank"):
+            ingest(bank, other, text_file)
+        with pytest.raises(BankMismatch):
+            bank.load_memory(other)
+    assert len(bank.documents()) == 1
+
+
+def test_one_writer_at_a_time(store, model, text_file):
+    store.create("b", model).close()
+    first, second = store.open("b"), store.open("b")
+    with first.writing():
+        with pytest.raises(BankBusy, match="another process"):
+            ingest(second, model, text_file)
+    assert ingest(second, model, text_file).action == "ingested"
+
+
+def test_huge_text_file_streams_with_bounded_memory(store, model, tmp_path):
+    psutil = pytest.importorskip("psutil")
+    big = tmp_path / "huge.txt"
+    line = (book(2000) + "\n").encode()
+    with open(big, "wb") as f:
+        for _ in range(200 * 2**20 // len(line)):
+            f.write(line)
+    bank = store.create("b", model)
+    rss = psutil.Process().memory_info().rss
+    seen = []
+
+    def stop(done, total):
+        seen.append((done, total))
+        if len(seen) == 20:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ingest(bank, model, big, progress=stop)
+    assert seen[-1][1] >= 199 * 2**20 and seen[-1][0] < 2**20  # started at once, far from reading it all
+    assert psutil.Process().memory_info().rss - rss < 100 * 2**20
+    assert bank.documents()[0].n_segments == 20
+
+
+# -- corruption ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", ["truncate", "garble", "delete"])
+def test_damaged_index_file_is_detected_and_rebuilt(store, model, text_file, damage, caplog):
+    bank = store.create("b", model)
+    ingest(bank, model, text_file)
+    q = queries(model)
+    before = search_all(bank.load_memory(), q)
+    bank.close()
+    f = store.path("b") / "keys-1.faiss"
+    data = f.read_bytes()
+    if damage == "truncate":
+        f.write_bytes(data[: len(data) // 2])
+    elif damage == "garble":
+        f.write_bytes(data[:100] + bytes(200) + data[300:])
+    else:
+        f.unlink()
+    with caplog.at_level(logging.WARNING), store.open("b") as bank:
+        after = search_all(bank.load_memory(), q)
+        assert "keys-1.faiss" in caplog.text and "rebuilding" in caplog.text
+        assert f.read_bytes() == data  # rewritten, identical to the original
+        for a, b in zip(before, after):
+            assert torch.equal(a, b)
+
+
+def test_corrupt_sqlite_is_reported_not_recreated(store, model, text_file):
+    bank = store.create("b", model)
+    ingest(bank, model, text_file)
+    bank.close()
+    db = store.path("b") / "bank.db"
+    garbage = b"this is not a database" * 500
+    db.write_bytes(garbage)
+    with pytest.raises(BankCorrupt, match="not a readable LongMem bank"):
+        store.open("b")
+    assert db.read_bytes() == garbage
+
+
+def test_damaged_blob_fails_verification(store, model, text_file):
+    bank = store.create("b", model)
+    ingest(bank, model, text_file)
+    with bank.db.atomic():
+        bank.db.execute("UPDATE kv SET k = substr(k, 1, 10) WHERE segment_id = 2")
+    report = bank.verify()
+    assert not report.ok and "segment 2" in report.problems[0]
+
+
+# -- crashes and concurrency, with real processes ------------------------------------------------------------------
+
+WORKER = f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+from tiny import tiny_model
+from longmem.store import Store
+from longmem.ingest import ingest
+model = tiny_model("llama", segment_len=32)
+ingest(Store(sys.argv[1]).open(sys.argv[2]), model, sys.argv[3])
+print("done")
+"""
+
+
+def start_worker(store, name, path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
+    return subprocess.Popen([sys.executable, "-c", WORKER, str(store.root), name, str(path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_segments(store, name, n, proc, timeout=120.0) -> int:
+    con = sqlite3.connect(f"file:{store.path(name) / 'bank.db'}?mode=ro", uri=True)
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline:
+            got = con.execute("SELECT count(*) FROM segments").fetchone()[0]
+            if got >= n:
+                return got
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.005)
+    finally:
+        con.close()
+    raise TimeoutError
+
+
+def test_kill_9_mid_ingest_leaves_a_bank_that_opens_verifies_and_resumes(store, model, tmp_path):
+    p = tmp_path / "long.txt"
+    p.write_text(book(24000))
+    store.create("crash", model).close()
+    proc = start_worker(store, "crash", p)
+    wait_for_segments(store, "crash", 40, proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with store.open("crash") as bank:
+        (doc,) = bank.documents()
+        assert doc.status == "ingesting" and 40 <= doc.n_segments < 24000 // 32
+        report = bank.verify()
+        assert report.ok, report.problems
+        assert len(bank.load_memory()) == sum(r[1] // 2 * 2 for r in table(bank))
+        assert ingest(bank, model, p).action == "resumed"
+        whole = store.create("whole", model)
+        ingest(whole, model, p)
+        assert table(bank) == table(whole)
+        q = queries(model)
+        for a, b in zip(search_all(bank.load_memory(), q), search_all(whole.load_memory(), q)):
+            assert torch.equal(a, b)
+
+
+def test_readers_see_consistent_memory_while_a_writer_ingests(store, model, tmp_path):
+    p = tmp_path / "long.txt"
+    p.write_text(book(16000, seed=5))
+    store.create("live", model).close()
+    proc = start_worker(store, "live", p)
+    wait_for_segments(store, "live", 5, proc)
+    sizes, during = [], 0
+    while proc.poll() is None:
+        with store.open("live") as bank:
+            mem = bank.load_memory()
+            n = len(mem)
+            assert n == int(bank.layout.first_chunk[-1]) * 2  # memory holds exactly the chunks of its snapshot
+            assert mem.rows[0].indexes[0].ntotal == n // 2
+            during += bank.documents()[0].status == "ingesting"
+            sizes.append(n)
+    out, err = proc.communicate()
+    assert proc.returncode == 0 and "done" in out, err
+    assert during >= 2 and sizes == sorted(sizes)
+    with store.open("live") as bank:
+        assert bank.verify().ok and bank.documents()[0].status == "complete"
+        whole = store.create("whole", model)
+        ingest(whole, model, p)
+        assert table(bank) == table(whole)

@@ -1,0 +1,50 @@
+"""Tiny random backbones built in code (llama with RoPE + GQA, GPT-2) and a character tokenizer for them.
+
+Importable on its own (not only through conftest) so that subprocess-based tests can build the same models.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from longmem.backbone import Backbone
+from longmem.model import LongMemConfig, LongMemModel
+
+VOCAB = 97  # <unk>, the 95 printable ASCII characters and "\n"
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character (with offsets, like any fast tokenizer); anything outside ASCII is <unk>."""
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {"<unk>": 0, **{c: i + 1 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+
+
+def tiny_llama(n_layers: int = 4, seed: int = 0) -> Backbone:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=n_layers,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                      tie_word_embeddings=True)
+    return Backbone(LlamaForCausalLM(cfg).float(), tokenizer=char_tokenizer(), name=f"tiny-llama-{n_layers}")
+
+
+def tiny_gpt2(n_layers: int = 4, seed: int = 0) -> Backbone:
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=n_layers, n_head=4, n_positions=256,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return Backbone(GPT2LMHeadModel(cfg).float(), tokenizer=char_tokenizer(), name=f"tiny-gpt2-{n_layers}")
+
+
+def small_config(**kw) -> LongMemConfig:
+    base = dict(dtype="float32", csz=2, topk=8, capacity=None, segment_len=16)
+    base.update(kw)
+    return LongMemConfig(**base)
+
+
+def tiny_model(family: str = "llama", **config) -> LongMemModel:
+    return LongMemModel(tiny_llama() if family == "llama" else tiny_gpt2(), small_config(**config))
