@@ -337,13 +337,19 @@ class Bank:
         self._lock_fd: int | None = None
         try:
             conn = sqlite3.connect(f"file:{path / DB_NAME}?mode=rw", uri=True, timeout=30, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise BankError(f"bank {path.name!r}: cannot open {path / DB_NAME} ({e})") from None
+        try:
             conn.execute("PRAGMA busy_timeout = 30000")
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL: durable against process crashes, fast commits
             conn.execute("PRAGMA foreign_keys = ON")
             self.db = sqlite_utils.Database(conn)
             _migrate(self.db, path / DB_NAME)
             self.info  # noqa: B018  (reads the bank row: a corrupt file fails here, not later)
-        except sqlite3.DatabaseError as e:
+        except BaseException as e:
+            conn.close()
+            if not isinstance(e, sqlite3.DatabaseError):
+                raise
             raise BankCorrupt(f"bank {path.name!r}: {path / DB_NAME} is not a readable LongMem bank ({e}). It was left "
                               "untouched; restore it from a backup or delete the bank.") from None
 
