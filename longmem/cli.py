@@ -209,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli_bank.add_parser(sub, _model_args)
 
     sub.add_parser("bench", help="benchmark speed and memory (options: longmem bench --help)", add_help=False)
+    sub.add_parser("train", help="adaptation training of the SideNet (options: longmem train --help)",
+                   add_help=False)
     return parser
 
 
@@ -219,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     if args.command == "bench":
         return cmd_bench(args, rest)
+    if args.command == "train":
+        from training.__main__ import main as train_main
+
+        return train_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from .backbone import BackboneError

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from .backbone import DEFAULT_BACKBONE, DTYPES, Backbone, BackboneSpec, load_backbone, resolve_dtype
 from .files import atomic_directory
+from .lora import add_lora
 from .lm import SegmentLM, Step, Window
 from .memory import MemoryBank
 from .sidenet import LayerCache, SideNet
@@ -45,6 +46,9 @@ class LongMemConfig:
     segment_len: int = 1024  # local context window
     side_init: str = "rezero"  # "rezero": zero-scaled branches, reproduces the backbone; "plain": paper's copy-init
     gate_init: float = 0.0  # head-wise memory gate g at init (sigmoid(0) = 50/50)
+    train_scope: str = "full"  # "full": every SideNet weight trains; "compact": the memory layer, low-rank (LoRA)
+    #                            updates of the other side layers, and the scales/gate (small checkpoints)
+    lora_rank: int = 16  # rank of the compact mode's low-rank updates
 
     def resolved(self, spec: BackboneSpec) -> "LongMemConfig":
         """Fill the depth-dependent defaults for a backbone and check everything fits it."""
@@ -56,6 +60,8 @@ class LongMemConfig:
             raise ValueError(f"cached layer {cached} outside the backbone's {spec.n_layers} layers")
         if self.segment_len > spec.max_positions:
             raise ValueError(f"segment_len {self.segment_len} exceeds the backbone's {spec.max_positions} positions")
+        if self.train_scope not in ("full", "compact"):
+            raise ValueError(f"train_scope must be 'full' or 'compact', got {self.train_scope!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
         return replace(self, memory_layer=mem, cached_layer=cached)
@@ -78,6 +84,8 @@ class LongMemModel(SegmentLM):
         self.sidenet = SideNet(backbone, reduction=c.reduction, memory_layer=c.memory_layer,
                                cached_layer=c.cached_layer, csz=c.csz, topk=c.topk, side_init=c.side_init,
                                gate_init=c.gate_init)
+        if c.train_scope == "compact":
+            self._make_compact(c.lora_rank)
         self.provenance: dict = {}
         self._keep = set(self.sidenet.boundaries) | {c.cached_layer}  # backbone states the SideNet reads
 
@@ -103,20 +111,40 @@ class LongMemModel(SegmentLM):
             window.append(ids, k, v)
         return Step(hidden=h, k=k, v=v, chunk_ids=trace)
 
+    def _make_compact(self, rank: int) -> None:
+        """Freeze the copied weights except the memory layer's; the other side layers learn low-rank updates."""
+        for p in self.sidenet.parameters():
+            p.requires_grad_(False)
+        for i, layer in enumerate(self.sidenet.layers):
+            if i == self.sidenet.memory_layer:
+                for p in layer.parameters():
+                    p.requires_grad_(True)
+                continue
+            for wrapper in add_lora(layer.block, rank):
+                wrapper.lora_a.requires_grad_(True)
+                wrapper.lora_b.requires_grad_(True)
+            for p in (layer.alpha_attn, layer.alpha_mlp):
+                if p is not None:
+                    p.requires_grad_(True)
+
     # -- checkpoints ----------------------------------------------------------------------------------------------
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().contiguous() for k, v in self.sidenet.state_dict().items()}
+        """The SideNet weights that training changes (all of them in "full" scope; the rest are backbone copies)."""
+        return {k: p.detach().contiguous() for k, p in self.sidenet.named_parameters() if p.requires_grad}
 
     def save(self, path: str | os.PathLike, provenance: dict | None = None) -> Path:
         """Write ``sidenet.safetensors`` + ``config.json`` into directory ``path`` atomically (temp dir + rename)."""
         path = Path(path)
         with atomic_directory(path) as tmp:
-            save_file(self.trainable_state(), str(tmp / "sidenet.safetensors"), metadata={"format": "pt"})
-            meta = {"format": CHECKPOINT_FORMAT, "config": asdict(self.config), "backbone": self.backbone.identity(),
-                    "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "provenance": {**self.provenance, **(provenance or {})}}
-            (tmp / "config.json").write_text(json.dumps(meta, indent=2))
+            self.write_files(tmp, provenance)
         return path
+
+    def write_files(self, directory: Path, provenance: dict | None = None) -> None:
+        """The checkpoint's two files, written into an existing directory (``save`` makes that atomic)."""
+        save_file(self.trainable_state(), str(directory / "sidenet.safetensors"), metadata={"format": "pt"})
+        meta = {"format": CHECKPOINT_FORMAT, "config": asdict(self.config), "backbone": self.backbone.identity(),
+                "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "provenance": {**self.provenance, **(provenance or {})}}
+        (directory / "config.json").write_text(json.dumps(meta, indent=2))
 
     @classmethod
     def load(cls, path: str | os.PathLike, backbone: Backbone | None = None, device: str = "cpu") -> "LongMemModel":
@@ -140,6 +168,8 @@ class LongMemModel(SegmentLM):
         model = cls(backbone, config)
         state = load_file(str(path / "sidenet.safetensors"))
         missing, unexpected = model.sidenet.load_state_dict(state, strict=False)
+        trained = set(model.trainable_state())
+        missing = [k for k in missing if k in trained]  # frozen backbone copies are not saved
         if missing or unexpected:
             raise CheckpointError(f"{path}: weights do not match the SideNet (missing {missing[:3]}, "
                                   f"unexpected {unexpected[:3]})")

@@ -1,0 +1,45 @@
+"""Low-rank updates (LoRA) for the SideNet's copied layers: the compact training mode.
+
+``add_lora(module, rank)`` wraps every linear projection inside ``module`` (``nn.Linear``, or GPT-2's ``Conv1D``
+whose weight is stored transposed) so that it computes ``base(x) + scale * (x A^T) B^T`` with A (r, in) random and
+B (out, r) zero: at init the layer is unchanged, and training touches only r * (in + out) numbers per projection.
+The frozen base weight is a copy of the backbone's, so a checkpoint needs only A, B and what else was trained.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class LoRA(nn.Module):
+    def __init__(self, base: nn.Module, rank: int, alpha: float | None = None):
+        super().__init__()
+        w = base.weight
+        transposed = not isinstance(base, nn.Linear)  # transformers' Conv1D: weight (in, out)
+        n_in, n_out = (w.shape[0], w.shape[1]) if transposed else (w.shape[1], w.shape[0])
+        self.base = base
+        self.scale = (alpha if alpha is not None else rank) / rank
+        self.lora_a = nn.Parameter(torch.empty(rank, n_in, dtype=torch.float32))
+        self.lora_b = nn.Parameter(torch.zeros(n_out, rank, dtype=torch.float32))
+        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        update = (x.to(self.lora_a.dtype) @ self.lora_a.t()) @ self.lora_b.t()
+        return self.base(x) + (self.scale * update).to(x.dtype)
+
+
+def add_lora(module: nn.Module, rank: int) -> list[LoRA]:
+    """Wrap the linear projections under ``module`` in place; returns the wrappers."""
+    added = []
+    for name, child in list(module.named_children()):
+        is_linear = isinstance(child, nn.Linear) or type(child).__name__ == "Conv1D"
+        if is_linear and not isinstance(module, LoRA):
+            wrapped = LoRA(child, rank)
+            setattr(module, name, wrapped)
+            added.append(wrapped)
+        elif not isinstance(child, LoRA):
+            added += add_lora(child, rank)
+    return added

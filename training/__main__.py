@@ -1,0 +1,104 @@
+"""``python -m training`` / ``longmem train``: adaptation training on the shared books (plus synthetic recall).
+
+    python -m training --out runs/smol --steps 2000 --batch-size 2
+    python -m training --out runs/smol --resume            # continue (bit for bit) after Ctrl-C or a crash
+    torchrun --nproc_per_node 2 -m training --out runs/ddp # data parallel; --batch-size is per process
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from .train import TrainConfig, Trainer
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+HELP = {
+    "out": "run directory: checkpoint/, metrics.jsonl, loss.png",
+    "backbone": "'default' (embedded SmolLM2-135M-Instruct) or a local Hugging Face model directory",
+    "init": "start from this SideNet checkpoint directory instead of the untrained SideNet",
+    "train_scope": "'compact' (memory layer + LoRA updates + scales: small checkpoints) or 'full' (every weight)",
+    "lora_rank": "rank of the compact mode's low-rank updates",
+    "batch_size": "rows per process (each row a document stream with its own memory)",
+    "segment_len": "tokens per row per step (the local context)",
+    "memory_tokens": "memory bank size M per row, in tokens",
+    "steps": "optimizer steps in all (the LR schedule spans them)",
+    "lr": "peak learning rate (paper: 2e-4)",
+    "end_lr": "learning rate reached at the last step",
+    "lr_power": "polynomial decay power (1 = linear)",
+    "warmup_steps": "linear warm-up steps (paper: 0)",
+    "weight_decay": "AdamW decoupled weight decay (paper: 0.01)",
+    "grad_clip": "gradient norm clipping (paper: 2.0)",
+    "amp": "autocast: auto (bf16 on GPU or CPUs with native bf16), bfloat16, float16, none",
+    "seed": "data order seed",
+    "save_every": "steps between checkpoints (one is also written at the end and on Ctrl-C/SIGTERM)",
+    "eval_every": "steps between held-out evaluations (0 = never)",
+    "eval_segments": "held-out segments scored per book at each evaluation",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m training", description="LongMem memory-augmented adaptation training")
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+        p.add_argument(flag, type=kind, default=f.default, help=f"{HELP[f.name]} (default: {f.default})")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--data", default=str(DEFAULT_DATA), help="shared data directory (books/ and MANIFEST.md)")
+    p.add_argument("--max-books", type=int, default=None, help="train on the first N training books only")
+    p.add_argument("--eval-books", type=int, default=2, help="held-out (test-split) books used for evaluation")
+    p.add_argument("--recall-docs", type=int, default=0,
+                   help="synthetic long-range recall documents mixed into training (a fact stated early, asked "
+                        "about at the end)")
+    p.add_argument("--recall-distance", type=int, default=2048, help="tokens between a recall fact and its question")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    return p.parse_args(argv)
+
+
+def build_data(args, tokenizer, segment_len: int):
+    from longmem.backbone import cache_root
+
+    from .data import book_split, tokenize_files
+    from .recall import recall_as_documents, recall_documents
+
+    train_files, test_files = book_split(Path(args.data))
+    if args.max_books:
+        train_files = train_files[: args.max_books]
+    cache = cache_root() / "tokens"
+    train = tokenize_files(train_files, tokenizer, cache)
+    held_out = tokenize_files(test_files[: args.eval_books], tokenizer, cache) if args.eval_books else []
+    if args.recall_docs:
+        total = -(-(args.recall_distance + 256) // segment_len) * segment_len  # whole segments
+        items = recall_documents(tokenizer, [d.ids for d in train], args.recall_docs, args.recall_distance, total,
+                                 seed=args.seed)
+        train += recall_as_documents(items)
+    return train, held_out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    trainer = Trainer(cfg, documents=[], resume=args.resume, log=lambda m: print(m, file=sys.stderr),
+                      defer_data=True)
+    train, held_out = build_data(args, trainer.model.backbone.tokenizer, trainer.cfg.segment_len)
+    trainer.set_data(train, held_out)
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        n_tok = sum(len(d.ids) for d in train)
+        print(f"training on {len(train)} documents ({n_tok:,} tokens), {trainer.data.steps_per_epoch} steps per "
+              f"epoch; held out: {[d.name for d in held_out]}", file=sys.stderr)
+    trainer.fit()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Synthetic long-range recall documents: a fact stated once inside book text, asked about much later.
+
+An item reads like a book with one extra sentence ("The code to the old safe is 4817.") spliced in early, at least
+``distance`` tokens of the book after it, then a question ("\\n\\nQuestion: What is the code to the old safe?
+Answer:") and the answer (" 4817"). With ``distance`` beyond the local context window, only a model that reads its
+memory can answer: used in moderation as training documents, and as an evaluation of long-range recall.
+
+The book text is never re-tokenized: the sentence, question and answer are tokenized on their own
+(add_special_tokens=False) and their ids spliced into the filler ids, so ``answer_start`` is exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from training.data import Document
+
+# (fact sentence with {} for the value, question) -- the sentence starts with a space: it follows a sentence's end
+NUMBER_FACTS = [
+    (" The code to the old safe is {}.", "What is the code to the old safe?"),
+    (" The number painted on the lighthouse door was {}.", "What was the number painted on the lighthouse door?"),
+    (" The combination of the captain's sea chest is {}.", "What is the combination of the captain's sea chest?"),
+    (" The ticket for the night train was numbered {}.", "What number was on the ticket for the night train?"),
+    (" The room they took at the harbour inn was number {}.", "What was the number of the room at the harbour inn?"),
+    (" The year carved above the chapel gate was {}.", "What year was carved above the chapel gate?"),
+    (" The account at the county bank was number {}.", "What was the number of the account at the county bank?"),
+    (" The password for the cellar door was {}.", "What was the password for the cellar door?"),
+    (" The parcel from London was marked with the number {}.", "What number was the parcel from London marked with?"),
+    (" The telephone number of the old mill was {}.", "What was the telephone number of the old mill?"),
+]
+NAME_FACTS = [
+    (" The lighthouse keeper was called {}.", "What was the lighthouse keeper called?"),
+    (" The new doctor in the village was named {}.", "What was the name of the new doctor in the village?"),
+    (" The captain of the ship was a sailor named {}.", "What was the name of the captain of the ship?"),
+    (" The man who sold the farm was called {}.", "What was the man who sold the farm called?"),
+    (" The anonymous letter was written by {}.", "Who wrote the anonymous letter?"),
+    (" The girl who found the brass key was called {}.", "What was the girl who found the brass key called?"),
+    (" The owner of the blue carriage was {}.", "Who was the owner of the blue carriage?"),
+    (" The schoolmaster's name was {}.", "What was the schoolmaster's name?"),
+    (" The stranger at the station gave his name as {}.", "What name did the stranger at the station give?"),
+    (" The painter of the portrait in the hall was {}.", "Who painted the portrait in the hall?"),
+]
+FIRST_NAMES = ["Marguerite", "Tobias", "Ingrid", "Obadiah", "Rosalind", "Casimir", "Wilhelmina", "Ezekiel",
+               "Philippa", "Lucian", "Henrietta", "Barnaby", "Ottoline", "Cornelius", "Genevieve", "Ambrose"]
+LAST_NAMES = ["Okafor", "Pennington", "Vasquez", "Thornbury", "Lindqvist", "Abernathy", "Castellano", "Fairweather",
+              "Nakamura", "Blackwood", "Delacroix", "Hargreaves", "Kowalski", "Ashdown", "Montague", "Quenby"]
+SENTENCE_ENDS = (".", "!", "?")  # not closing quotes: speech often goes on ('..." he said')
+QUESTION = "\n\nQuestion: {} Answer:"
+
+
+@dataclass
+class RecallItem:
+    ids: np.ndarray  # (T,) int32: filler ... fact sentence ... filler (>= distance tokens) ... question + answer
+    answer_start: int  # index in ids where the answer tokens begin (the answer ends the document)
+    answer: str  # e.g. "4817" or "Marguerite Okafor"
+    fact_pos: int  # token index where the fact sentence starts
+    kind: str  # "number" or "name"
+
+
+def _encode(tokenizer, text: str) -> np.ndarray:
+    return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+
+
+def _sentence_end(tokenizer, window: np.ndarray, p: int) -> bool:
+    """Whether a sentence ends just before window[p] (0 < p < len(window)): window[p-1] ends in . ! or ? and
+    window[p] starts with a space, so not inside "3.14" (but "Mr. Smith" passes: sentence-ish)."""
+    before, after = tokenizer.decode([int(window[p - 1])]), tokenizer.decode([int(window[p])])
+    return before.endswith(SENTENCE_ENDS) and after[:1].isspace()
+
+
+def _boundary(tokenizer, window: np.ndarray, target: int, lo: int, hi: int) -> int:
+    """A position p in [lo, hi] close to target (first forward, then backward) where a sentence ends before
+    window[p]; target itself if there is none."""
+    for p in [*range(target, hi + 1), *range(target - 1, lo - 1, -1)]:
+        if 0 < p < len(window) and _sentence_end(tokenizer, window, p):
+            return p
+    return target
+
+
+def make_recall_item(tokenizer, filler: np.ndarray, rng: np.random.Generator, distance: int, total: int | None = None,
+                     kind: str | None = None) -> RecallItem:
+    """One recall item of exactly ``total`` tokens from a random window of ``filler`` (book token ids).
+
+    The fact sentence goes at a sentence end (a filler token ending in . ! or ?, followed by a space) near a random
+    point 5-20% into the item, with at least ``distance`` filler tokens after it; the question and answer
+    close the item. Facts are 4-digit numbers or names (first and last name drawn at random), ``kind`` "number"
+    or "name" (None: either, at random). With total=None the item is just long enough for ``distance`` plus
+    about a fifth of itself before the fact."""
+    kind = kind if kind is not None else str(rng.choice(["number", "name"]))
+    if kind == "number":
+        sentence, question = NUMBER_FACTS[rng.integers(len(NUMBER_FACTS))]
+        answer = str(rng.integers(1000, 10000))
+    elif kind == "name":
+        sentence, question = NAME_FACTS[rng.integers(len(NAME_FACTS))]
+        answer = f"{FIRST_NAMES[rng.integers(len(FIRST_NAMES))]} {LAST_NAMES[rng.integers(len(LAST_NAMES))]}"
+    else:
+        raise ValueError(f"kind must be 'number', 'name' or None, got {kind!r}")
+    fact = _encode(tokenizer, sentence.format(answer))  # (F,)
+    ask = _encode(tokenizer, QUESTION.format(question))  # (Q,)
+    ans = _encode(tokenizer, " " + answer)  # (A,)
+    extra = len(fact) + len(ask) + len(ans)
+    if total is None:
+        total = int((distance + extra) / 0.8) + 1
+    n_filler = total - extra
+    if distance < 0 or n_filler < distance:
+        raise ValueError(f"total={total} tokens cannot hold distance={distance} filler tokens plus the fact, question "
+                         f"and answer ({extra} tokens)")
+    if len(filler) < n_filler:
+        raise ValueError(f"the filler has {len(filler)} tokens, the item needs {n_filler}")
+
+    start = int(rng.integers(0, len(filler) - n_filler + 1))
+    window = np.asarray(filler[start:start + n_filler], dtype=np.int32)  # (n_filler,)
+    most = n_filler - distance  # the fact may start at most here and still have `distance` tokens after it
+    lo, hi = min(int(0.05 * total), most), min(int(0.2 * total), most)
+    pre = _boundary(tokenizer, window, int(rng.integers(lo, hi + 1)), 0, most)
+
+    ids = np.concatenate([window[:pre], fact, window[pre:], ask, ans])  # (total,)
+    return RecallItem(ids=ids, answer_start=len(ids) - len(ans), answer=answer, fact_pos=pre, kind=kind)
+
+
+def recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, distance: int, total: int,
+                     seed: int) -> list[RecallItem]:
+    """``n`` recall items of ``total`` tokens, each from a random window of a random filler document (one with at
+    least ``total`` tokens), reproducible from ``seed``. For training, make ``total`` a multiple of the segment
+    length: the batchfier drops a document's last partial segment, which would hold the question and answer."""
+    rng = np.random.default_rng(seed)
+    usable = [d for d in filler_docs if len(d) >= total]
+    if not usable:
+        raise ValueError(f"no filler document has the {total} tokens a recall item needs "
+                         f"(longest: {max((len(d) for d in filler_docs), default=0)})")
+    return [make_recall_item(tokenizer, usable[rng.integers(len(usable))], rng, distance, total) for _ in range(n)]
+
+
+def recall_as_documents(items: list[RecallItem], prefix: str = "recall") -> list[Document]:
+    """Recall items as training documents named "<prefix>-<i>"."""
+    return [Document(f"{prefix}-{i}", item.ids) for i, item in enumerate(items)]

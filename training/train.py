@@ -1,0 +1,324 @@
+"""Memory-augmented adaptation training (paper section 3.1, appendix C): the backbone is frozen, the SideNet learns.
+
+    python -m training --out runs/smol --steps 2000            # or: longmem train ...
+    python -m training --out runs/smol --resume                # continue bit for bit where it stopped
+    torchrun --nproc_per_node 2 -m training --out runs/ddp     # data parallel (each process keeps its own memory)
+
+Every step takes one batch from the ``Batchfier`` (row j continues row j of the previous step, within one
+document), clears the memory of rows where a new document starts, runs LongMem on the segment (retrieving from the
+row's memory), then appends the segment's layer-m keys/values to that memory: exactly the inference-time update.
+Optimiser: Adam (0.9, 0.98), eps 1e-6, decoupled weight decay 0.01, polynomial LR decay, gradient clipping 2.0.
+
+A run directory holds ``checkpoint/`` (the SideNet checkpoint ``LongMemModel.load`` reads, plus
+``optimizer.safetensors`` and ``trainer.json`` with the config and data position), ``metrics.jsonl`` and
+``loss.png``. Memory banks are not saved: on resume they are rebuilt by replaying the frozen backbone over the
+segments still in memory, which gives the same keys/values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from longmem.baselines import BackboneLM
+from longmem.files import atomic_directory
+from longmem.model import LongMemConfig, LongMemModel
+
+from .data import Batchfier, Document
+
+LOSS_CHUNK = 256  # positions per LM-head call in the loss (recomputed in backward: no (B, T, V) logits kept)
+
+
+@dataclass
+class TrainConfig:
+    out: str = "runs/longmem"  # run directory (checkpoint/, metrics.jsonl, loss.png)
+    backbone: str = "default"  # "default" (embedded SmolLM2-135M-Instruct) or a local HF model directory
+    init: str | None = None  # start from this SideNet checkpoint (default: the untrained SideNet)
+    train_scope: str = "compact"  # "full" (every SideNet weight) or "compact" (memory layer + LoRA + scales)
+    lora_rank: int = 16  # rank of the compact mode's low-rank updates
+    batch_size: int = 2  # rows per process (the paper: 256 in all)
+    segment_len: int = 1024  # tokens per row per step
+    memory_tokens: int = 16384  # M: memory per row (the paper: 65k)
+    steps: int = 1000  # optimizer steps in all
+    lr: float = 2e-4  # peak learning rate
+    end_lr: float = 0.0  # learning rate at the last step
+    lr_power: float = 1.0  # polynomial decay power (1 = linear)
+    warmup_steps: int = 0  # linear warm-up (the paper: none)
+    weight_decay: float = 0.01
+    grad_clip: float = 2.0
+    amp: str = "auto"  # autocast dtype: auto (bf16 where the hardware has it), bfloat16, float16, none
+    seed: int = 0  # data order
+    save_every: int = 50  # steps between checkpoints (and on Ctrl-C)
+    eval_every: int = 50  # steps between held-out evaluations (0 = never)
+    eval_segments: int = 4  # held-out segments per evaluation (each scored after its document's past in memory)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The loss
+
+
+def lm_loss(model: LongMemModel, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of hidden (B, T, E) against targets (B, T), the LM head applied in chunks under
+    activation checkpointing, so the (B, T, 49k) logits never exist at once."""
+    def chunk_loss(h, t):
+        return F.cross_entropy(model.backbone.logits(h).float().flatten(0, 1), t.flatten(), reduction="sum")
+
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for s in range(0, hidden.shape[1], LOSS_CHUNK):
+        total = total + checkpoint(chunk_loss, hidden[:, s:s + LOSS_CHUNK], targets[:, s:s + LOSS_CHUNK],
+                                   use_reentrant=False)
+    return total / targets.numel()
+
+
+class SegmentLoss(nn.Module):
+    """One training step's forward as a module (what DistributedDataParallel wraps): read memory, predict the
+    segment, append its keys/values to memory, return the loss."""
+
+    def __init__(self, model: LongMemModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, memory) -> torch.Tensor:
+        out = self.model._step_then_remember(ids, memory)
+        return lm_loss(self.model, out.hidden[:, :-1], ids[:, 1:])
+
+
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.end_lr + (cfg.lr - cfg.end_lr) * (1 - min(frac, 1.0)) ** cfg.lr_power
+
+
+def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
+    from longmem.backbone import cpu_has_fast_bf16
+
+    if cfg.amp == "none":
+        return None
+    if cfg.amp == "auto":
+        return torch.bfloat16 if device.type == "cuda" or cpu_has_fast_bf16() else None
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.amp]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints: the model's own files + optimizer state (safetensors) + trainer.json
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    sd = opt.state_dict()
+    tensors = {f"{i}.{k}": v.detach().contiguous().cpu() for i, st in sd["state"].items() for k, v in st.items()}
+    return tensors, {"param_groups": sd["param_groups"]}
+
+
+def _load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    state: dict = {}
+    for key, v in tensors.items():
+        i, name = key.split(".", 1)
+        state.setdefault(int(i), {})[name] = v
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def save_checkpoint(run: Path, model: LongMemModel, opt: torch.optim.Optimizer, cfg: TrainConfig, step: int,
+                    extra: dict) -> Path:
+    path = run / "checkpoint"
+    with atomic_directory(path) as tmp:
+        model.write_files(tmp, {"trainer": "training.train", "step": step, "train_config": asdict(cfg), **extra})
+        tensors, meta = _optimizer_tensors(opt)
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "trainer.json").write_text(json.dumps({"step": step, "config": asdict(cfg), "optimizer": meta,
+                                                      **extra}, indent=2))
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Distributed set-up (torchrun sets the environment)
+
+
+def dist_info() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return (dist.get_rank(), dist.get_world_size()) if world > 1 else (0, 1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The loop
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, documents: list[Document], held_out: list[Document] | None = None,
+                 model: LongMemModel | None = None, resume: bool = False, log=print, defer_data: bool = False):
+        """Build (or, with ``resume``, reload) the model and optimizer; ``defer_data`` waits for ``set_data`` (the
+        documents may need the model's tokenizer)."""
+        self.cfg, self.run, self.log = cfg, Path(cfg.out), log
+        self.rank, self.world = dist_info()
+        ckpt = self.run / "checkpoint"
+        self.step = 0
+        if resume and (ckpt / "trainer.json").exists():
+            state = json.loads((ckpt / "trainer.json").read_text())
+            self.cfg = cfg = TrainConfig.from_dict({**state["config"], "steps": cfg.steps, "out": cfg.out})
+            backbone = model.backbone if model is not None else None
+            self.model = LongMemModel.load(ckpt, backbone)
+            self.step = state["step"]
+        elif model is not None:
+            self.model = model
+        else:
+            mcfg = LongMemConfig(backbone=cfg.backbone, segment_len=cfg.segment_len, capacity=cfg.memory_tokens,
+                                 train_scope=cfg.train_scope, lora_rank=cfg.lora_rank)
+            self.model = (LongMemModel.load(cfg.init) if cfg.init else LongMemModel.from_config(mcfg))
+        self.model.capacity = cfg.memory_tokens
+        self.params = [p for p in self.model.sidenet.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6,
+                                     weight_decay=cfg.weight_decay)
+        if self.step:
+            _load_optimizer(self.opt, load_file(str(ckpt / "optimizer.safetensors")), state["optimizer"])
+        self.loss_module: nn.Module = SegmentLoss(self.model)
+        if self.world > 1:
+            self.loss_module = nn.parallel.DistributedDataParallel(self.loss_module)
+        self.amp = autocast_dtype(cfg, self.model.backbone.device)
+        if not defer_data:
+            self.set_data(documents, held_out)
+
+    def set_data(self, documents: list[Document], held_out: list[Document] | None = None) -> None:
+        cfg = self.cfg
+        self.data = Batchfier(documents, cfg.batch_size, cfg.segment_len, seed=cfg.seed, rank=self.rank,
+                              world_size=self.world)
+        self.held_out = held_out or []
+        self.memory = self.model.new_memory(batch_size=cfg.batch_size, capacity=cfg.memory_tokens)
+        if self.step:
+            self._replay_memory()
+
+    def _autocast(self):
+        dev = self.model.backbone.device.type
+        return torch.autocast(dev, dtype=self.amp, enabled=self.amp is not None)
+
+    @torch.no_grad()
+    def _replay_memory(self) -> None:
+        """Rebuild every row's memory as it was before ``self.step``: the frozen backbone's keys/values of the
+        segments since the rows' documents started (at most the last M tokens of them)."""
+        keep = math.ceil(self.cfg.memory_tokens / self.cfg.segment_len)
+        start = max(self.data.first_step_of_documents(self.step), self.step - keep)
+        self.log(f"resuming at step {self.step}: replaying the backbone over steps {start}..{self.step - 1} to "
+                 "rebuild memory")
+        for s in range(start, self.step):
+            self._memory_step(self.data.batch(s), replay=True)
+
+    def _memory_step(self, batch, replay: bool = False):
+        rows = [j for j, r in enumerate(batch.reset.tolist()) if r]
+        if rows:
+            self.memory.clear(rows)
+        ids = batch.ids.to(self.model.backbone.device)
+        if replay:
+            with self._autocast():
+                k, v = self.model.encode_memory(ids)
+            self.memory.add(k, v, tokens=ids)
+            return None
+        with self._autocast():
+            return self.loss_module(ids, self.memory)
+
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        lr = learning_rate(cfg, self.step)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        batch = self.data.batch(self.step)
+        t0 = time.perf_counter()
+        loss = self._memory_step(batch)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.opt.step()
+        self.step += 1
+        tokens = batch.ids.numel() * self.world
+        return {"step": self.step, "loss": loss.item(), "lr": lr, "grad_norm": float(grad_norm), "tokens": tokens,
+                "s": time.perf_counter() - t0, "gate": torch.sigmoid(self.model.sidenet.gate).mean().item()}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Held-out loss of LongMem (segment_len local + memory of the document's past) next to the backbone with
+        the same local window, on the last ``eval_segments`` segments of each held-out document."""
+        L, n = self.cfg.segment_len, self.cfg.eval_segments
+        base = BackboneLM(self.model.backbone, L)
+        out = {"longmem_nll": 0.0, "backbone_nll": 0.0, "tokens": 0}
+        for doc in self.held_out:
+            ids = torch.as_tensor(doc.ids[: (len(doc.ids) // L) * L], dtype=torch.long)
+            if len(ids) < 2 * L:
+                continue
+            past, tail = ids[: -n * L][-self.cfg.memory_tokens:], ids[-n * L:]
+            memory = self.model.new_memory(capacity=self.cfg.memory_tokens)
+            if len(past):
+                self.model.memorize(past, memory)
+            nll_m, count = self.model.nll(tail, memory)
+            nll_b, _ = base.nll(tail)
+            out["longmem_nll"] += nll_m
+            out["backbone_nll"] += nll_b
+            out["tokens"] += count
+        if out["tokens"]:
+            out["longmem_ppl"] = math.exp(out["longmem_nll"] / out["tokens"])
+            out["backbone_ppl"] = math.exp(out["backbone_nll"] / out["tokens"])
+            out["ppl_ratio"] = out["longmem_ppl"] / out["backbone_ppl"]
+        return out
+
+    def save(self) -> Path:
+        return save_checkpoint(self.run, self.model, self.opt, self.cfg, self.step,
+                               {"data": {"seed": self.cfg.seed, "steps_per_epoch": self.data.steps_per_epoch,
+                                         "world_size": self.world}})
+
+    def fit(self, progress: bool = True, until: int | None = None) -> list[dict]:
+        """Train to ``cfg.steps`` (or stop at step ``until``); checkpoints every ``save_every`` steps, at the end
+        and on Ctrl-C/SIGTERM."""
+        from tqdm import tqdm
+
+        cfg, history = self.cfg, []
+        main = self.rank == 0
+        self.run.mkdir(parents=True, exist_ok=True)
+        metrics = open(self.run / "metrics.jsonl", "a") if main else None
+        stop = {"now": False}
+        old = signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True)) if main else None
+        bar = tqdm(total=cfg.steps, initial=self.step, unit="step", disable=not (main and progress))
+        t_start, tokens = time.perf_counter(), 0
+        try:
+            while self.step < min(cfg.steps, until or cfg.steps) and not stop["now"]:
+                row = self.train_step()
+                tokens += row["tokens"]
+                row["tok_s"] = tokens / (time.perf_counter() - t_start)
+                if cfg.eval_every and self.held_out and self.step % cfg.eval_every == 0 and main:
+                    row["eval"] = self.evaluate()
+                history.append(row)
+                if main:
+                    metrics.write(json.dumps(row) + "\n")
+                    metrics.flush()
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tok_s']:.0f}")
+                if cfg.save_every and self.step % cfg.save_every == 0 and main:
+                    self.save()
+        except KeyboardInterrupt:
+            self.log(f"interrupted at step {self.step}; saving a checkpoint")
+            stop["now"] = True
+        finally:
+            bar.close()
+            if main:
+                self.save()
+                metrics.close()
+                signal.signal(signal.SIGTERM, old)
+                from .plots import plot_metrics
+
+                plot_metrics(self.run / "metrics.jsonl", self.run / "loss.png")
+        return history
