@@ -112,7 +112,7 @@ def scenario_build(args) -> dict:
                               "JOIN kv ON kv.segment_id = s.id ORDER BY s.id").fetchall()
         info = src.info
     total, copy = 0, 0
-    dtype = big.dtype
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[info.kv_dtype]
     with big.writing():
         while total < args.bank_tokens:
             copy += 1

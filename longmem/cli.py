@@ -162,7 +162,7 @@ def cmd_classify(args) -> int:
         memory = _memory(args, model)
     classifier = Classifier.from_documents(model, memory, documents)
     if args.template:
-        classifier.template = args.template
+        classifier = Classifier(model, memory, args.template, classifier.labels)  # validates the template
     for text in texts:
         scores = classifier.scores(text)
         best = max(scores, key=scores.get)

@@ -13,7 +13,7 @@ import sys
 
 from tqdm import tqdm
 
-from .store import Bank, Store
+from .store import Bank, BankError, Store
 from .text import InputError
 
 
@@ -109,10 +109,13 @@ def cmd_list(args) -> int:
         return 0
     print(f"{'bank':24} {'documents':>9} {'tokens':>12} {'disk':>12}  backbone")
     for name in names:
-        with store.open(name) as bank:
-            s = bank.stats()
-            print(f"{name:24} {s['documents']:>9} {s['tokens']:>12,} {_mib(s['disk_bytes']):>12}  "
-                  f"{bank.info.backbone_name}")
+        try:
+            with store.open(name) as bank:
+                s = bank.stats()
+                print(f"{name:24} {s['documents']:>9} {s['tokens']:>12,} {_mib(s['disk_bytes']):>12}  "
+                      f"{bank.info.backbone_name}")
+        except BankError as e:  # one damaged bank does not hide the others
+            print(f"{name:24} unreadable: {e}")
     return 0
 
 

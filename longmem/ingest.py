@@ -12,6 +12,7 @@ twice.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,9 +22,12 @@ import numpy as np
 import torch
 
 from .lm import SegmentLM
+from . import readers
 from .readers import Block, DemoFormat, open_source
 from .store import Bank, BankError, Document
 from .text import InputError
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (bytes of the source done, bytes total)
 
@@ -130,6 +134,7 @@ def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | N
     """Store ``path`` in ``bank`` through ``model``'s backbone (up to its cached layer), resuming an interrupted
     ingestion of the same file and skipping a file already stored. Raises InputError for unusable files,
     BankMismatch when the model is not the bank's, BankBusy when another process is writing the bank."""
+    t0 = time.perf_counter()
     source = open_source(path, demos)
     bank.check(model)
     tokenizer = model.backbone.tokenizer
@@ -137,14 +142,19 @@ def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | N
         raise BankError(f"backbone {model.backbone.name!r} has no tokenizer to read text with")
     info = bank.info
     options = {"demos": asdict(demos or DemoFormat())} if source.kind == "demos" else {}
-    t0 = time.perf_counter()
+    # what decides where the segments fall; a resume under different conditions would splice two cuttings
+    reading = {"block_bytes": readers.BLOCK_BYTES, "tokenizer": type(tokenizer).__name__, "vocab": len(tokenizer),
+               "backbone": model.backbone.fingerprint()[:16]}
     with bank.writing():
         doc = bank.find_document(source.sha256, options)
         if doc is not None and doc.status == "complete":
             return IngestResult(doc, "skipped", 0, 0.0)
+        if doc is not None and doc.meta.get("reading", reading) != reading:
+            raise BankError(f"cannot resume {path}: it was cut into segments with {doc.meta['reading']}, this run "
+                            f"would use {reading}; delete document {doc.id} and ingest the file again")
         ref: dict | int = doc.id if doc is not None else {
             "title": title or source.title, "source": source.name, "kind": source.kind, "sha256": source.sha256,
-            "options": options, "meta": source.meta}
+            "options": options, "meta": {**source.meta, "reading": reading}}
         seq = doc.n_segments if doc is not None else 0
         start, skip = (doc.resume_offset, doc.resume_skip) if doc is not None else (0, 0)
         added, held = 0, []  # held: leading whitespace-only segments, stored once real text follows
@@ -160,8 +170,13 @@ def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | N
                 held = []
                 if progress is not None:
                     progress(seg.position, source.size)
-        finally:
-            bank.sync_index()  # also after Ctrl-C: what was committed becomes searchable at once
+        except BaseException:
+            try:  # also after Ctrl-C: what was committed becomes searchable at once
+                bank.sync_index()
+            except Exception:  # never hide the error that stopped the ingestion
+                log.exception("could not bring the index files of bank %s up to date", bank.name)
+            raise
+        bank.sync_index()
         if isinstance(ref, dict):
             raise InputError(f"{path}: no text to ingest (the file holds only whitespace)")
         bank.finish_document(ref)

@@ -158,19 +158,22 @@ class MemoryBank:
 
     @classmethod
     def from_chunks(cls, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, indexes: list | None = None, *,
-                    capacity: int | None = None, use_gpu: bool | None = None) -> "MemoryBank":
-        """A one-row bank that adopts memory already cut into chunks, without copying it: k, v (Hkv, n, csz, d),
-        tokens (n, csz), and optionally one faiss index per KV head holding the n mean-pooled chunk keys (built
-        here when None). This is how a persistent bank is restored without re-running the backbone."""
-        hkv, n, csz, d = k.shape
-        if v.shape != k.shape or v.dtype != k.dtype or tuple(tokens.shape) != (n, csz):
+                    n: int | None = None, first_serial: int = 0, capacity: int | None = None,
+                    use_gpu: bool | None = None) -> "MemoryBank":
+        """A one-row bank that adopts memory already cut into chunks, without copying it: k, v (Hkv, N, csz, d) and
+        tokens (N, csz) of which the first ``n`` (default N) are filled (the rest is room to grow), and optionally
+        one faiss index per KV head holding the n mean-pooled chunk keys (built here when None). Chunk serial
+        numbers start at ``first_serial``. This is how a persistent bank is restored without the backbone."""
+        hkv, room, csz, d = k.shape
+        n = room if n is None else n
+        if v.shape != k.shape or v.dtype != k.dtype or tuple(tokens.shape) != (room, csz) or not 0 <= n <= room:
             raise ValueError(f"chunks do not line up: k {tuple(k.shape)}, v {tuple(v.shape)}, "
                              f"tokens {tuple(tokens.shape)}")
         bank = cls(hkv, d, csz=csz, capacity=None, batch_size=1, dtype=k.dtype, use_gpu=use_gpu)
         row = bank.rows[0]
         if indexes is None:
             for s in range(0, n, INDEX_BLOCK):  # in blocks: the float32 mean of all keys at once could be large
-                keys = chunk_keys(k[:, s:s + INDEX_BLOCK])
+                keys = chunk_keys(k[:, s:min(s + INDEX_BLOCK, n)])
                 for j, index in enumerate(row.indexes):
                     index.add(keys[j])
         else:
@@ -180,7 +183,7 @@ class MemoryBank:
             if bank.gpu_res is not None:
                 indexes = [faiss.index_cpu_to_gpu(bank.gpu_res, 0, ix) for ix in indexes]
             row.indexes = list(indexes)
-        row.k, row.v, row.tokens, row.n = k, v, tokens.to(torch.int64), n
+        row.k, row.v, row.tokens, row.n, row.evicted = k, v, tokens.to(torch.int64), n, first_serial
         bank.capacity = capacity
         if capacity is not None and n * csz > capacity:
             row.evict(n - capacity // csz)

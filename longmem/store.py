@@ -15,6 +15,7 @@ how an index file knows it no longer describes a prefix of the bank.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ BANKS_ENV = "LONGMEM_BANKS_DIR"
 DB_NAME = "bank.db"
 LOCK_NAME = "write.lock"
 KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HEADROOM_CHUNKS = 2048  # room left in a restored memory for what a chat adds (8k tokens at csz 4)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 # Append-only: a released migration is never edited; a new one is added at the end.
@@ -61,7 +63,7 @@ MIGRATIONS: list[tuple[str, str]] = [
             updated TEXT NOT NULL
         );
         CREATE TABLE documents (
-            id INTEGER PRIMARY KEY,
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
             title TEXT NOT NULL,
             source TEXT NOT NULL,
             kind TEXT NOT NULL,
@@ -78,7 +80,7 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         CREATE INDEX documents_sha256 ON documents(sha256);
         CREATE TABLE segments (
-            id INTEGER PRIMARY KEY,
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
             document_id INTEGER NOT NULL REFERENCES documents(id),
             seq INTEGER NOT NULL,
             n_tokens INTEGER NOT NULL,
@@ -138,6 +140,14 @@ def default_banks_dir() -> Path:
     import platformdirs
 
     return platformdirs.user_data_path("longmem") / "banks"
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _now() -> str:
@@ -239,6 +249,15 @@ class Store:
             raise BankError(f"invalid bank name {name!r}: it would leave the banks directory {self.root}")
         return path
 
+    def _sweep(self) -> None:
+        """Remove what a killed process left behind: half-created or half-deleted bank directories."""
+        if not self.root.is_dir():
+            return
+        for p in self.root.iterdir():
+            m = re.fullmatch(r"\.(.+)\.(creating|deleting)-(\d+)", p.name)
+            if m and not _alive(int(m.group(3))):
+                shutil.rmtree(p, ignore_errors=True)
+
     def names(self) -> list[str]:
         if not self.root.is_dir():
             return []
@@ -258,11 +277,13 @@ class Store:
             raise BankError(f"{type(model).__name__} has no memory layer to build a bank for")
         spec, bb = model.backbone.spec, model.backbone
         self.root.mkdir(parents=True, exist_ok=True)
+        self._sweep()
         tmp = self.root / f".{name}.creating-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
             conn = sqlite3.connect(tmp / DB_NAME)
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # deleted documents give their pages back
             conn.execute("PRAGMA page_size = 65536")  # big pages: K/V blobs are ~1 MB per segment
             conn.execute("PRAGMA journal_mode = WAL")
             db = sqlite_utils.Database(conn)
@@ -276,7 +297,12 @@ class Store:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             conn.close()
             (tmp / LOCK_NAME).touch()
-            os.rename(tmp, path)  # fails if a bank of that name appeared meanwhile
+            try:
+                os.rename(tmp, path)  # fails if a bank of that name appeared meanwhile
+            except OSError as e:
+                if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise BankExists(f"bank {name!r} already exists ({path})") from None
+                raise
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -290,11 +316,14 @@ class Store:
         return Bank(path)
 
     def delete(self, name: str) -> None:
+        self._sweep()
         bank = self.open(name)
-        with bank.writing():
-            trash = self.root / f".{name}.deleting-{os.getpid()}"
-            os.rename(bank.path, trash)  # the name is free at once; the files go next
-        bank.close()
+        try:
+            with bank.writing():
+                trash = self.root / f".{name}.deleting-{os.getpid()}"
+                os.rename(bank.path, trash)  # the name is free at once; the files go next (or at the next sweep)
+        finally:
+            bank.close()
         shutil.rmtree(trash, ignore_errors=True)
 
     def rename(self, old: str, new: str) -> None:
@@ -304,11 +333,32 @@ class Store:
         bank = self.open(old)
         try:
             with bank.writing():
+                try:
+                    os.rename(bank.path, target)  # the directory name is the bank's name; the row below follows it
+                except OSError as e:
+                    if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                        raise BankExists(f"bank {new!r} already exists ({target})") from None
+                    raise
                 with bank.db.atomic():
                     bank.db["bank"].update(1, {"name": new, "updated": _now()})
-                os.rename(bank.path, target)
         finally:
             bank.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _pending_migrations(db: sqlite_utils.Database) -> bool:
+    if "migrations" not in db.table_names():  # every bank has it from its creation on: this is another database
+        raise sqlite3.DatabaseError("not a database made by LongMem (no migrations table)")
+    return db.execute("SELECT count(*) FROM migrations").fetchone()[0] < len(MIGRATIONS)
 
 
 def _migrate(db: sqlite_utils.Database, path: Path) -> None:
@@ -335,23 +385,31 @@ class Bank:
         self.path = path
         self.layout: _Layout | None = None  # of the last memory loaded, for quoting passages
         self._lock_fd: int | None = None
+        self._info: BankInfo | None = None
         try:
             conn = sqlite3.connect(f"file:{path / DB_NAME}?mode=rw", uri=True, timeout=30, check_same_thread=False)
         except sqlite3.Error as e:
             raise BankError(f"bank {path.name!r}: cannot open {path / DB_NAME} ({e})") from None
+        self._db_id = _file_id(path / DB_NAME)  # the database this handle has open (see ``writing``)
         try:
             conn.execute("PRAGMA busy_timeout = 30000")
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL: durable against process crashes, fast commits
             conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA secure_delete = ON")  # a deleted document's text and K/V are overwritten
             self.db = sqlite_utils.Database(conn)
-            _migrate(self.db, path / DB_NAME)
+            if _pending_migrations(self.db):
+                with self.writing():
+                    _migrate(self.db, path / DB_NAME)
             self.info  # noqa: B018  (reads the bank row: a corrupt file fails here, not later)
         except BaseException as e:
             conn.close()
-            if not isinstance(e, sqlite3.DatabaseError):
-                raise
-            raise BankCorrupt(f"bank {path.name!r}: {path / DB_NAME} is not a readable LongMem bank ({e}). It was left "
-                              "untouched; restore it from a backup or delete the bank.") from None
+            if isinstance(e, sqlite3.DatabaseError) and any(
+                    w in str(e) for w in ("not a database", "malformed", "encrypted", "no such table")):
+                raise BankCorrupt(f"bank {path.name!r}: {path / DB_NAME} is not a readable LongMem bank ({e}). It "
+                                  "was left untouched; restore it from a backup or delete the bank.") from None
+            if isinstance(e, sqlite3.Error):
+                raise BankError(f"bank {path.name!r}: cannot read {path / DB_NAME}: {e}") from None
+            raise
 
     # -- basics ---------------------------------------------------------------------------------------------------
     @property
@@ -366,8 +424,15 @@ class Bank:
         return BankInfo(**{k: v for k, v in rows[0].items() if k != "id"})
 
     @property
+    def info_cached(self) -> BankInfo:
+        """``info`` read once (its shape fields never change; epoch and times do, so use ``info`` for those)."""
+        if self._info is None:
+            self._info = self.info
+        return self._info
+
+    @property
     def dtype(self) -> torch.dtype:
-        return KV_DTYPES[self.info.kv_dtype]
+        return KV_DTYPES[self.info_cached.kv_dtype]
 
     def close(self) -> None:
         self._release()
@@ -407,7 +472,10 @@ class Bank:
     def stats(self) -> dict:
         row = next(self.db.query("SELECT count(*) AS segments, coalesce(sum(n_tokens), 0) AS tokens, "
                                  "coalesce(sum(n_chunks), 0) AS chunks FROM segments"))
-        disk = sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
+        disk = 0
+        for f in self.path.iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a temporary file may be renamed meanwhile
+                disk += f.stat().st_size if f.is_file() else 0
         kv = row["chunks"] * self.info.csz * self.info.n_kv_heads * self.info.head_dim * 2 * self.dtype.itemsize
         return {**row, "documents": len(self.documents()), "kv_bytes": kv, "disk_bytes": disk}
 
@@ -418,7 +486,11 @@ class Bank:
         if self._lock_fd is not None:  # re-entrant within one Bank
             yield self
             return
-        fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        gone = BankError(f"bank {self.name!r} was renamed or deleted since it was opened; open it again")
+        try:
+            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            raise gone from None
         try:
             import fcntl
 
@@ -429,6 +501,9 @@ class Bank:
                            "done") from None
         except ImportError:  # no fcntl (Windows): one writer is the user's responsibility
             pass
+        if _file_id(self.path / DB_NAME) != self._db_id:  # the lock must guard the database we have open
+            os.close(fd)
+            raise gone
         self._lock_fd = fd
         try:
             yield self
@@ -497,11 +572,22 @@ class Bank:
                 self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id])
                 self.db.execute("UPDATE bank SET epoch = epoch + 1, updated = ? WHERE id = 1", [_now()])
             self.sync_index()
+            with contextlib.suppress(sqlite3.OperationalError):  # give the freed pages back to the file system
+                self.db.execute("PRAGMA incremental_vacuum")
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return doc
 
     # -- index files ----------------------------------------------------------------------------------------------
-    def _index_path(self, head: int) -> Path:
-        return self.path / f"keys-{head}.faiss"
+    def _check_blob(self, segment: int, blob: bytes, n_chunks: int) -> None:
+        info = self.info_cached
+        want = info.n_kv_heads * n_chunks * info.csz * info.head_dim * KV_DTYPES[info.kv_dtype].itemsize
+        if len(blob) != want:
+            raise BankCorrupt(f"bank {self.name!r}: segment {segment} holds {len(blob)} bytes of keys/values, "
+                              f"expected {want}; run `longmem bank verify {self.name}`")
+
+    def _index_path(self, head: int, epoch: int, n_chunks: int) -> Path:
+        """Index files are versioned by name, so a reader never finds a file newer than the record it read."""
+        return self.path / f"keys-{head}-e{epoch}-n{n_chunks}.faiss"
 
     def _segments(self) -> tuple[np.ndarray, np.ndarray]:
         """Segment ids and their chunk counts, in storage order."""
@@ -530,15 +616,22 @@ class Bank:
         return out
 
     def _save_indexes(self, indexes: list, n_chunks: int, last_segment: int, epoch: int) -> None:
+        """Write new index files, record them, then remove the files no record names (old versions, and temporary
+        files of a writer that was killed)."""
         self._require_lock()
         records = []
         for h, index in enumerate(indexes):
-            path = self._index_path(h)
+            path = self._index_path(h, epoch, n_chunks)
             digest, size = write_index(index, path)
             records.append({"head": h, "file": path.name, "epoch": epoch, "n_chunks": n_chunks,
                             "last_segment": last_segment, "checksum": digest, "bytes": size, "written": _now()})
         with self.db.atomic():
             self.db["index_files"].upsert_all(records, pk="head")
+        keep = {r["file"] for r in records}
+        for f in [*self.path.glob("keys-*.faiss"), *self.path.glob(".keys-*.tmp-*")]:
+            if f.name not in keep:
+                with contextlib.suppress(OSError):
+                    f.unlink()
 
     def sync_index(self, rebuild: bool = False) -> dict:
         """Bring the index files up to date with SQLite (appending the chunks they lack, or from scratch when
@@ -560,9 +653,10 @@ class Bank:
             first = int(np.searchsorted(first_chunk, start, side="right")) - 1  # segment holding chunk `start`
             pos = int(first_chunk[first]) if len(seg_ids) else 0
             from_id = int(seg_ids[first]) if len(seg_ids) and first < len(seg_ids) else last + 1
-            for nc, blob in self.db.execute("SELECT s.n_chunks, kv.k FROM segments s JOIN kv ON kv.segment_id = s.id "
-                                            "WHERE s.id >= ? ORDER BY s.id", [from_id]):
+            for sid, nc, blob in self.db.execute("SELECT s.id, s.n_chunks, kv.k FROM segments s JOIN kv ON "
+                                                 "kv.segment_id = s.id WHERE s.id >= ? ORDER BY s.id", [from_id]):
                 if nc:
+                    self._check_blob(sid, blob, nc)
                     k = _from_bytes(blob, dtype).view(info.n_kv_heads, nc, info.csz, info.head_dim)
                     keys = chunk_keys(k)
                     for h, index in enumerate(indexes):
@@ -585,36 +679,51 @@ class Bank:
 
         if model is not None:
             self.check(model)
-        info, dtype = self.info, self.dtype
+        info, dtype = self.info_cached, self.dtype
         hkv, csz, d = info.n_kv_heads, info.csz, info.head_dim
         with self.db.atomic():  # a read transaction: one consistent snapshot while a writer may be ingesting
+            epoch = self.info.epoch
             seg_ids, seg_chunks = self._segments()
             total = int(seg_chunks.sum())
-            k = torch.empty(hkv, total, csz, d, dtype=dtype)
+            first = 0 if capacity is None else max(0, total - capacity // csz)  # older chunks would be evicted
+            room = total - first + HEADROOM_CHUNKS  # what chat adds later fits without a reallocation
+            k = torch.empty(hkv, room, csz, d, dtype=dtype)
             v = torch.empty_like(k)
-            tokens = torch.empty(total, csz, dtype=torch.int64)
-            pos = 0
-            rows = self.db.execute("SELECT s.n_chunks, s.tokens, kv.k, kv.v FROM segments s JOIN kv ON "
+            tokens = torch.full((room, csz), -1, dtype=torch.int64)
+            pos, skipped = 0, 0
+            rows = self.db.execute("SELECT s.id, s.n_chunks, s.tokens, kv.k, kv.v FROM segments s JOIN kv ON "
                                    "kv.segment_id = s.id ORDER BY s.id")
-            for nc, tok_blob, k_blob, v_blob in rows:
+            for sid, nc, tok_blob, k_blob, v_blob in rows:
+                if skipped + nc <= first:  # entirely older than the capacity keeps
+                    skipped += nc
+                    continue
                 if nc:
-                    k[:, pos:pos + nc] = _from_bytes(k_blob, dtype).view(hkv, nc, csz, d)
-                    v[:, pos:pos + nc] = _from_bytes(v_blob, dtype).view(hkv, nc, csz, d)
-                    tokens[pos:pos + nc] = _from_bytes(tok_blob, torch.int32)[: nc * csz].view(nc, csz)
-                    pos += nc
+                    self._check_blob(sid, k_blob, nc)
+                    self._check_blob(sid, v_blob, nc)
+                    if len(tok_blob) < 4 * nc * csz:
+                        raise BankCorrupt(f"bank {self.name!r}: segment {sid} has {len(tok_blob) // 4} token ids for "
+                                          f"{nc} chunks; run `longmem bank verify {self.name}`")
+                    drop = max(0, first - skipped)  # the part of a segment that is older than the capacity keeps
+                    skipped += drop
+                    take = nc - drop
+                    k[:, pos:pos + take] = _from_bytes(k_blob, dtype).view(hkv, nc, csz, d)[:, drop:]
+                    v[:, pos:pos + take] = _from_bytes(v_blob, dtype).view(hkv, nc, csz, d)[:, drop:]
+                    tokens[pos:pos + take] = _from_bytes(tok_blob, torch.int32)[: nc * csz].view(nc, csz)[drop:]
+                    pos += take
                 if progress is not None:
-                    progress(pos, total)
-            if pos != total:
-                raise BankCorrupt(f"bank {self.name!r}: {total - pos} chunks have no keys/values stored")
-            stored = self._stored_indexes(seg_ids, seg_chunks)
-            epoch = info.epoch
+                    progress(pos, total - first)
+            if pos != total - first:
+                raise BankCorrupt(f"bank {self.name!r}: {total - first - pos} chunks have no keys/values stored")
+            # index files hold every chunk from the first: usable only when nothing was left out
+            stored = self._stored_indexes(seg_ids, seg_chunks) if first == 0 else [(None, 0)] * hkv
         indexes = []
-        for h, (index, n) in enumerate(stored):
+        n = total - first
+        for h, (index, done) in enumerate(stored):
             index = index if index is not None else faiss.IndexFlatIP(d)
-            for s in range(n, total, INDEX_BLOCK):
-                index.add(chunk_keys(k[h:h + 1, s:s + INDEX_BLOCK])[0])
+            for s in range(done, n, INDEX_BLOCK):
+                index.add(chunk_keys(k[h:h + 1, s:min(s + INDEX_BLOCK, n)])[0])
             indexes.append(index)
-        if repair and any(ix is None or n < total for ix, n in stored):
+        if repair and first == 0 and any(ix is None or done < total for ix, done in stored):
             try:
                 with self.writing():
                     if self.info.epoch == epoch:
@@ -623,7 +732,8 @@ class Bank:
                 log.info("bank %s is being written; its index files will be brought up to date by the writer",
                          self.name)
         self.layout = _Layout(epoch, seg_ids, np.concatenate([[0], np.cumsum(seg_chunks)]))
-        return MemoryBank.from_chunks(k, v, tokens, indexes, capacity=capacity, use_gpu=use_gpu)
+        return MemoryBank.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
+                                      use_gpu=use_gpu)
 
     def passage(self, serial: int, context_chunks: int = 8) -> Passage:
         """The text of chunk ``serial`` of the last loaded memory, with up to ``context_chunks`` chunks each side."""
@@ -632,6 +742,8 @@ class Bank:
             raise RuntimeError("load_memory() first: passages are numbered by the loaded memory")
         if not 0 <= serial < lay.first_chunk[-1]:
             raise KeyError(f"chunk {serial} is not in the loaded memory of bank {self.name!r}")
+        if self.info.epoch != lay.epoch:
+            raise KeyError(f"documents were deleted from bank {self.name!r} after its memory was loaded; load it again")
         s = int(np.searchsorted(lay.first_chunk, serial, side="right") - 1)
         j = serial - int(lay.first_chunk[s])
         row = next(self.db.query("SELECT s.document_id, s.text, s.chunk_chars, d.title FROM segments s JOIN documents "
@@ -647,37 +759,44 @@ class Bank:
     # -- checking -------------------------------------------------------------------------------------------------
     def verify(self, repair_index: bool = True) -> VerifyReport:
         """Check SQLite integrity, every segment's blobs against its shape, document totals, and the index files
-        (rewritten when stale or damaged if ``repair_index`` and nobody else is writing)."""
-        info, report = self.info, VerifyReport()
-        result = [r[0] for r in self.db.execute("PRAGMA integrity_check").fetchall()]
+        (rewritten when stale or damaged if ``repair_index`` and nobody else is writing). The checks read one
+        snapshot, so an ingestion running meanwhile cannot look like damage."""
+        info, report = self.info_cached, VerifyReport()
+        try:
+            result = [r[0] for r in self.db.execute("PRAGMA integrity_check").fetchall()]
+        except sqlite3.DatabaseError as e:
+            result = [str(e)]
         if result != ["ok"]:
             report.problem("SQLite integrity check: " + "; ".join(result[:5]))
             return report
-        item = self.dtype.itemsize
-        per_chunk = info.n_kv_heads * info.csz * info.head_dim * item
-        for sid, doc, nt, nc, tok_len, chars_len, text_len, k_len, v_len in self.db.execute(
-                "SELECT s.id, s.document_id, s.n_tokens, s.n_chunks, length(s.tokens), length(s.chunk_chars), "
-                "length(s.text), length(kv.k), length(kv.v) FROM segments s LEFT JOIN kv ON kv.segment_id = s.id"):
-            if k_len is None:
-                report.problem(f"segment {sid} (document {doc}) has no keys/values")
-            elif (k_len, v_len) != (nc * per_chunk, nc * per_chunk):
-                report.problem(f"segment {sid} (document {doc}): K/V of {k_len}/{v_len} bytes, expected "
-                               f"{nc * per_chunk}")
-            if tok_len != 4 * nt or nc != nt // info.csz or chars_len != 4 * (nc + 1):
-                report.problem(f"segment {sid} (document {doc}): token/chunk sizes do not agree")
-        for doc in self.documents():
-            row = next(self.db.query("SELECT count(*) AS n, coalesce(sum(n_tokens), 0) AS t FROM segments "
-                                     "WHERE document_id = ?", [doc.id]))
-            if (row["n"], row["t"]) != (doc.n_segments, doc.n_tokens):
-                report.problem(f"document {doc.id} ({doc.title}): {row['n']} segments / {row['t']} tokens stored, "
-                               f"{doc.n_segments} / {doc.n_tokens} recorded")
-            if doc.status != "complete":
-                report.notes.append(f"document {doc.id} ({doc.title}) is incomplete ({doc.n_tokens} tokens); "
-                                    "ingest the same file again to resume")
-        orphans = next(self.db.query("SELECT count(*) AS n FROM kv WHERE segment_id NOT IN (SELECT id FROM "
-                                     "segments)"))["n"]
-        if orphans:
-            report.problem(f"{orphans} K/V rows belong to no segment")
+        per_chunk = info.n_kv_heads * info.csz * info.head_dim * self.dtype.itemsize
+        with self.db.atomic():
+            for sid, doc, nt, nc, tok_len, chars_len, k_len, v_len in self.db.execute(
+                    "SELECT s.id, s.document_id, s.n_tokens, s.n_chunks, length(s.tokens), length(s.chunk_chars), "
+                    "length(kv.k), length(kv.v) FROM segments s LEFT JOIN kv ON kv.segment_id = s.id"):
+                if k_len is None:
+                    report.problem(f"segment {sid} (document {doc}) has no keys/values")
+                elif (k_len, v_len) != (nc * per_chunk, nc * per_chunk):
+                    report.problem(f"segment {sid} (document {doc}): K/V of {k_len}/{v_len} bytes, expected "
+                                   f"{nc * per_chunk}")
+                if tok_len != 4 * nt or nc != nt // info.csz or chars_len != 4 * (nc + 1):
+                    report.problem(f"segment {sid} (document {doc}): token/chunk sizes do not agree")
+            totals = {r[0]: (r[1], r[2]) for r in self.db.execute(
+                "SELECT document_id, count(*), sum(n_tokens) FROM segments GROUP BY document_id")}
+            for doc in self.documents():
+                n, t = totals.pop(doc.id, (0, 0))
+                if (n, t) != (doc.n_segments, doc.n_tokens):
+                    report.problem(f"document {doc.id} ({doc.title}): {n} segments / {t} tokens stored, "
+                                   f"{doc.n_segments} / {doc.n_tokens} recorded")
+                if doc.status != "complete":
+                    report.notes.append(f"document {doc.id} ({doc.title}) is incomplete ({doc.n_tokens} tokens); "
+                                        "ingest the same file again to resume")
+            for doc_id in totals:
+                report.problem(f"{totals[doc_id][0]} segments belong to document {doc_id}, which does not exist")
+            orphans = self.db.execute("SELECT count(*) FROM kv WHERE segment_id NOT IN (SELECT id FROM segments)"
+                                      ).fetchone()[0]
+            if orphans:
+                report.problem(f"{orphans} K/V rows belong to no segment")
         if report.ok and repair_index:
             try:
                 done = self.sync_index()

@@ -278,7 +278,7 @@ def test_damaged_index_file_is_detected_and_rebuilt(store, model, text_file, dam
     q = queries(model)
     before = search_all(bank.load_memory(), q)
     bank.close()
-    f = store.path("b") / "keys-1.faiss"
+    (f,) = store.path("b").glob("keys-1-*.faiss")
     data = f.read_bytes()
     if damage == "truncate":
         f.write_bytes(data[: len(data) // 2])
@@ -288,7 +288,7 @@ def test_damaged_index_file_is_detected_and_rebuilt(store, model, text_file, dam
         f.unlink()
     with caplog.at_level(logging.WARNING), store.open("b") as bank:
         after = search_all(bank.load_memory(), q)
-        assert "keys-1.faiss" in caplog.text and "rebuilding" in caplog.text
+        assert f.name in caplog.text and "rebuilding" in caplog.text
         assert f.read_bytes() == data  # rewritten, identical to the original
         for a, b in zip(before, after):
             assert torch.equal(a, b)
@@ -306,13 +306,53 @@ def test_corrupt_sqlite_is_reported_not_recreated(store, model, text_file):
     assert db.read_bytes() == garbage
 
 
-def test_damaged_blob_fails_verification(store, model, text_file):
+def test_damaged_blob_fails_verification_and_loading(store, model, text_file):
     bank = store.create("b", model)
     ingest(bank, model, text_file)
     with bank.db.atomic():
         bank.db.execute("UPDATE kv SET k = substr(k, 1, 10) WHERE segment_id = 2")
     report = bank.verify()
     assert not report.ok and "segment 2" in report.problems[0]
+    with pytest.raises(BankCorrupt, match="segment 2 holds 10 bytes"):
+        bank.load_memory()
+
+
+def test_a_handle_opened_before_a_rename_cannot_write(store, model, text_file):
+    store.create("x", model).close()
+    stale = store.open("x")
+    store.rename("x", "y")
+    store.create("x", model).close()  # a new bank under the old name
+    with pytest.raises(BankError, match="renamed or deleted since it was opened"):
+        ingest(stale, model, text_file)
+    assert store.open("x").documents() == [] and store.open("y").documents() == []
+
+
+def test_capacity_loads_only_the_newest_chunks_and_quotes_them(store, model, text_file):
+    bank = store.create("b", model)
+    ingest(bank, model, text_file)
+    full = bank.load_memory()
+    part = bank.load_memory(capacity=200)
+    assert len(part) == 200
+    assert torch.equal(part.rows[0].k[:, :100], full.rows[0].k[:, full.rows[0].n - 100:full.rows[0].n])
+    serial = int(part.search(queries(model), n_chunks=2).chunk_ids[0, 0, 0, 0])
+    assert serial >= full.rows[0].n - 100 and bank.passage(serial).text
+
+
+def test_passages_of_a_memory_loaded_before_a_deletion_are_refused(store, model, text_file):
+    bank = store.create("b", model)
+    doc = ingest(bank, model, text_file).document
+    bank.load_memory()
+    store.open("b").delete_document(doc.id)
+    with pytest.raises(KeyError, match="load it again"):
+        bank.passage(0)
+
+
+def test_leftovers_of_killed_processes_are_swept(store, model):
+    store.create("a", model).close()
+    dead = store.root / ".old.deleting-999999999"
+    dead.mkdir()
+    store.delete("a")
+    assert not dead.exists()
 
 
 # -- crashes and concurrency, with real processes ------------------------------------------------------------------
@@ -382,6 +422,7 @@ def test_readers_see_consistent_memory_while_a_writer_ingests(store, model, tmp_
     sizes, during = [], 0
     while proc.poll() is None:
         with store.open("live") as bank:
+            assert bank.verify(repair_index=False).ok  # one snapshot: a commit meanwhile is not damage
             mem = bank.load_memory()
             n = len(mem)
             assert n == int(bank.layout.first_chunk[-1]) * 2  # memory holds exactly the chunks of its snapshot
@@ -396,3 +437,20 @@ def test_readers_see_consistent_memory_while_a_writer_ingests(store, model, tmp_
         whole = store.create("whole", model)
         ingest(whole, model, p)
         assert table(bank) == table(whole)
+
+
+def test_resume_under_other_reading_conditions_is_refused(store, model, text_file, monkeypatch):
+    bank = store.create("b", model)
+    calls = []
+
+    def stop(done, total):
+        calls.append(done)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ingest(bank, model, text_file, progress=stop)
+    monkeypatch.setattr("longmem.readers.BLOCK_BYTES", 1024)
+    with pytest.raises(BankError, match="cannot resume"):
+        ingest(bank, model, text_file)
+    assert bank.documents()[0].n_segments == 2

@@ -106,3 +106,22 @@ def test_ddp_with_two_gloo_processes_matches_one_process(tmp_path):
     for k in ref:
         assert torch.allclose(ddp[k], ref[k], atol=1e-5), k
     assert any(not torch.equal(ref[k], model().trainable_state()[k]) for k in ref)  # training changed something
+
+
+def test_evaluation_table_on_a_tiny_model():
+    from tiny import char_tokenizer
+
+    from training.evaluate import evaluate, markdown
+    from training.recall import recall_documents
+
+    tok = char_tokenizer()
+    text = "The boat drifted past the mill. Nobody in the village had ever seen the sea. " * 40
+    filler = np.asarray(tok(text, add_special_tokens=False).input_ids, dtype=np.int32)
+    items = recall_documents(tok, [filler], n=3, distance=64, total=320, seed=0)
+    m = tiny_model("llama", segment_len=64, capacity=None)
+    result = evaluate(m, [Document("book", filler[:200])], items, long_context=128, log=lambda _: None)
+    assert set(result["perplexity"]) == {"longmem", "backbone_local", "backbone_long"}
+    assert result["recall"]["longmem"]["items"] == 3 and 0 <= result["recall"]["longmem"]["accuracy"] <= 1
+    # the untrained SideNet reproduces the backbone: same perplexity as the backbone with the same local window
+    assert result["ppl_ratio_vs_local"] == pytest.approx(1.0, abs=1e-4)
+    assert "LongMem (1k local + memory)" in markdown(result, 128, 64)

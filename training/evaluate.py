@@ -1,0 +1,142 @@
+"""Held-out evaluation of a trained SideNet, side by side with the backbone, in one run (JSON + markdown table).
+
+    python -m training.evaluate --checkpoint runs/smol/checkpoint            # 8 held-out books, recall at 8k
+    python -m training.evaluate --untrained --books 2 --tokens 8192 --recall 10   # the untrained SideNet
+
+Two measurements, each on the test split of the shared books (never trained on):
+
+- **perplexity** of the first ``--tokens`` tokens of every held-out book: LongMem with a ``segment_len`` (1k) local
+  window plus memory of everything before, the backbone with the same 1k window (no memory), and the backbone
+  attending to ``--long-context`` (8k) tokens at once;
+- **long-range recall**: synthetic items (``training.recall``) in held-out book text, each stating a fact (a number
+  or a name) once and asking about it at least ``--distance`` tokens later. Everything before the question's
+  local window goes into memory; an item counts as recalled when every answer token is the model's top prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from longmem.baselines import BackboneLM
+from longmem.lm import SegmentLM
+from longmem.model import LongMemConfig, LongMemModel
+
+from .data import Document, book_split, tokenize_files
+from .recall import RecallItem, recall_documents
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@torch.no_grad()
+def perplexity(lm: SegmentLM, ids: np.ndarray) -> tuple[float, int]:
+    """(summed NLL, predicted tokens) of one document, with a fresh unbounded memory when the model has one."""
+    memory = lm.new_memory(capacity=None) if lm.uses_memory else None
+    return lm.nll(torch.as_tensor(ids, dtype=torch.long), memory)
+
+
+@torch.no_grad()
+def recalled(lm: SegmentLM, item: RecallItem) -> bool:
+    """Greedy exact match of the answer: the question's local window is the last ``segment_len`` tokens, everything
+    before it goes into memory (or is out of reach, for a model without memory)."""
+    ids = torch.as_tensor(item.ids, dtype=torch.long)
+    window = ids[-lm.segment_len:]
+    n_ans = len(ids) - item.answer_start
+    if n_ans >= len(window):
+        raise ValueError(f"a {n_ans}-token answer does not fit a {len(window)}-token window with its question")
+    memory = None
+    if lm.uses_memory:
+        memory = lm.new_memory(capacity=None)
+        if len(ids) > len(window):
+            lm.memorize(ids[: len(ids) - len(window)], memory)
+    hidden = lm.step(window[None], memory).hidden  # (1, T, E)
+    logits = lm.backbone.logits(hidden[:, -n_ans - 1:-1])  # predictions of the answer tokens
+    return bool((logits.argmax(-1)[0] == window[-n_ans:]).all())
+
+
+def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem], long_context: int,
+             log=print) -> dict:
+    bb = model.backbone
+    lms = {"longmem": model, "backbone_local": BackboneLM(bb, model.segment_len),
+           "backbone_long": BackboneLM(bb, min(long_context, bb.spec.max_positions))}
+    out: dict = {"perplexity": {}, "recall": {}}
+    for name, lm in lms.items():
+        t0, nll, count, per_book = time.perf_counter(), 0.0, 0, {}
+        for doc in books:
+            n, c = perplexity(lm, doc.ids)
+            nll, count = nll + n, count + c
+            per_book[doc.name] = math.exp(n / c)
+        out["perplexity"][name] = {"ppl": math.exp(nll / count) if count else float("nan"), "tokens": count,
+                                   "per_book": per_book, "s": time.perf_counter() - t0}
+        log(f"perplexity {name}: {out['perplexity'][name]['ppl']:.3f} ({count:,} tokens)")
+    for name in ("longmem", "backbone_local"):
+        hits = [recalled(lms[name], it) for it in items]
+        out["recall"][name] = {"accuracy": float(np.mean(hits)) if hits else float("nan"), "items": len(hits)}
+        log(f"recall {name}: {out['recall'][name]['accuracy']:.3f} of {len(hits)}")
+    p = out["perplexity"]
+    out["ppl_ratio_vs_local"] = p["longmem"]["ppl"] / p["backbone_local"]["ppl"]
+    out["ppl_ratio_vs_long"] = p["longmem"]["ppl"] / p["backbone_long"]["ppl"]
+    return out
+
+
+def markdown(r: dict, long_context: int, distance: int) -> str:
+    p, rc = r["perplexity"], r["recall"]
+    rows = [("LongMem (1k local + memory)", p["longmem"]["ppl"], rc["longmem"]["accuracy"]),
+            ("backbone, 1k local context", p["backbone_local"]["ppl"], rc["backbone_local"]["accuracy"]),
+            (f"backbone, {long_context // 1024}k context", p["backbone_long"]["ppl"], None)]
+    lines = [f"| model | held-out perplexity | recall at >= {distance:,} tokens |", "|---|---:|---:|"]
+    lines += [f"| {n} | {ppl:.3f} | {'' if acc is None else f'{100 * acc:.0f}%'} |" for n, ppl, acc in rows]
+    lines += ["", f"LongMem / backbone-1k perplexity: {r['ppl_ratio_vs_local']:.4f}; "
+                  f"LongMem / backbone-{long_context // 1024}k: {r['ppl_ratio_vs_long']:.4f}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", default=None, help="SideNet checkpoint directory to evaluate")
+    p.add_argument("--untrained", action="store_true", help="evaluate the untrained SideNet (default config)")
+    p.add_argument("--data", default=str(DEFAULT_DATA), help="shared data directory (books/, MANIFEST.md)")
+    p.add_argument("--books", type=int, default=8, help="held-out books to score (test split)")
+    p.add_argument("--tokens", type=int, default=16384, help="tokens scored per book (from its start)")
+    p.add_argument("--long-context", type=int, default=8192, help="context of the long backbone baseline")
+    p.add_argument("--recall", type=int, default=40, help="recall items")
+    p.add_argument("--distance", type=int, default=8192, help="minimum tokens between a fact and its question")
+    p.add_argument("--seed", type=int, default=1234, help="recall items seed")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if (args.checkpoint is None) == (not args.untrained):
+        p.error("give --checkpoint DIR or --untrained")
+    model = LongMemModel.load(args.checkpoint) if args.checkpoint else LongMemModel.from_config(LongMemConfig())
+    model.eval()
+    tok = model.backbone.tokenizer
+    from longmem.backbone import cache_root
+
+    _, test_files = book_split(Path(args.data))
+    books = tokenize_files(test_files[: args.books], tok, cache_root() / "tokens")
+    scored = [Document(d.name, d.ids[: args.tokens]) for d in books]
+    total = args.distance + model.segment_len
+    items = recall_documents(tok, [d.ids for d in books], args.recall, args.distance, total, seed=args.seed)
+    log = lambda m: print(f"[eval {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    result = evaluate(model, scored, items, args.long_context, log)
+    result["args"] = vars(args)
+    result["provenance"] = model.provenance
+    print(json.dumps(result, indent=2))
+    print()
+    print(markdown(result, args.long_context, args.distance))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
