@@ -22,7 +22,9 @@ from . import cli_bank
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backbone", default="default",
                    help="'default' (embedded SmolLM2-135M-Instruct) or a local Hugging Face model directory")
-    p.add_argument("--checkpoint", default=None, help="SideNet checkpoint directory (default: untrained SideNet)")
+    p.add_argument("--checkpoint", default=None,
+                   help="SideNet checkpoint directory (default: the shipped trained SideNet of the backbone, if any)")
+    p.add_argument("--untrained", action="store_true", help="use an untrained SideNet (reproduces the backbone)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU/GPU has it, else float32), "
                                                    "bfloat16 or float32")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: all cores)")
@@ -42,7 +44,8 @@ def _load_model(args):
         torch.set_num_threads(args.threads)
     if args.checkpoint:
         return LongMemModel.load(args.checkpoint)
-    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype))
+    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype),
+                                    pretrained=not args.untrained)
 
 
 def _memory(args, model):

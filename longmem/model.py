@@ -27,6 +27,16 @@ from .memory import MemoryBank
 from .sidenet import LayerCache, SideNet
 
 CHECKPOINT_FORMAT = 1
+SHIPPED_DIR = Path(__file__).parent / "checkpoints"  # trained SideNets that come with the package
+SHIPPED = {DEFAULT_BACKBONE: "smollm2-135m-instruct"}  # backbone -> its shipped checkpoint directory
+RUNTIME_FIELDS = ("dtype", "segment_len", "capacity", "topk")  # settings a checkpoint's weights do not fix
+
+
+def shipped_checkpoint(backbone: str) -> Path | None:
+    """The trained SideNet shipped for ``backbone``, when this install has one."""
+    name = SHIPPED.get(backbone)
+    path = SHIPPED_DIR / name if name else None
+    return path if path is not None and (path / "config.json").is_file() else None
 
 
 class CheckpointError(RuntimeError):
@@ -90,9 +100,16 @@ class LongMemModel(SegmentLM):
         self._keep = set(self.sidenet.boundaries) | {c.cached_layer}  # backbone states the SideNet reads
 
     @classmethod
-    def from_config(cls, config: LongMemConfig | None = None, device: str = "cpu") -> "LongMemModel":
+    def from_config(cls, config: LongMemConfig | None = None, device: str = "cpu",
+                    pretrained: bool = True) -> "LongMemModel":
+        """The backbone of ``config`` with its shipped trained SideNet when there is one (``pretrained``; the
+        checkpoint then decides the SideNet's structure, ``config`` the run-time settings), else untrained."""
         config = config or LongMemConfig()
-        return cls(load_backbone(config.backbone, resolve_dtype(config.dtype, device), device), config)
+        backbone = load_backbone(config.backbone, resolve_dtype(config.dtype, device), device)
+        ckpt = shipped_checkpoint(config.backbone) if pretrained else None
+        if ckpt is None:
+            return cls(backbone, config)
+        return cls.load(ckpt, backbone, device, runtime={f: getattr(config, f) for f in RUNTIME_FIELDS})
 
     def step(self, ids: torch.Tensor, memory: MemoryBank | None, window: Window | None = None) -> Step:
         start = window.length if window is not None else 0
@@ -147,8 +164,10 @@ class LongMemModel(SegmentLM):
         (directory / "config.json").write_text(json.dumps(meta, indent=2))
 
     @classmethod
-    def load(cls, path: str | os.PathLike, backbone: Backbone | None = None, device: str = "cpu") -> "LongMemModel":
-        """Load a checkpoint directory; the backbone is loaded from its config unless given (and then checked)."""
+    def load(cls, path: str | os.PathLike, backbone: Backbone | None = None, device: str = "cpu",
+             runtime: dict | None = None) -> "LongMemModel":
+        """Load a checkpoint directory; the backbone is loaded from its config unless given (and then checked).
+        ``runtime`` overrides settings that do not change the weights (``RUNTIME_FIELDS``)."""
         path = Path(path)
         try:
             meta = json.loads((path / "config.json").read_text())
@@ -159,6 +178,10 @@ class LongMemModel(SegmentLM):
         if meta.get("format") != CHECKPOINT_FORMAT:
             raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT}")
         config = LongMemConfig.from_dict(meta["config"])
+        if runtime:
+            if set(runtime) - set(RUNTIME_FIELDS):
+                raise ValueError(f"only {RUNTIME_FIELDS} can be set at load time, not {sorted(set(runtime))}")
+            config = replace(config, **runtime)
         if backbone is None:
             backbone = load_backbone(config.backbone, resolve_dtype(config.dtype, device), device)
         want = meta["backbone"]

@@ -245,3 +245,24 @@ def test_blockwise_retrieval_equals_one_block(llama, monkeypatch):
     blocks = model.step(ids, mem)
     torch.testing.assert_close(blocks.hidden, whole.hidden)
     assert torch.equal(blocks.chunk_ids[0], whole.chunk_ids[0])
+
+
+def test_from_config_uses_the_shipped_checkpoint_unless_untrained(tmp_path, llama, monkeypatch):
+    import longmem.model as lm_model
+
+    llama.model.save_pretrained(tmp_path / "bb")
+    llama.tokenizer.save_pretrained(tmp_path / "bb")
+    trained = LongMemModel(llama, small_config(backbone=str(tmp_path / "bb"), train_scope="compact", lora_rank=2))
+    with torch.no_grad():
+        for p in trained.trainable_state().values():
+            p.add_(0.01)  # "trained" weights, different from the init
+    trained.save(tmp_path / "shipped")
+    monkeypatch.setattr(lm_model, "SHIPPED", {str(tmp_path / "bb"): "shipped"})
+    monkeypatch.setattr(lm_model, "SHIPPED_DIR", tmp_path)
+    cfg = small_config(backbone=str(tmp_path / "bb"), segment_len=48)
+    model = LongMemModel.from_config(cfg)
+    assert model.config.train_scope == "compact" and model.segment_len == 48  # structure shipped, runtime asked
+    got, want = model.trainable_state(), trained.trainable_state()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    plain = LongMemModel.from_config(cfg, pretrained=False)
+    assert plain.config.train_scope == "full" and float(plain.sidenet.layers[0].alpha_attn) == 0.0

@@ -40,6 +40,8 @@ HELP = {
     "save_every": "steps between checkpoints (one is also written at the end and on Ctrl-C/SIGTERM)",
     "eval_every": "steps between held-out evaluations (0 = never)",
     "eval_segments": "held-out segments scored per book at each evaluation",
+    "device": "auto (the process's GPU when there is one), cpu, cuda, cuda:N",
+    "max_doc_segments": "cut longer documents into parts of this many segments, each with a fresh memory (0 = never)",
 }
 
 

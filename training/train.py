@@ -38,6 +38,7 @@ from longmem.model import LongMemConfig, LongMemModel
 
 from .data import Batchfier, Document
 
+RUN_SETTINGS = ("out", "steps", "device", "amp", "save_every", "eval_every", "eval_segments")  # free on --resume
 LOSS_CHUNK = 256  # positions per LM-head call in the loss (recomputed in backward: no (B, T, V) logits kept)
 
 
@@ -59,6 +60,8 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 2.0
     amp: str = "auto"  # autocast dtype: auto (bf16 where the hardware has it), bfloat16, float16, none
+    device: str = "auto"  # "auto" (cuda when present), "cpu", "cuda", "cuda:1", ...
+    max_doc_segments: int = 0  # cut longer documents into parts of this many segments (0 = never)
     seed: int = 0  # data order
     save_every: int = 50  # steps between checkpoints (and on Ctrl-C)
     eval_every: int = 50  # steps between held-out evaluations (0 = never)
@@ -105,6 +108,15 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return cfg.end_lr + (cfg.lr - cfg.end_lr) * (1 - min(frac, 1.0)) ** cfg.lr_power
+
+
+def resolve_device(name: str, rank: int = 0) -> str:
+    """"auto" -> this process's GPU when there is one (one per process under torchrun), else the CPU."""
+    if name != "auto":
+        return name
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', rank)) % torch.cuda.device_count()}"
+    return "cpu"
 
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
@@ -169,20 +181,25 @@ class Trainer:
         documents may need the model's tokenizer)."""
         self.cfg, self.run, self.log = cfg, Path(cfg.out), log
         self.rank, self.world = dist_info()
+        self.device = resolve_device(cfg.device, self.rank)
         ckpt = self.run / "checkpoint"
         self.step = 0
         if resume and (ckpt / "trainer.json").exists():
             state = json.loads((ckpt / "trainer.json").read_text())
-            self.cfg = cfg = TrainConfig.from_dict({**state["config"], "steps": cfg.steps, "out": cfg.out})
+            # the run's model and data settings come from the checkpoint; how to run it from this invocation
+            here = {k: getattr(cfg, k) for k in RUN_SETTINGS}
+            self.cfg = cfg = TrainConfig.from_dict({**state["config"], **here})
             backbone = model.backbone if model is not None else None
-            self.model = LongMemModel.load(ckpt, backbone)
+            self.model = LongMemModel.load(ckpt, backbone, device=self.device)
             self.step = state["step"]
         elif model is not None:
             self.model = model
         else:
-            mcfg = LongMemConfig(backbone=cfg.backbone, segment_len=cfg.segment_len, capacity=cfg.memory_tokens,
-                                 train_scope=cfg.train_scope, lora_rank=cfg.lora_rank)
-            self.model = (LongMemModel.load(cfg.init) if cfg.init else LongMemModel.from_config(mcfg))
+            # float32 weights (the trained ones need full-precision updates); autocast gives the bf16 speed
+            mcfg = LongMemConfig(backbone=cfg.backbone, dtype="float32", segment_len=cfg.segment_len,
+                                 capacity=cfg.memory_tokens, train_scope=cfg.train_scope, lora_rank=cfg.lora_rank)
+            self.model = (LongMemModel.load(cfg.init, device=self.device) if cfg.init
+                          else LongMemModel.from_config(mcfg, device=self.device))
         self.model.capacity = cfg.memory_tokens
         self.params = [p for p in self.model.sidenet.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6,
@@ -191,7 +208,9 @@ class Trainer:
             _load_optimizer(self.opt, load_file(str(ckpt / "optimizer.safetensors")), state["optimizer"])
         self.loss_module: nn.Module = SegmentLoss(self.model)
         if self.world > 1:
-            self.loss_module = nn.parallel.DistributedDataParallel(self.loss_module)
+            on_gpu = self.device.startswith("cuda")
+            self.loss_module = nn.parallel.DistributedDataParallel(
+                self.loss_module, device_ids=[torch.device(self.device).index] if on_gpu else None)
         self.amp = autocast_dtype(cfg, self.model.backbone.device)
         if not defer_data:
             self.set_data(documents, held_out)
@@ -199,7 +218,7 @@ class Trainer:
     def set_data(self, documents: list[Document], held_out: list[Document] | None = None) -> None:
         cfg = self.cfg
         self.data = Batchfier(documents, cfg.batch_size, cfg.segment_len, seed=cfg.seed, rank=self.rank,
-                              world_size=self.world)
+                              world_size=self.world, max_doc_segments=cfg.max_doc_segments or None)
         self.held_out = held_out or []
         self.memory = self.model.new_memory(batch_size=cfg.batch_size, capacity=cfg.memory_tokens)
         if self.step:
