@@ -125,3 +125,18 @@ def test_evaluation_table_on_a_tiny_model():
     # the untrained SideNet reproduces the backbone: same perplexity as the backbone with the same local window
     assert result["ppl_ratio_vs_local"] == pytest.approx(1.0, abs=1e-4)
     assert "LongMem (1k local + memory)" in markdown(result, 128, 64)
+
+
+def test_ship_writes_a_small_checkpoint_with_a_model_card(tmp_path):
+    from longmem.model import LongMemModel
+    from training.ship import ship
+
+    m = model("compact")
+    Trainer(config(tmp_path, steps=3, train_scope="compact"), documents(), model=m).fit(progress=False)
+    out = ship(tmp_path / "run", None, name="tiny", dest_root=tmp_path / "shipped", hardware="test CPU")
+    assert sorted(f.name for f in out.iterdir()) == ["MODEL_CARD.md", "config.json", "sidenet.safetensors",
+                                                     "training.json"]
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "steps: 3" in card and "tokens seen: 96" in card and "test CPU" in card and "4 documents" in card
+    loaded = LongMemModel.load(out, m.backbone).trainable_state()
+    assert all(torch.equal(loaded[k], v) for k, v in m.trainable_state().items())

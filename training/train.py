@@ -204,8 +204,10 @@ class Trainer:
         self.params = [p for p in self.model.sidenet.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6,
                                      weight_decay=cfg.weight_decay)
-        if self.step:
+        if self.step and (ckpt / "optimizer.safetensors").exists():
             _load_optimizer(self.opt, load_file(str(ckpt / "optimizer.safetensors")), state["optimizer"])
+        elif self.step:  # e.g. a checkpoint committed without its optimizer state: Adam's moments start afresh
+            log("no optimizer.safetensors in the checkpoint: resuming with fresh optimizer state (not bit-exact)")
         self.loss_module: nn.Module = SegmentLoss(self.model)
         if self.world > 1:
             on_gpu = self.device.startswith("cuda")
@@ -298,7 +300,10 @@ class Trainer:
     def save(self) -> Path:
         return save_checkpoint(self.run, self.model, self.opt, self.cfg, self.step,
                                {"data": {"seed": self.cfg.seed, "steps_per_epoch": self.data.steps_per_epoch,
-                                         "world_size": self.world}})
+                                         "world_size": self.world, "documents": len(self.data.documents),
+                                         "recall_documents": sum(d.name.startswith("recall-")
+                                                                 for d in self.data.documents),
+                                         "tokens": int(sum(len(d.ids) for d in self.data.documents))}})
 
     def fit(self, progress: bool = True, until: int | None = None) -> list[dict]:
         """Train to ``cfg.steps`` (or stop at step ``until``); checkpoints every ``save_every`` steps, at the end

@@ -1,0 +1,103 @@
+"""Ship a trained SideNet as the package's default: checkpoint files + a model card, at most 32 MB.
+
+    python -m training.evaluate --checkpoint runs/smol/checkpoint --out runs/smol/eval.json
+    python -m training.ship --run runs/smol --eval runs/smol/eval.json
+
+Copies ``sidenet.safetensors`` and ``config.json`` of the run's checkpoint into ``longmem/checkpoints/<name>/``
+(where ``LongMemModel.from_config`` finds it for the embedded backbone) and writes ``MODEL_CARD.md`` from the run's
+``trainer.json``, ``metrics.jsonl`` and the evaluation JSON: data, steps, tokens seen, wall time, hardware,
+held-out results. The optimizer state is not shipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+from pathlib import Path
+
+from longmem.files import atomic_directory
+from longmem.model import SHIPPED, SHIPPED_DIR
+
+from .plots import read_metrics
+
+MAX_BYTES = 32 * 2**20  # the shipped checkpoint's budget
+
+
+def training_facts(run: Path) -> dict:
+    state = json.loads((run / "checkpoint" / "trainer.json").read_text())
+    rows = read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
+    rows = [r for r in rows if r["step"] <= state["step"]]  # a resumed run may have logged steps twice
+    last = {r["step"]: r for r in rows}  # the last record of every step
+    evals = [r for r in last.values() if r.get("eval", {}).get("tokens")]
+    tail = list(last.values())[-50:]
+    return {"steps": state["step"], "config": state["config"], "data": state.get("data", {}),
+            "tokens_seen": sum(r["tokens"] for r in last.values()),
+            "train_hours": sum(r["s"] for r in last.values()) / 3600,
+            "final_train_loss": sum(r["loss"] for r in tail) / max(1, len(tail)),
+            "last_eval": evals[-1]["eval"] if evals else None}
+
+
+def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str) -> str:
+    c, d = facts["config"], facts["data"]
+    lines = [f"# LongMem SideNet for SmolLM2-135M-Instruct ({name})", "",
+             "A residual SideNet trained by memory-augmented adaptation (the LongMem paper, section 3.1) on top of the "
+             "frozen SmolLM2-135M-Instruct. `LongMemModel.from_config()` loads it by default for the embedded backbone;"
+             " `--untrained` gives the untrained SideNet (which reproduces the backbone).", "",
+             "## Training", "",
+             f"- data: books of the `train` split of `shared/data/books` (Project Gutenberg, 2020-2022; the 8 `test` "
+             f"books are held out) and synthetic long-range recall documents: {d.get('documents', '?')} documents "
+             f"({d.get('recall_documents', '?')} recall), {d.get('tokens', 0):,} tokens",
+             f"- scope: `{c['train_scope']}` (LoRA rank {c['lora_rank']}), {c['batch_size']} rows x "
+             f"{c['segment_len']} tokens per step, memory {c['memory_tokens']:,} tokens per row",
+             f"- optimizer: AdamW (0.9, 0.98), eps 1e-6, weight decay {c['weight_decay']}, lr {c['lr']} "
+             f"(warm-up {c['warmup_steps']}, polynomial power {c['lr_power']}), clipping {c['grad_clip']}",
+             f"- steps: {facts['steps']:,}; tokens seen: {facts['tokens_seen']:,}; training time: "
+             f"{facts['train_hours']:.1f} h; hardware: {hardware}",
+             f"- final training loss (mean of the last 50 steps): {facts['final_train_loss']:.3f}", ""]
+    if evaluation is not None:
+        from .evaluate import markdown
+
+        a = evaluation["args"]
+        lines += ["## Held-out results", "",
+                  f"`python -m training.evaluate` on {a['books']} held-out books ({a['tokens']:,} tokens each) and "
+                  f"{a['recall']} recall items:", "", markdown(evaluation, a["long_context"], a["distance"]), ""]
+    return "\n".join(lines) + "\n"
+
+
+def ship(run: Path, evaluation: Path | None, name: str | None = None, dest_root: Path = SHIPPED_DIR,
+         hardware: str | None = None) -> Path:
+    ckpt = run / "checkpoint"
+    name = name or SHIPPED["default"]
+    files = [ckpt / "sidenet.safetensors", ckpt / "config.json"]
+    size = sum(f.stat().st_size for f in files)
+    if size > MAX_BYTES:
+        raise SystemExit(f"{ckpt}: {size / 2**20:.1f} MiB is over the {MAX_BYTES // 2**20} MiB budget; train with "
+                         "--train-scope compact or a smaller --lora-rank")
+    facts = training_facts(run)
+    result = json.loads(evaluation.read_text()) if evaluation else None
+    hardware = hardware or f"{platform.processor() or platform.machine()}, {platform.system()}"
+    dest = dest_root / name
+    with atomic_directory(dest) as tmp:
+        for f in files:
+            shutil.copy2(f, tmp / f.name)
+        (tmp / "MODEL_CARD.md").write_text(model_card(name, facts, result, hardware))
+        (tmp / "training.json").write_text(json.dumps({**facts, "evaluation": result}, indent=2))
+    return dest
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m training.ship", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", required=True, help="training run directory (with checkpoint/ and metrics.jsonl)")
+    p.add_argument("--eval", default=None, help="JSON written by `python -m training.evaluate --out`")
+    p.add_argument("--name", default=None, help="checkpoint directory name (default: the embedded backbone's)")
+    p.add_argument("--hardware", default=None, help="what it was trained on, for the model card")
+    p.add_argument("--dest", default=str(SHIPPED_DIR), help="where shipped checkpoints live")
+    args = p.parse_args(argv)
+    out = ship(Path(args.run), Path(args.eval) if args.eval else None, args.name, Path(args.dest), args.hardware)
+    print(f"shipped {out} ({sum(f.stat().st_size for f in out.iterdir()) / 2**20:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
