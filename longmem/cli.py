@@ -214,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="benchmark speed and memory (options: longmem bench --help)", add_help=False)
     sub.add_parser("train", help="adaptation training of the SideNet (options: longmem train --help)",
                    add_help=False)
+    sub.add_parser("eval", help="held-out perplexity and long-range recall vs the backbone (longmem eval --help)",
+                   add_help=False)
     return parser
 
 
@@ -228,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         from training.__main__ import main as train_main
 
         return train_main(rest)
+    if args.command == "eval":
+        from training.evaluate import main as eval_main
+
+        eval_main(rest)
+        return 0
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from .backbone import BackboneError

@@ -127,3 +127,23 @@ def test_book_bank_round_trip_on_the_real_backbone(model, backbone, book_text, t
         assert torch.equal(first.chunk_ids, again.chunk_ids) and torch.equal(first.keys, again.keys)
         passage = bank.passage(int(again.chunk_ids[0, 0, 0, 0]))
         assert passage.text.strip() and passage.text in book_text and passage.context in book_text
+
+
+@pytest.mark.slow
+def test_two_compact_training_steps_on_the_real_backbone(tmp_path, book_text):
+    """The trainer end to end on SmolLM2 (about a minute on 2 cores): two steps, a checkpoint, a resume."""
+    import numpy as np
+
+    from training.data import Document
+    from training.train import Trainer, TrainConfig
+
+    cfg = TrainConfig(out=str(tmp_path / "run"), batch_size=1, segment_len=256, memory_tokens=1024, steps=3,
+                      eval_every=0, save_every=0)
+    first = Trainer(cfg, [], defer_data=True)
+    ids = np.asarray(first.model.backbone.tokenizer(book_text[:20000]).input_ids, dtype=np.int32)
+    first.set_data([Document("gatsby", ids)])
+    hist = first.fit(progress=False, until=2)
+    assert len(hist) == 2 and all(np.isfinite(h["loss"]) and 1 < h["loss"] < 8 for h in hist)
+    again = Trainer(cfg, [], model=first.model, resume=True, defer_data=True)
+    again.set_data([Document("gatsby", ids)])
+    assert again.step == 2 and len(again.fit(progress=False)) == 1
