@@ -24,6 +24,7 @@ import shutil
 import sqlite3
 import time
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -88,12 +89,14 @@ MIGRATIONS: list[tuple[str, str]] = [
             tokens BLOB NOT NULL,
             text TEXT NOT NULL,
             chunk_chars BLOB NOT NULL,
+            crc32 INTEGER NOT NULL,
             UNIQUE (document_id, seq)
         );
         CREATE TABLE kv (
             segment_id INTEGER PRIMARY KEY REFERENCES segments(id),
             k BLOB NOT NULL,
-            v BLOB NOT NULL
+            v BLOB NOT NULL,
+            crc32 INTEGER NOT NULL
         );
         CREATE TABLE index_files (
             head INTEGER PRIMARY KEY,
@@ -152,6 +155,14 @@ def _file_id(path: Path) -> tuple[int, int] | None:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _crc(*parts: bytes) -> int:
+    """CRC-32 of the parts in order: what ``verify`` recomputes to catch damaged contents of the right size."""
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return crc
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
@@ -544,12 +555,14 @@ class Bank:
                     "updated": now}).last_pk
             else:
                 doc_id = document
+            tok_b = tokens.to(torch.int32).numpy().tobytes()
+            chars_b = np.asarray(chunk_chars, dtype=np.int32).tobytes()
+            k_b, v_b = _tensor_bytes(k.to(self.dtype)), _tensor_bytes(v.to(self.dtype))
             seg_id = self.db["segments"].insert({
                 "document_id": doc_id, "seq": seq, "n_tokens": tokens.numel(), "n_chunks": n_chunks,
-                "tokens": tokens.to(torch.int32).numpy().tobytes(), "text": text,
-                "chunk_chars": np.asarray(chunk_chars, dtype=np.int32).tobytes()}).last_pk
-            self.db["kv"].insert({"segment_id": seg_id, "k": _tensor_bytes(k.to(self.dtype)),
-                                  "v": _tensor_bytes(v.to(self.dtype))})
+                "tokens": tok_b, "text": text, "chunk_chars": chars_b,
+                "crc32": _crc(tok_b, chars_b, text.encode("utf-8"))}).last_pk
+            self.db["kv"].insert({"segment_id": seg_id, "k": k_b, "v": v_b, "crc32": _crc(k_b, v_b)})
             self.db.execute("UPDATE documents SET n_tokens = n_tokens + ?, n_segments = n_segments + 1, "
                             "resume_offset = ?, resume_skip = ?, updated = ? WHERE id = ?",
                             [tokens.numel(), resume[0], resume[1], now, doc_id])
@@ -758,9 +771,9 @@ class Bank:
 
     # -- checking -------------------------------------------------------------------------------------------------
     def verify(self, repair_index: bool = True) -> VerifyReport:
-        """Check SQLite integrity, every segment's blobs against its shape, document totals, and the index files
-        (rewritten when stale or damaged if ``repair_index`` and nobody else is writing). The checks read one
-        snapshot, so an ingestion running meanwhile cannot look like damage."""
+        """Check SQLite integrity, every segment's blobs against its shape and its CRC-32, document totals, and the
+        index files (rewritten when stale or damaged if ``repair_index`` and nobody else is writing). The checks
+        read one snapshot, so an ingestion running meanwhile cannot look like damage."""
         info, report = self.info_cached, VerifyReport()
         try:
             result = [r[0] for r in self.db.execute("PRAGMA integrity_check").fetchall()]
@@ -793,6 +806,13 @@ class Bank:
                                         "ingest the same file again to resume")
             for doc_id in totals:
                 report.problem(f"{totals[doc_id][0]} segments belong to document {doc_id}, which does not exist")
+            for sid, doc, tok_b, chars_b, text, crc in self.db.execute(
+                    "SELECT id, document_id, tokens, chunk_chars, text, crc32 FROM segments"):
+                if _crc(tok_b, chars_b, text.encode("utf-8")) != crc:
+                    report.problem(f"segment {sid} (document {doc}): token ids or text damaged (checksum mismatch)")
+            for sid, k_b, v_b, crc in self.db.execute("SELECT segment_id, k, v, crc32 FROM kv"):
+                if _crc(k_b, v_b) != crc:
+                    report.problem(f"segment {sid}: keys/values damaged (checksum mismatch)")
             orphans = self.db.execute("SELECT count(*) FROM kv WHERE segment_id NOT IN (SELECT id FROM segments)"
                                       ).fetchone()[0]
             if orphans:

@@ -317,6 +317,20 @@ def test_damaged_blob_fails_verification_and_loading(store, model, text_file):
         bank.load_memory()
 
 
+def test_damaged_contents_of_the_right_size_fail_verification(store, model, text_file):
+    bank = store.create("b", model)
+    ingest(bank, model, text_file)
+    with bank.db.atomic():  # flip one byte of the keys, and one character of a segment's text
+        k = bytearray(bank.db.execute("SELECT k FROM kv WHERE segment_id = 3").fetchone()[0])
+        k[100] ^= 0x40
+        bank.db.execute("UPDATE kv SET k = ? WHERE segment_id = 3", [bytes(k)])
+        bank.db.execute("UPDATE segments SET text = 'X' || substr(text, 2) WHERE id = 4")
+    report = bank.verify()
+    assert not report.ok
+    assert any("segment 3: keys/values damaged" in p for p in report.problems)
+    assert any("segment 4 (document 1): token ids or text damaged" in p for p in report.problems)
+
+
 def test_a_handle_opened_before_a_rename_cannot_write(store, model, text_file):
     store.create("x", model).close()
     stale = store.open("x")
