@@ -374,8 +374,9 @@ def _pending_migrations(db: sqlite_utils.Database) -> bool:
 
 def _migrate(db: sqlite_utils.Database, path: Path) -> None:
     """Apply the migrations this database lacks, each in its own transaction; refuse a newer schema."""
-    db.execute("CREATE TABLE IF NOT EXISTS migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
-               "applied TEXT NOT NULL)")
+    with db.atomic():
+        db.execute("CREATE TABLE IF NOT EXISTS migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+                   "applied TEXT NOT NULL)")
     done = {r[0] for r in db.execute("SELECT id FROM migrations").fetchall()}
     if done and max(done) > len(MIGRATIONS):
         raise BankError(f"{path} was written by a newer LongMem (schema {max(done)}, this one knows "
