@@ -120,7 +120,7 @@ def test_evaluation_table_on_a_tiny_model():
     items = recall_documents(tok, [filler], n=3, distance=64, total=320, seed=0)
     m = tiny_model("llama", segment_len=64, capacity=None)
     result = evaluate(m, [Document("book", filler[:200])], items, long_context=128, log=lambda _: None)
-    assert set(result["perplexity"]) == {"longmem", "backbone_local", "backbone_long"}
+    assert set(result["perplexity"]) == {"longmem", "longmem_no_memory", "backbone_local", "backbone_long"}
     assert result["recall"]["longmem"]["items"] == 3 and 0 <= result["recall"]["longmem"]["accuracy"] <= 1
     # the untrained SideNet reproduces the backbone: same perplexity as the backbone with the same local window
     assert result["ppl_ratio_vs_local"] == pytest.approx(1.0, abs=1e-4)
@@ -140,3 +140,12 @@ def test_ship_writes_a_small_checkpoint_with_a_model_card(tmp_path):
     assert "steps: 3" in card and "tokens seen: 96" in card and "test CPU" in card and "4 documents" in card
     loaded = LongMemModel.load(out, m.backbone).trainable_state()
     assert all(torch.equal(loaded[k], v) for k, v in m.trainable_state().items())
+
+
+def test_held_out_evaluation_during_training(tmp_path):
+    trainer = Trainer(config(tmp_path, eval_segments=2), documents(), held_out=documents(2, 96), model=model())
+    ev = trainer.evaluate()
+    assert ev["tokens"] == 2 * (2 * 16 - 1) and set(ev) >= {"longmem_ppl", "no_memory_ppl", "backbone_ppl", "ppl_ratio"}
+    # untrained (ReZero) SideNet: memory or not, it reproduces the backbone
+    assert ev["ppl_ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert ev["no_memory_ppl"] == pytest.approx(ev["backbone_ppl"], rel=1e-4)

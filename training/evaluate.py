@@ -6,8 +6,9 @@
 Two measurements, each on the test split of the shared books (never trained on):
 
 - **perplexity** of the first ``--tokens`` tokens of every held-out book: LongMem with a ``segment_len`` (1k) local
-  window plus memory of everything before, the backbone with the same 1k window (no memory), and the backbone
-  attending to ``--long-context`` (8k) tokens at once;
+  window plus memory of everything before, LongMem with its memory left empty (what the trained SideNet gains
+  without memory, e.g. from adapting to books), the backbone with the same 1k window, and the backbone attending
+  to ``--long-context`` (8k) tokens at once;
 - **long-range recall**: synthetic items (``training.recall``) in held-out book text, each stating a fact (a number
   or a name) once and asking about it at least ``--distance`` tokens later. Everything before the question's
   local window goes into memory; an item counts as recalled when every answer token is the model's top prediction.
@@ -36,9 +37,10 @@ DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @torch.no_grad()
-def perplexity(lm: SegmentLM, ids: np.ndarray) -> tuple[float, int]:
-    """(summed NLL, predicted tokens) of one document, with a fresh unbounded memory when the model has one."""
-    memory = lm.new_memory(capacity=None) if lm.uses_memory else None
+def perplexity(lm: SegmentLM, ids: np.ndarray, use_memory: bool = True) -> tuple[float, int]:
+    """(summed NLL, predicted tokens) of one document, with a fresh unbounded memory when the model has one (and
+    ``use_memory``; without it LongMem shows what its SideNet does with the local window alone)."""
+    memory = lm.new_memory(capacity=None) if lm.uses_memory and use_memory else None
     return lm.nll(torch.as_tensor(ids, dtype=torch.long), memory)
 
 
@@ -64,13 +66,13 @@ def recalled(lm: SegmentLM, item: RecallItem) -> bool:
 def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem], long_context: int,
              log=print) -> dict:
     bb = model.backbone
-    lms = {"longmem": model, "backbone_local": BackboneLM(bb, model.segment_len),
+    lms = {"longmem": model, "longmem_no_memory": model, "backbone_local": BackboneLM(bb, model.segment_len),
            "backbone_long": BackboneLM(bb, min(long_context, bb.spec.max_positions))}
     out: dict = {"perplexity": {}, "recall": {}}
     for name, lm in lms.items():
         t0, nll, count, per_book = time.perf_counter(), 0.0, 0, {}
         for doc in books:
-            n, c = perplexity(lm, doc.ids)
+            n, c = perplexity(lm, doc.ids, use_memory=name != "longmem_no_memory")
             nll, count = nll + n, count + c
             per_book[doc.name] = math.exp(n / c)
         out["perplexity"][name] = {"ppl": math.exp(nll / count) if count else float("nan"), "tokens": count,
@@ -89,6 +91,7 @@ def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem]
 def markdown(r: dict, long_context: int, distance: int) -> str:
     p, rc = r["perplexity"], r["recall"]
     rows = [("LongMem (1k local + memory)", p["longmem"]["ppl"], rc["longmem"]["accuracy"]),
+            ("LongMem without memory (1k local; the SideNet alone)", p["longmem_no_memory"]["ppl"], None),
             ("backbone, 1k local context", p["backbone_local"]["ppl"], rc["backbone_local"]["accuracy"]),
             (f"backbone, {long_context // 1024}k context", p["backbone_long"]["ppl"], None)]
     lines = [f"| model | held-out perplexity | recall at >= {distance:,} tokens |", "|---|---:|---:|"]

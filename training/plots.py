@@ -41,6 +41,8 @@ def plot_metrics(metrics: Path, out: Path, smooth: int = 20) -> Path | None:
         ax = axes[0][1]
         at = [s for s, _ in evals]
         ax.plot(at, [e["longmem_ppl"] for _, e in evals], marker="o", label="LongMem (local + memory)")
+        if all("no_memory_ppl" in e for _, e in evals):
+            ax.plot(at, [e["no_memory_ppl"] for _, e in evals], marker="^", label="LongMem, memory empty")
         ax.plot(at, [e["backbone_ppl"] for _, e in evals], marker="s", label="backbone (local)")
         ax.set_xlabel("step")
         ax.set_ylabel("held-out perplexity")

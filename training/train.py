@@ -277,7 +277,7 @@ class Trainer:
         the same local window, on the last ``eval_segments`` segments of each held-out document."""
         L, n = self.cfg.segment_len, self.cfg.eval_segments
         base = BackboneLM(self.model.backbone, L)
-        out = {"longmem_nll": 0.0, "backbone_nll": 0.0, "tokens": 0}
+        out = {"longmem_nll": 0.0, "no_memory_nll": 0.0, "backbone_nll": 0.0, "tokens": 0}
         for doc in self.held_out:
             ids = torch.as_tensor(doc.ids[: (len(doc.ids) // L) * L], dtype=torch.long)
             if len(ids) < 2 * L:
@@ -287,12 +287,15 @@ class Trainer:
             if len(past):
                 self.model.memorize(past, memory)
             nll_m, count = self.model.nll(tail, memory)
+            nll_0, _ = self.model.nll(tail, None)  # the SideNet without memory: what memory itself adds
             nll_b, _ = base.nll(tail)
             out["longmem_nll"] += nll_m
+            out["no_memory_nll"] += nll_0
             out["backbone_nll"] += nll_b
             out["tokens"] += count
         if out["tokens"]:
             out["longmem_ppl"] = math.exp(out["longmem_nll"] / out["tokens"])
+            out["no_memory_ppl"] = math.exp(out["no_memory_nll"] / out["tokens"])
             out["backbone_ppl"] = math.exp(out["backbone_nll"] / out["tokens"])
             out["ppl_ratio"] = out["longmem_ppl"] / out["backbone_ppl"]
         return out
