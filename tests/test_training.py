@@ -149,3 +149,9 @@ def test_held_out_evaluation_during_training(tmp_path):
     # untrained (ReZero) SideNet: memory or not, it reproduces the backbone
     assert ev["ppl_ratio"] == pytest.approx(1.0, abs=1e-4)
     assert ev["no_memory_ppl"] == pytest.approx(ev["backbone_ppl"], rel=1e-4)
+
+
+def test_resume_with_other_data_is_refused(tmp_path):
+    Trainer(config(tmp_path), documents(), model=model()).fit(progress=False, until=2)
+    with pytest.raises(ValueError, match="cannot resume with other data"):
+        Trainer(config(tmp_path), documents(6), model=model(), resume=True)
