@@ -1,4 +1,4 @@
-"""Training curves: metrics.jsonl (one JSON object per step) -> a PNG of train loss and held-out perplexities."""
+"""Training curves: metrics.jsonl (one JSON object per step) -> a PNG of train loss and held-out perplexity ratios."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def plot_metrics(metrics: Path, out: Path, smooth: int = 20) -> Path | None:
-    """Plot the training loss (raw and a moving average) and, when evaluated, held-out perplexity of LongMem and
-    of the backbone with the same local window. Returns the PNG path, or None when there is nothing to plot."""
+    """Plot the training loss (raw and a moving average) and, when evaluated, held-out perplexity of LongMem (with
+    and without memory) relative to the backbone with the same local window. Returns the PNG path, or None when
+    there is nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,13 +40,15 @@ def plot_metrics(metrics: Path, out: Path, smooth: int = 20) -> Path | None:
     ax.grid(alpha=0.3)
     if evals:
         ax = axes[0][1]
-        at = [s for s, _ in evals]
-        ax.plot(at, [e["longmem_ppl"] for _, e in evals], marker="o", label="LongMem (local + memory)")
-        if all("no_memory_ppl" in e for _, e in evals):
-            ax.plot(at, [e["no_memory_ppl"] for _, e in evals], marker="^", label="LongMem, memory empty")
-        ax.plot(at, [e["backbone_ppl"] for _, e in evals], marker="s", label="backbone (local)")
+        at = [st for st, _ in evals]  # as ratios to the backbone: comparable across differently sized evaluations
+        ax.plot(at, [e["longmem_ppl"] / e["backbone_ppl"] for _, e in evals], marker="o",
+                label="LongMem (local + memory)")
+        nomem = [(st, e["no_memory_ppl"] / e["backbone_ppl"]) for st, e in evals if "no_memory_ppl" in e]
+        if nomem:
+            ax.plot(*zip(*nomem), marker="^", label="LongMem, memory empty")
+        ax.axhline(1.0, color="gray", linestyle="--", label="backbone, same local window")
         ax.set_xlabel("step")
-        ax.set_ylabel("held-out perplexity")
+        ax.set_ylabel("held-out perplexity / backbone's")
         ax.legend()
         ax.grid(alpha=0.3)
     fig.tight_layout()
