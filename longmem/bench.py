@@ -95,6 +95,18 @@ def machine_facts(dtype: str, threads: int) -> dict:
             "cpu_has_fast_bf16": cpu_has_fast_bf16()}
 
 
+def report(results: dict, table: str, out: str | None) -> None:
+    """A benchmark's output: the JSON on stdout, a blank line, the markdown table; the JSON also to ``out``."""
+    text = json.dumps(results, indent=2)
+    print(text)
+    print()
+    print(table)
+    if out:
+        Path(out).write_text(text + "\n")
+        log(f"wrote {out}")
+    log(f"done in {results['wall_s']:.0f} s")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Timing
 
@@ -386,14 +398,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"machine": machine_facts(args.dtype, args.threads), "config": runs["bank"].pop("config"),
                "quick": args.quick, "scoring": scoring, "targets": targets, "scenarios": runs,
                "all_targets_met": all(t["met"] for t in targets.values()), "wall_s": time.perf_counter() - t0}
-    text = json.dumps(results, indent=2)
-    print(text)
-    print()
-    print(markdown(results))
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-        log(f"wrote {args.out}")
-    log(f"done in {results['wall_s']:.0f} s")
+    report(results, markdown(results), args.out)
     return results
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from .bench import DEFAULT_TEXT, cpu_times, log, machine_facts, reset_peak_rss, status_mb, target
+from .bench import DEFAULT_TEXT, cpu_times, log, machine_facts, report, reset_peak_rss, status_mb, target
 
 TARGETS = {"ingest_vs_memorize": 0.9, "reopen_s": 3.0, "reopen_peak_vs_kv": 1.5}
 
@@ -294,14 +294,7 @@ def main(argv: list[str] | None = None) -> dict:
                "disk_mb_per_1m_tokens": build["disk_bytes"] / build["tokens"] * 1e6 / 2**20,
                "targets": targets, "all_targets_met": all(t["met"] for t in targets.values()),
                "wall_s": time.perf_counter() - t0}
-    text = json.dumps(results, indent=2)
-    print(text)
-    print()
-    print(markdown(results))
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-        log(f"wrote {args.out}")
-    log(f"done in {results['wall_s']:.0f} s")
+    report(results, markdown(results), args.out)
     return results
 
 

@@ -24,7 +24,7 @@ import torch
 from .lm import SegmentLM
 from . import readers
 from .readers import Block, DemoFormat, open_source
-from .store import Bank, BankError, Document
+from .bank import Bank, BankError, Document
 from .text import InputError
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def cut_segments(tokenizer, blocks: Iterable[Block], segment_len: int, csz: int,
 
 def _commit(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: Segment) -> int:
     """Encode one segment's whole chunks and commit it; returns the document id."""
-    info = bank.info
+    info = bank.info_cached
     n_full = len(seg.chunk_chars) - 1
     if n_full:
         k, v = model.encode_memory(seg.ids[None, : n_full * info.csz].to(model.backbone.device))  # (1, Hkv, T, d)
@@ -140,7 +140,7 @@ def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | N
     tokenizer = model.backbone.tokenizer
     if tokenizer is None:
         raise BankError(f"backbone {model.backbone.name!r} has no tokenizer to read text with")
-    info = bank.info
+    info = bank.info_cached
     options = {"demos": asdict(demos or DemoFormat())} if source.kind == "demos" else {}
     # what decides where the segments fall; a resume under different conditions would splice two cuttings
     reading = {"block_bytes": readers.BLOCK_BYTES, "tokenizer": type(tokenizer).__name__, "vocab": len(tokenizer),

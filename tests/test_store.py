@@ -58,6 +58,17 @@ def queries(model, n: int = 24, seed: int = 1) -> torch.Tensor:
     return torch.randn(1, spec.n_heads, n, spec.head_dim, generator=torch.Generator().manual_seed(seed))
 
 
+def interrupt_after(n: int, seen: list | None = None):
+    """A progress callback that presses Ctrl-C after ``n`` segments (recording (done, total) in ``seen``)."""
+    seen = [] if seen is None else seen
+
+    def progress(done, total):
+        seen.append((done, total))
+        if len(seen) == n:
+            raise KeyboardInterrupt
+    return progress
+
+
 def search_all(memory, q):
     r = memory.search(q, n_chunks=4)
     return r.keys, r.values, r.mask, r.chunk_ids
@@ -164,15 +175,8 @@ def test_interrupted_ingest_resumes_to_the_same_state(store, model, text_file):
     whole = store.create("whole", model)
     ingest(whole, model, text_file)
     part = store.create("part", model)
-    calls = []
-
-    def stop_after_three(done, total):
-        calls.append(done)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        ingest(part, model, text_file, progress=stop_after_three)
+        ingest(part, model, text_file, progress=interrupt_after(3))
     (doc,) = part.documents()
     assert doc.status == "ingesting" and doc.n_segments == 3
     report = part.verify()
@@ -256,14 +260,8 @@ def test_huge_text_file_streams_with_bounded_memory(store, model, tmp_path):
     bank = store.create("b", model)
     rss = psutil.Process().memory_info().rss
     seen = []
-
-    def stop(done, total):
-        seen.append((done, total))
-        if len(seen) == 20:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        ingest(bank, model, big, progress=stop)
+        ingest(bank, model, big, progress=interrupt_after(20, seen))
     assert seen[-1][1] >= 199 * 2**20 and seen[-1][0] < 2**20  # started at once, far from reading it all
     assert psutil.Process().memory_info().rss - rss < 100 * 2**20
     assert bank.documents()[0].n_segments == 20
@@ -455,15 +453,8 @@ def test_readers_see_consistent_memory_while_a_writer_ingests(store, model, tmp_
 
 def test_resume_under_other_reading_conditions_is_refused(store, model, text_file, monkeypatch):
     bank = store.create("b", model)
-    calls = []
-
-    def stop(done, total):
-        calls.append(done)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        ingest(bank, model, text_file, progress=stop)
+        ingest(bank, model, text_file, progress=interrupt_after(2))
     monkeypatch.setattr("longmem.readers.BLOCK_BYTES", 1024)
     with pytest.raises(BankError, match="cannot resume"):
         ingest(bank, model, text_file)
