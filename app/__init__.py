@@ -1,1 +1,1 @@
-"""The LongMem web app (Gradio). UI only: every handler calls the longmem library."""
+"""The LongMem web app (Gradio). Thin: every handler calls ``longmem.workspace.Workspace``; see ``app.main``."""

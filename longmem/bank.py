@@ -106,6 +106,20 @@ MIGRATIONS: list[tuple[str, str]] = [
             written TEXT NOT NULL
         );
     """),
+    ("0002 chat and classifiers", """
+        CREATE TABLE chat_turns (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+            content TEXT NOT NULL,
+            created TEXT NOT NULL
+        );
+        CREATE TABLE classifiers (
+            name TEXT PRIMARY KEY,
+            spec TEXT NOT NULL,
+            created TEXT NOT NULL,
+            updated TEXT NOT NULL
+        );
+    """),
 ]
 
 
@@ -210,6 +224,8 @@ class Passage:
     document: str  # title
     text: str
     context: str
+    segment: int = 0  # which segment of its document (0-based) ...
+    of_segments: int = 1  # ... out of how many: where in the book the passage is
 
 
 @dataclass
@@ -358,6 +374,41 @@ class Bank:
         kv = row["chunks"] * info.csz * info.n_kv_heads * info.head_dim * 2 * self.dtype.itemsize
         n_docs = self.db.execute("SELECT count(*) FROM documents").fetchone()[0]
         return {**row, "documents": n_docs, "kv_bytes": kv, "disk_bytes": disk}
+
+    # -- conversation and saved classifiers -----------------------------------------------------------------------
+    # Small rows that live beside the memory; SQLite serialises them with an ingestion's writes, so they do not
+    # take the bank's writer lock (a chat can go on while a book is being ingested).
+    def chat_turns(self) -> list[dict]:
+        """The bank's conversation, oldest first: [{"role": "user"|"assistant", "content": str}, ...]."""
+        return [dict(r) for r in self.db.query("SELECT role, content FROM chat_turns ORDER BY id")]
+
+    def add_chat_turns(self, turns: list[dict]) -> None:
+        """Append a question and its answer together (one transaction, so a conversation never ends mid-turn)."""
+        with self.db.atomic():
+            for t in turns:
+                self.db["chat_turns"].insert({"role": t["role"], "content": t["content"], "created": _now()})
+
+    def clear_chat(self) -> None:
+        with self.db.atomic():
+            self.db.execute("DELETE FROM chat_turns")
+
+    def save_classifier(self, name: str, spec: dict) -> None:
+        """Store (or replace) a classifier's JSON spec under ``name``."""
+        if not name.strip():
+            raise BankError("a classifier needs a name")
+        with self.db.atomic():
+            old = list(self.db.query("SELECT created FROM classifiers WHERE name = ?", [name]))
+            self.db["classifiers"].upsert({"name": name, "spec": json.dumps(spec), "updated": _now(),
+                                           "created": old[0]["created"] if old else _now()}, pk="name")
+
+    def classifiers(self) -> dict[str, dict]:
+        """Saved classifiers by name."""
+        return {r["name"]: json.loads(r["spec"]) for r in self.db.query("SELECT name, spec FROM classifiers "
+                                                                         "ORDER BY name")}
+
+    def delete_classifier(self, name: str) -> None:
+        with self.db.atomic():
+            self.db.execute("DELETE FROM classifiers WHERE name = ?", [name])
 
     # -- the writer lock ------------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -628,15 +679,17 @@ class Bank:
             raise KeyError(f"documents were deleted from bank {self.name!r} after its memory was loaded; load it again")
         s = int(np.searchsorted(lay.first_chunk, serial, side="right") - 1)
         j = serial - int(lay.first_chunk[s])
-        row = next(self.db.query("SELECT s.document_id, s.text, s.chunk_chars, d.title FROM segments s JOIN documents "
-                                 "d ON d.id = s.document_id WHERE s.id = ?", [int(lay.segment_ids[s])]), None)
+        row = next(self.db.query("SELECT s.document_id, s.seq, s.text, s.chunk_chars, d.title, d.n_segments FROM "
+                                 "segments s JOIN documents d ON d.id = s.document_id WHERE s.id = ?",
+                                 [int(lay.segment_ids[s])]), None)
         if row is None:
             raise KeyError(f"chunk {serial} was deleted from bank {self.name!r} after it was loaded")
         bounds = np.frombuffer(row["chunk_chars"], dtype=np.int32)
         text = row["text"]
         lo, hi = bounds[max(j - context_chunks, 0)], bounds[min(j + 1 + context_chunks, len(bounds) - 1)]
         return Passage(serial=serial, document_id=row["document_id"], document=row["title"],
-                       text=text[bounds[j]:bounds[j + 1]], context=text[lo:hi])
+                       text=text[bounds[j]:bounds[j + 1]], context=text[lo:hi], segment=row["seq"],
+                       of_segments=max(row["n_segments"], row["seq"] + 1))
 
     # -- checking -------------------------------------------------------------------------------------------------
     def verify(self, repair_index: bool = True) -> VerifyReport:

@@ -87,8 +87,9 @@ def cmd_ingest(args, load_model) -> int:
     with bank:
         for f in args.files:
             with tqdm(unit="B", unit_scale=True, desc=str(f), file=sys.stderr) as bar:
-                def update(done, total):
+                def update(done, total, tokens):
                     bar.total = total
+                    bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
                     bar.update(done - bar.n)
                 res = ingest(bank, model, f, demos=demos if str(f).lower().endswith(demo_exts) else None,
                              title=args.title, progress=update)

@@ -29,7 +29,7 @@ from .text import InputError
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int], None]  # (bytes of the source done, bytes total)
+Progress = Callable[[int, int, int], None]  # (bytes of the source done, bytes total, tokens stored by this run)
 
 
 @dataclass
@@ -169,7 +169,7 @@ def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | N
                     added += s.ids.numel()
                 held = []
                 if progress is not None:
-                    progress(seg.position, source.size)
+                    progress(seg.position, source.size, added)
         except BaseException:
             try:  # also after Ctrl-C: what was committed becomes searchable at once
                 bank.sync_index()
@@ -181,6 +181,6 @@ def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | N
             raise InputError(f"{path}: no text to ingest (the file holds only whitespace)")
         bank.finish_document(ref)
         if progress is not None:
-            progress(source.size, source.size)
+            progress(source.size, source.size, added)
     return IngestResult(bank.document(ref), "resumed" if doc is not None else "ingested", added,
                         time.perf_counter() - t0)

@@ -29,6 +29,35 @@ class Retrieved:
     chunk_ids: torch.Tensor  # (B, Hq, T, n_chunks) int64 serial number of the chunk since the last clear, -1 if none
 
 
+class MemoryView:
+    """A read-through view of a memory bank, passed into forward in its place: it counts which chunks were
+    retrieved (to show a reader the passages behind an answer) and can set how many chunks each query gets.
+    Everything else (``add``, ``csz``, ``len``...) is the bank's."""
+
+    def __init__(self, memory: "MemoryBank", n_chunks: int | None = None):
+        self.memory = memory
+        self.n_chunks = n_chunks  # chunks per query token and head; None = what the model asks for
+        self.hits: dict[int, int] = {}  # chunk serial (row 0) -> times retrieved, over all heads and tokens
+
+    def search(self, queries: torch.Tensor, n_chunks: int) -> Retrieved:
+        found = self.memory.search(queries, self.n_chunks or n_chunks)
+        ids = found.chunk_ids[0].flatten()
+        serials, counts = torch.unique(ids[ids >= 0], return_counts=True)
+        for s, c in zip(serials.tolist(), counts.tolist()):
+            self.hits[s] = self.hits.get(s, 0) + c
+        return found
+
+    def top(self, n: int) -> list[tuple[int, int]]:
+        """The ``n`` most retrieved chunk serials with their counts, most retrieved first."""
+        return sorted(self.hits.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+    def __getattr__(self, name):
+        return getattr(self.memory, name)
+
+    def __len__(self) -> int:
+        return len(self.memory)
+
+
 def chunk_keys(k: torch.Tensor) -> np.ndarray:
     """Mean-pooled chunk keys (Hkv, n, d) float32, C-contiguous, from chunk keys (Hkv, n, csz, d): the index entries."""
     return np.ascontiguousarray(k.float().mean(dim=2).numpy())
@@ -234,6 +263,28 @@ class MemoryBank:
         """Forget everything (or only the given rows, e.g. where a new document starts)."""
         for b in range(self.batch_size) if rows is None else rows:
             self.rows[b] = self._row()
+
+    def rechunk(self, csz: int) -> "MemoryBank":
+        """The same one-row memory cut into smaller chunks (``csz`` divides this bank's chunk size): the K/V are
+        shared, not copied; only the chunk keys are re-pooled and indexed. Finer chunks retrieve more precisely
+        (the paper uses csz 2 for classification demonstrations with a model trained at csz 4). Chunk serial s
+        here is serial ``s // (self.csz // csz)`` of this bank."""
+        if self.batch_size != 1:
+            raise ValueError("only a one-row memory can be re-chunked")
+        if csz < 1 or self.csz % csz:
+            raise ValueError(f"chunk size {csz} must divide this memory's chunk size {self.csz}")
+        if csz == self.csz:
+            return self
+        r, f = self.rows[0], self.csz // csz
+        k = r.k[:, : r.n].reshape(self.n_kv_heads, r.n * f, csz, self.head_dim)  # a view: (Hkv, n*f, csz', d)
+        v = r.v[:, : r.n].reshape(self.n_kv_heads, r.n * f, csz, self.head_dim)
+        tokens = r.tokens[: r.n].reshape(r.n * f, csz)
+        use_gpu = self.gpu_res is not None
+        out = MemoryBank.from_chunks(k, v, tokens, first_serial=r.evicted * f, capacity=self.capacity,
+                                     use_gpu=use_gpu)
+        if r.pend_t.numel():  # an unfinished chunk of the coarse bank may already fill finer chunks
+            out.add(r.pend_k[None], r.pend_v[None], r.pend_t[None])
+        return out
 
     def chunk_tokens(self, row: int, serial: int) -> torch.Tensor:
         """Token ids (csz,) of a stored chunk by its serial number (-1 entries when ids were not given)."""

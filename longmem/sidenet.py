@@ -116,7 +116,7 @@ class MemoryAugmentedLayer(SideLayer):
         super().__init__(block, ops, rezero)
         if topk % csz:
             raise ValueError(f"top-K ({topk}) must be a multiple of the chunk size ({csz})")
-        self.n_chunks = topk // csz
+        self.topk = topk  # memory tokens per query token: topk // csz chunks of the memory's own chunk size
         self.gate = nn.Parameter(torch.full((n_heads,), float(gate_init)))
 
     def _attend(self, q, k, v, q_raw, memory, trace):
@@ -126,7 +126,7 @@ class MemoryAugmentedLayer(SideLayer):
         m, found, ids = [], [], []
         for s in range(0, q_raw.shape[2], RETRIEVAL_BLOCK):  # bounded (T, K, d) temporaries for long segments
             qb = q_raw[:, :, s:s + RETRIEVAL_BLOCK]
-            r = memory.search(qb, self.n_chunks)
+            r = memory.search(qb, max(1, self.topk // memory.csz))
             mb, fb = memory_attention(qb, r.keys.to(qb.dtype), r.values.to(qb.dtype), r.mask)
             m.append(mb)
             found.append(fb)

@@ -62,7 +62,7 @@ def interrupt_after(n: int, seen: list | None = None):
     """A progress callback that presses Ctrl-C after ``n`` segments (recording (done, total) in ``seen``)."""
     seen = [] if seen is None else seen
 
-    def progress(done, total):
+    def progress(done, total, tokens):
         seen.append((done, total))
         if len(seen) == n:
             raise KeyboardInterrupt

@@ -48,3 +48,14 @@ def small_config(**kw) -> LongMemConfig:
 
 def tiny_model(family: str = "llama", **config) -> LongMemModel:
     return LongMemModel(tiny_llama() if family == "llama" else tiny_gpt2(), small_config(**config))
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def chat_model(seed: int = 0, segment_len: int = 64) -> LongMemModel:
+    """A tiny llama whose tokenizer has a chat template, with a window big enough for a short conversation."""
+    backbone = tiny_llama(seed=seed)
+    backbone.tokenizer.chat_template = CHAT_TEMPLATE
+    return LongMemModel(backbone, small_config(segment_len=segment_len, csz=2))

@@ -1,0 +1,8 @@
+"""Start the LongMem web app: ``python app.py`` (``--help`` for the options)."""
+
+import sys
+
+from app.main import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Chat tab (ask about a bank; answers stream; the passages memory retrieved most show in a collapsible block) and
+Continue tab (continue the bank's text from its end or from a given passage)."""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from longmem.workspace import PassageHit, Settings, Workspace
+
+from .common import friendly
+from .shared import Shared
+
+
+def passages_markdown(passages: list[PassageHit]) -> str:
+    parts = []
+    for i, p in enumerate(passages, 1):
+        context = html.escape(p.context.strip()).replace("\n", " ")
+        parts.append(f"**{i}. {html.escape(p.document)}**, {p.location} (retrieved {p.hits}×)\n\n> {context}")
+    return "\n\n".join(parts)
+
+
+def settings_panel(ws: Workspace, max_tokens: int) -> list:
+    """Temperature, max tokens, memory chunks per query, chunk size: an accordion with sensible defaults."""
+    model = ws.model
+    with gr.Accordion("Settings", open=False):
+        with gr.Row():
+            temperature = gr.Slider(0.0, 1.5, value=0.7, step=0.05, label="Temperature (0 = greedy)")
+            tokens = gr.Slider(8, 512, value=max_tokens, step=8, label="Max new tokens")
+        with gr.Row():
+            chunks = gr.Slider(1, 64, value=model.config.topk // model.csz, step=1,
+                               label="Top-K memory chunks per token and head")
+            sizes = [d for d in range(model.csz, 0, -1) if model.csz % d == 0]
+            csz = gr.Dropdown(choices=sizes, value=model.csz, label="Chunk size (tokens; finer = more precise)")
+    return [temperature, tokens, chunks, csz]
+
+
+def make_settings(temperature, tokens, chunks, csz) -> Settings:
+    return Settings(max_new_tokens=int(tokens), temperature=float(temperature), chunks=int(chunks),
+                    csz=int(csz) if csz else None)
+
+
+def build_chat(ws: Workspace, shared: Shared) -> None:
+    with gr.Row():
+        bank = gr.Dropdown(label="Bank", choices=[], allow_custom_value=True, elem_id="chat-bank", scale=3)
+        shared.pickers.append(bank)
+        clear = gr.Button("Clear conversation", scale=1)
+    chatbot = gr.Chatbot(label="Conversation", height=460, elem_id="chatbot")
+    with gr.Row():
+        question = gr.Textbox(placeholder="Ask about the book…", show_label=False, scale=5, elem_id="question")
+        send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
+    settings = settings_panel(ws, 200)
+
+    @friendly
+    def load_history(name):
+        return ws.chat_history(name) if name else []
+
+    @friendly
+    def ask(name, q, history, *s):
+        if not name:
+            raise ValueError("pick a bank first (make one in the Memory banks tab)")
+        reply = ws.chat(name, q, make_settings(*s))
+        history = list(history or []) + [{"role": "user", "content": q}, {"role": "assistant", "content": ""}]
+        yield history, ""
+        try:
+            for piece in reply:
+                history[-1]["content"] += piece
+                yield history, ""
+        finally:
+            reply.cancel()
+        if reply.passages:
+            history.append({"role": "assistant", "content": passages_markdown(reply.passages),
+                            "metadata": {"title": "Passages memory retrieved", "status": "done"}})
+        yield history, ""
+
+    @friendly
+    def do_clear(name):
+        if name:
+            ws.clear_chat(name)
+        return []
+
+    bank.change(load_history, [bank], [chatbot], api_name="chat_history")
+    for event, api in ((send.click, "chat"), (question.submit, False)):
+        event(ask, [bank, question, chatbot, *settings], [chatbot, question], concurrency_id="model",
+              concurrency_limit=1, api_name=api or None, api_visibility="public" if api else "private")
+    clear.click(do_clear, [bank], [chatbot], api_name="clear_chat")
+
+
+def build_continue(ws: Workspace, shared: Shared) -> None:
+    bank = gr.Dropdown(label="Bank", choices=[], allow_custom_value=True, elem_id="continue-bank")
+    shared.pickers.append(bank)
+    passage = gr.Textbox(label="Passage to continue (leave empty to continue the book from its end)", lines=4,
+                         elem_id="continue-passage")
+    with gr.Row():
+        go = gr.Button("Continue", variant="primary", elem_id="continue")
+        stop = gr.Button("Stop")
+    output = gr.Textbox(label="Continuation", lines=12, interactive=False, elem_id="continuation")
+    with gr.Accordion("Passages memory retrieved", open=False):
+        found = gr.Markdown()
+    settings = settings_panel(ws, 160)
+
+    @friendly
+    def run(name, text, *s):
+        if not name:
+            raise ValueError("pick a bank first (make one in the Memory banks tab)")
+        reply = ws.continue_text(name, text if text and text.strip() else None, make_settings(*s))
+        out = ""
+        try:
+            for piece in reply:
+                out += piece
+                yield out, ""
+        finally:
+            reply.cancel()
+        notes = "".join(f"*{n}*\n\n" for n in reply.notes)
+        yield out, notes + passages_markdown(reply.passages)
+
+    event = go.click(run, [bank, passage, *settings], [output, found], concurrency_id="model", concurrency_limit=1,
+                     api_name="continue")
+    stop.click(None, None, None, cancels=[event], api_visibility="private")

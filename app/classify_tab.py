@@ -1,0 +1,172 @@
+"""Classify tab: the many-shot classifier builder. Upload labelled examples, map columns, choose a template (the
+paper's presets or your own) and how many demonstrations go in context and in memory; evaluate on a held-out split
+(accuracy, per-label precision/recall, confusion matrix, accuracy vs in-memory demonstrations); classify texts or a
+whole file. Classifiers are saved in their bank and reopen with it."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from longmem.classifiers import PRESETS, peek_columns
+from longmem.readers import DemoFormat
+from longmem.workspace import Workspace
+
+from .banks_tab import jobs_html
+from .common import file_paths, friendly, parse_label_words
+from .shared import Shared
+
+CUSTOM = "Custom"
+
+
+def build(ws: Workspace, shared: Shared) -> None:
+    gr.Markdown("Build a classifier from labelled examples: a few sit in the prompt, thousands go into memory.")
+    with gr.Row():
+        bank = gr.Dropdown(label="Bank for the demonstrations (a new name creates it)", choices=[],
+                           allow_custom_value=True, elem_id="classify-bank")
+        shared.pickers.append(bank)
+        name = gr.Textbox(label="Classifier name", value="sentiment", elem_id="classifier-name")
+    with gr.Row():
+        upload = gr.File(label="Labelled examples (.csv .tsv .jsonl)", file_types=[".csv", ".tsv", ".jsonl"],
+                         elem_id="classify-upload")
+        header = gr.Checkbox(label="First row is a header", value=True)
+    preview = gr.Dataframe(label="First rows", interactive=False)
+    with gr.Row():
+        text_col = gr.Dropdown(label="Text column", choices=[], allow_custom_value=True, elem_id="text-column")
+        label_col = gr.Dropdown(label="Label column", choices=[], allow_custom_value=True, elem_id="label-column")
+    with gr.Row():
+        preset = gr.Dropdown(label="Preset (paper, appendix D)", choices=[CUSTOM, *PRESETS], value="SST-2")
+        template = gr.Textbox(label="Template", value=PRESETS["SST-2"].template, elem_id="template")
+        words = gr.Textbox(label="Label words (value=word, comma-separated; empty = labels as written)",
+                           value=_words(PRESETS["SST-2"].label_words), elem_id="label-words")
+    with gr.Row():
+        n_context = gr.Slider(0, 32, value=4, step=1, label="Demonstrations in context")
+        n_memory = gr.Number(label="Demonstrations in memory", value=2000, precision=0)
+        n_test = gr.Number(label="Held-out examples to evaluate on", value=100, precision=0)
+        seed = gr.Number(label="Seed", value=0, precision=0)
+        sizes = [d for d in range(ws.model.csz, 0, -1) if ws.model.csz % d == 0]
+        csz = gr.Dropdown(choices=sizes, value=2 if 2 in sizes else sizes[0],
+                          label="Chunk size (the paper uses 2 for labels)")
+    build_btn = gr.Button("Build classifier", variant="primary", elem_id="build-classifier")
+    status = gr.Markdown(elem_id="build-status")
+    progress = gr.HTML()
+
+    gr.Markdown("### Evaluate and use")
+    with gr.Row():
+        saved = gr.Dropdown(label="Saved classifier", choices=[], allow_custom_value=True, elem_id="saved-classifier")
+        refresh = gr.Button("Refresh list")
+        curve = gr.Checkbox(label="Also plot accuracy vs in-memory demonstrations", value=True)
+        evaluate = gr.Button("Evaluate on held-out examples", elem_id="evaluate")
+    summary = gr.Markdown(elem_id="eval-summary")
+    per_label = gr.Dataframe(headers=["label", "precision", "recall", "f1", "support"], interactive=False,
+                             label="Per label")
+    with gr.Row():
+        confusion = gr.Image(label="Confusion matrix", type="filepath")
+        curve_img = gr.Image(label="Accuracy vs demonstrations in memory", type="filepath")
+    with gr.Row():
+        text = gr.Textbox(label="Text to classify", scale=4, elem_id="classify-text")
+        one = gr.Button("Classify", scale=1, elem_id="classify-one")
+    label = gr.Label(label="Prediction", elem_id="prediction")
+    with gr.Row():
+        batch = gr.File(label="File to classify (.csv .tsv .jsonl, or .txt with one text per line)",
+                        file_types=[".csv", ".tsv", ".jsonl", ".txt"])
+        batch_col = gr.Textbox(label="Its text column", value="text")
+        run_batch = gr.Button("Classify file")
+    results = gr.File(label="Results (CSV)", elem_id="classify-results")
+    timer = gr.Timer(1.0)
+
+    # -- handlers -------------------------------------------------------------------------------------------------
+    @friendly
+    def on_upload(files, has_header):
+        paths = file_paths(files)
+        if not paths:
+            return None, gr.update(choices=[]), gr.update(choices=[])
+        columns, rows = peek_columns(paths[0], has_header)
+        guess = lambda *names: next((c for c in columns if c.lower() in names), None)  # noqa: E731
+        t = guess("text", "sentence", "review") or (columns[-1] if columns else None)
+        lab = guess("label", "labels", "class", "y") or (columns[0] if columns else None)
+        return ({"headers": columns, "data": rows}, gr.update(choices=columns, value=t),
+                gr.update(choices=columns, value=lab))
+
+    def on_preset(p):
+        if p not in PRESETS:
+            return gr.skip(), gr.skip()
+        return PRESETS[p].template, _words(PRESETS[p].label_words)
+
+    @friendly
+    def do_build(bank_name, clf, files, has_header, tcol, lcol, tmpl, wordmap, k, m, t, s, size):
+        paths = file_paths(files)
+        if not paths:
+            raise ValueError("upload a CSV/TSV/JSONL file of labelled examples first")
+        if not bank_name or not bank_name.strip():
+            raise ValueError("choose a bank, or type a new bank name")
+        columns = None if has_header else peek_columns(paths[0], False)[0]
+        fmt = DemoFormat(template=tmpl, label_words=parse_label_words(wordmap), text_column=tcol or "text",
+                         label_column=lcol or "label", columns=columns)
+        job = ws.build_classifier(bank_name.strip(), clf, paths[0], fmt, int(k), int(m), int(t), int(s), int(size))
+        return f"Building: job {job} (the demonstrations are being written into memory).", shared.bump()
+
+    @friendly
+    def list_saved(bank_name):
+        names = ws.classifiers(bank_name) if bank_name and ws.store.exists(bank_name) else []
+        return gr.update(choices=names, value=names[0] if names else None)
+
+    @friendly
+    def do_evaluate(bank_name, clf, with_curve, progress=gr.Progress()):
+        if not bank_name or not clf:
+            raise ValueError("pick a bank and one of its saved classifiers")
+        out = ws.evaluate_classifier(bank_name, clf, with_curve,
+                                     progress=lambda d, n: progress(d / max(n, 1), desc="evaluating"))
+        r = out["result"]
+        lines = [f"**Accuracy {100 * r.accuracy:.1f}%** on {len(r.predictions)} held-out examples "
+                 f"(majority class {100 * out['majority']:.1f}%, macro F1 {r.macro_f1:.3f})."]
+        if out["curve"]:
+            lines.append("Accuracy by demonstrations in memory: " + ", ".join(
+                f"{p.n_memory:,} → {100 * p.accuracy:.1f}%" for p in out["curve"]))
+        table = [[w, round(m.precision, 3), round(m.recall, 3), round(m.f1, 3), m.support]
+                 for w, m in r.per_label.items()]
+        return "\n\n".join(lines), table, out["confusion_png"], out["curve_png"]
+
+    @friendly
+    def do_one(bank_name, clf, t):
+        if not bank_name or not clf:
+            raise ValueError("pick a bank and one of its saved classifiers")
+        [row] = ws.classify(bank_name, clf, [t])
+        import math
+
+        scores = {k[len("score_"):]: v for k, v in row.items() if k.startswith("score_")}
+        top = max(scores.values())
+        z = sum(math.exp(v - top) for v in scores.values())
+        return {w: math.exp(v - top) / z for w, v in scores.items()}
+
+    @friendly
+    def do_batch(bank_name, clf, files, col, progress=gr.Progress()):
+        paths = file_paths(files)
+        if not bank_name or not clf or not paths:
+            raise ValueError("pick a bank, a saved classifier and a file to classify")
+        return str(ws.classify_file(bank_name, clf, paths[0], (col or "text").strip(),
+                                    progress=lambda d, n: progress(d / max(n, 1), desc="classifying")))
+
+    def poll():
+        jobs = [j for j in ws.jobs.list() if j.active]
+        return jobs_html(ws) if jobs else gr.skip()
+
+    upload.change(on_upload, [upload, header], [preview, text_col, label_col], api_name="preview")
+    header.change(on_upload, [upload, header], [preview, text_col, label_col], api_visibility="private")
+    preset.change(on_preset, [preset], [template, words], api_name="preset")
+    build_btn.click(do_build, [bank, name, upload, header, text_col, label_col, template, words, n_context, n_memory,
+                               n_test, seed, csz], [status, shared.version], api_name="build_classifier")
+    bank.change(list_saved, [bank], [saved], api_visibility="private")
+    refresh.click(list_saved, [bank], [saved], api_name="classifiers")
+    evaluate.click(do_evaluate, [bank, saved, curve], [summary, per_label, confusion, curve_img],
+                   concurrency_id="model", concurrency_limit=1, api_name="evaluate")
+    one.click(do_one, [bank, saved, text], [label], concurrency_id="model", concurrency_limit=1, api_name="classify")
+    text.submit(do_one, [bank, saved, text], [label], concurrency_id="model", concurrency_limit=1,
+                api_visibility="private")
+    run_batch.click(do_batch, [bank, saved, batch, batch_col], [results], concurrency_id="model", concurrency_limit=1,
+                    api_name="classify_file")
+    timer.tick(poll, None, [progress], show_progress="hidden", queue=False, api_visibility="private")
+
+
+def _words(mapping: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in mapping.items())
+

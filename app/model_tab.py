@@ -1,0 +1,50 @@
+"""Model panel: which backbone and SideNet are loaded, their provenance and memory use; load another local model
+directory with a SideNet checkpoint trained for it (mismatches are refused with the reason)."""
+
+from __future__ import annotations
+
+import json
+
+import gradio as gr
+
+from longmem.workspace import Workspace
+
+from .common import friendly, mib
+from .shared import Shared
+
+
+def info_markdown(ws: Workspace) -> str:
+    i = ws.model_info()
+    prov = json.dumps(i["provenance"], indent=2) if i["provenance"] else "none (untrained SideNet)"
+    return "\n".join([
+        f"**Backbone**: `{i['backbone']}` ({i['backbone_params'] / 1e6:,.1f}M parameters, {i['layers']} layers, "
+        f"{i['heads']}, {i['dtype']} on {i['device']}), sha256 `{i['backbone_sha256'][:16]}…`",
+        f"**SideNet**: {i['sidenet']} ({i['sidenet_params'] / 1e6:,.1f}M parameters; memory layer "
+        f"{i['memory_layer']} reads backbone layer {i['cached_layer']}; chunk size {i['csz']}, top-K {i['topk']}, "
+        f"local window {i['segment_len']} tokens)",
+        f"**Memory use**: process {mib(i['process_rss_bytes'])}; bank memories loaded: "
+        f"{', '.join(i['loaded_banks']) or 'none'} ({mib(i['bank_memory_bytes'])} of keys/values)",
+        "", "<details><summary>Checkpoint provenance</summary>", "", f"```json\n{prov}\n```", "</details>"])
+
+
+def build(ws: Workspace, shared: Shared) -> None:
+    info = gr.Markdown(value=lambda: info_markdown(ws), elem_id="model-info")
+    refresh = gr.Button("Refresh")
+    gr.Markdown("### Load another model\nA local Hugging Face model directory (or `default` for the embedded "
+                "SmolLM2-135M-Instruct) and, optionally, a SideNet checkpoint directory trained for it. Banks keep "
+                "the backbone they were built with; they are usable again when that backbone is loaded.")
+    with gr.Row():
+        backbone = gr.Textbox(label="Backbone directory", value="default")
+        checkpoint = gr.Textbox(label="SideNet checkpoint directory (optional)")
+    load = gr.Button("Load model", variant="primary")
+
+    @friendly
+    def do_load(path, ckpt, progress=gr.Progress()):
+        progress(0.1, desc="loading the model")
+        ws.load_model(path, ckpt or None)
+        gr.Info(f"loaded {ws.model.backbone.name}")
+        return info_markdown(ws), shared.bump()
+
+    refresh.click(lambda: info_markdown(ws), None, [info], api_name="model_info")
+    load.click(do_load, [backbone, checkpoint], [info, shared.version], concurrency_id="model", concurrency_limit=1,
+               api_name="load_model")

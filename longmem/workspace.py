@@ -1,0 +1,629 @@
+"""A workspace: one model shared by every user of an app, the banks directory, each bank's loaded memory and
+conversation, and the background jobs that fill banks. The web app's handlers call this and nothing else.
+
+    ws = Workspace(LongMemModel.from_config(), Store())
+    job = ws.ingest("gatsby", ["gatsby.epub"], create=True)   # runs in the background; ws.jobs.get(job) for progress
+    reply = ws.chat("gatsby", "Who is Daisy?")                 # streams
+    for piece in reply: print(piece, end="")
+    reply.passages                                             # the book passages memory retrieved most
+
+Concurrency. Model calls that read or change a bank's in-RAM memory (chat, continue, classify) run one at a time,
+under the workspace's lock, each in its own thread that streams into a ``Reply``; a reader that goes away cancels
+it between two tokens. Ingestion jobs only read the model's weights and write SQLite, so they run beside a chat.
+Changing the model waits for no one: it is refused while a job runs.
+
+A bank's memory is loaded on first use and reloaded when its contents change (new or removed documents). The chat
+of a bank is stored in the bank; when it outgrows the local window its oldest turns move into memory (``Chat``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import tempfile
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from .bank import Bank, BankBusy, BankError
+from .ingest import ingest as ingest_file
+from .jobs import JobContext, JobManager
+from .lm import Sampling
+from .memory import MemoryBank, MemoryView
+from .readers import SUPPORTED, DemoFormat, open_source
+from .store import Store
+from .tasks import Chat
+from .text import InputError, stream_text
+
+log = logging.getLogger(__name__)
+
+MAX_UPLOAD_BYTES = 512 * 2**20  # files larger than this are refused before any work starts
+LOADED_BANKS = 2  # bank memories kept in RAM at once (least recently used is dropped)
+PASSAGES = 3  # passages shown under an answer
+
+
+@dataclass
+class Settings:
+    """Generation and retrieval settings of one request."""
+    max_new_tokens: int = 200  # tokens to generate at most
+    temperature: float = 0.7  # 0 = greedy
+    top_p: float = 0.9  # nucleus sampling mass
+    chunks: int | None = None  # memory chunks each query token retrieves per head; None = the model's top-K / csz
+    csz: int | None = None  # chunk size used for retrieval, a divisor of the bank's; None = the bank's own
+    seed: int | None = None  # for reproducible sampling
+
+    def sampling(self, stop_ids: tuple[int, ...] = ()) -> Sampling:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max new tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"temperature must be >= 0 and top-p in (0, 1], got {self.temperature}, {self.top_p}")
+        return Sampling(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                        seed=self.seed, stop_ids=stop_ids)
+
+
+@dataclass(frozen=True)
+class PassageHit:
+    """A passage behind an answer: the chunk memory retrieved, its surroundings and where it is."""
+    document: str  # title of the book (or "this conversation" for chat turns moved into memory)
+    location: str  # e.g. "part 12 of 40"
+    text: str  # the retrieved chunk
+    context: str  # the chunk with its neighbours
+    hits: int  # how many times (heads x tokens) it was retrieved
+
+
+@dataclass(frozen=True)
+class BankSummary:
+    name: str
+    documents: int
+    tokens: int
+    disk_bytes: int
+    backbone: str  # the backbone the bank was built with
+    csz: int
+    matches_model: bool  # whether the loaded model can use it
+    busy: bool  # a job is writing it
+    updated: str
+
+
+class Reply:
+    """The streamed output of a request: iterate for text pieces; ``text`` and ``passages`` once it is finished.
+    ``cancel()`` stops the generation between two tokens (also done when the iterator is closed early)."""
+
+    _END = object()
+
+    def __init__(self):
+        self.pieces: list[str] = []
+        self.passages: list[PassageHit] = []
+        self.notes: list[str] = []  # facts about the request worth telling the reader (e.g. a prompt was cut)
+        self.done = threading.Event()
+        self._queue: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._stop.is_set()
+
+    def cancel(self) -> None:
+        self._stop.set()
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            while True:
+                item = self._queue.get()
+                if item is self._END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self._stop.set()  # a reader that stops early stops the generation
+
+    # -- producer side (the worker thread) ----------------------------------------------------------------------
+    def _emit(self, piece: str) -> None:
+        self.pieces.append(piece)
+        self._queue.put(piece)
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        if error is not None:
+            self._queue.put(error)
+        self._queue.put(self._END)
+        self.done.set()
+
+
+@dataclass
+class _Session:
+    """A bank's memory as loaded in RAM, its version, and its conversation."""
+    bank: Bank
+    version: tuple[int, int]  # (epoch, chunks) of the bank when loaded
+    stored: MemoryBank  # the bank's memory at its own chunk size
+    csz: int  # chunk size of ``memory``
+    memory: MemoryBank  # ``stored`` re-chunked to ``csz`` (same K/V), plus what the chat moved into it
+    chat: Chat | None = None
+    extra: dict = field(default_factory=dict)  # cached things derived from this memory (e.g. built classifiers)
+
+
+class Workspace:
+    def __init__(self, model, store: Store, max_upload_bytes: int = MAX_UPLOAD_BYTES, checkpoint: str | None = None,
+                 work_dir: str | os.PathLike | None = None):
+        self.model = model
+        self.work_dir = Path(work_dir) if work_dir is not None else None
+        self.store = store
+        self.jobs = JobManager()
+        self.max_upload_bytes = max_upload_bytes
+        self.checkpoint = checkpoint  # where the SideNet came from (None = shipped default or untrained)
+        self._lock = threading.RLock()  # one model call at a time; guards the sessions
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+
+    # -- the model ------------------------------------------------------------------------------------------------
+    def model_info(self) -> dict:
+        """What is loaded: backbone, SideNet checkpoint and its provenance, sizes and memory use."""
+        import psutil
+
+        m, bb = self.model, self.model.backbone
+        spec = bb.spec
+        trained = bool(m.provenance)
+        return {
+            "backbone": bb.name, "backbone_sha256": bb.fingerprint(), "layers": spec.n_layers,
+            "heads": f"{spec.n_heads} query / {spec.n_kv_heads} key-value, head dim {spec.head_dim}",
+            "dtype": str(bb.dtype).replace("torch.", ""), "device": str(bb.device),
+            "backbone_params": sum(p.numel() for p in bb.model.parameters()),
+            "sidenet_params": sum(p.numel() for p in m.sidenet.parameters()),
+            "sidenet": self.checkpoint or ("shipped default" if trained else "untrained (reproduces the backbone)"),
+            "provenance": m.provenance,
+            "memory_layer": m.config.memory_layer, "cached_layer": m.cached_layer, "csz": m.csz,
+            "topk": m.config.topk, "segment_len": m.segment_len,
+            "loaded_banks": list(self._sessions), "bank_memory_bytes": self.memory_bytes(),
+            "process_rss_bytes": psutil.Process().memory_info().rss,
+        }
+
+    def load_model(self, backbone: str, checkpoint: str | None = None) -> dict:
+        """Replace the model: a local Hugging Face model directory (or "default") and optionally a SideNet
+        checkpoint trained for it (refused, with the reason, when it was trained for another backbone). Refused
+        while a job runs. Banks built for the old backbone stay on disk and are usable again with it."""
+        from .backbone import load_backbone, resolve_dtype
+        from .model import LongMemConfig, LongMemModel
+
+        if any(j.active for j in self.jobs.list()):
+            raise BankBusy("a job is running; wait for it or cancel it before changing the model")
+        backbone = (backbone or "default").strip()
+        device = str(self.model.backbone.device)
+        with self._lock:
+            bb = load_backbone(backbone, resolve_dtype("auto", device), device)
+            if checkpoint and checkpoint.strip():
+                model = LongMemModel.load(checkpoint.strip(), bb, device)
+            else:
+                from .model import shipped_checkpoint
+
+                ckpt = shipped_checkpoint(backbone)
+                model = LongMemModel.load(ckpt, bb, device) if ckpt else LongMemModel(bb, LongMemConfig(
+                    backbone=backbone))
+            for name in list(self._sessions):
+                self._drop(name)
+            self.model = model
+            self.checkpoint = checkpoint.strip() if checkpoint and checkpoint.strip() else None
+        return self.model_info()
+
+    # -- banks ----------------------------------------------------------------------------------------------------
+    def banks(self) -> list[BankSummary]:
+        out = []
+        for name in self.store.names():
+            try:
+                with self.store.open(name) as bank:
+                    info, stats = bank.info, bank.stats()
+                    out.append(BankSummary(
+                        name=name, documents=stats["documents"], tokens=stats["tokens"],
+                        disk_bytes=stats["disk_bytes"], backbone=info.backbone_name, csz=info.csz,
+                        matches_model=self._matches(bank), busy=self.jobs.busy(name), updated=info.updated))
+            except BankError as e:  # one damaged bank must not hide the others
+                log.warning("bank %s: %s", name, e)
+        return out
+
+    def _matches(self, bank: Bank) -> bool:
+        try:
+            bank.check(self.model)
+            return True
+        except BankError:
+            return False
+
+    def create_bank(self, name: str) -> None:
+        """A new empty bank for the loaded model (its backbone, cached layer and chunk size)."""
+        self.store.create(name, self.model).close()
+
+    def rename_bank(self, old: str, new: str) -> None:
+        self._idle(old)
+        with self._lock:
+            self._drop(old)
+            self.store.rename(old, new)
+
+    def delete_bank(self, name: str) -> None:
+        self._idle(name)
+        with self._lock:
+            self._drop(name)
+            self.store.delete(name)
+
+    def documents(self, name: str) -> list:
+        with self.store.open(name) as bank:
+            return bank.documents()
+
+    def delete_document(self, name: str, doc_id: int):
+        self._idle(name)
+        with self.store.open(name) as bank:
+            return bank.delete_document(doc_id)
+
+    def _idle(self, name: str) -> None:
+        if self.jobs.busy(name):
+            raise BankBusy(f"bank {name!r} is being written by a running job; wait for it or cancel it first")
+
+    # -- ingestion ------------------------------------------------------------------------------------------------
+    def check_upload(self, path: str | os.PathLike, demos: DemoFormat | None = None) -> None:
+        """Refuse a file before any work starts: too large, unsupported, binary, empty or malformed."""
+        p = Path(path)
+        if not p.is_file():
+            raise InputError(f"{p.name}: no such file")
+        size = p.stat().st_size
+        if size > self.max_upload_bytes:
+            raise InputError(f"{p.name} is {size / 2**20:,.0f} MiB; the limit is "
+                             f"{self.max_upload_bytes / 2**20:,.0f} MiB")
+        if p.suffix.lower() not in SUPPORTED:
+            raise InputError(f"{p.name}: unsupported file type {p.suffix or '(none)'}; use one of "
+                             f"{', '.join(SUPPORTED)}")
+        open_source(p, demos)  # reads enough to refuse binary, empty or malformed files with a clear message
+
+    def ingest(self, name: str, paths: list, demos: DemoFormat | None = None, create: bool = False,
+               titles: list[str] | None = None) -> str:
+        """Start a job that reads ``paths`` into bank ``name``; returns the job id. Every file is checked first."""
+        if not paths:
+            raise InputError("no file to ingest")
+        for p in paths:
+            self.check_upload(p, demos)
+        if not self.store.exists(name):
+            if not create:
+                self.store.open(name)  # raises UnknownBank with the list of banks
+            self.create_bank(name)
+        with self.store.open(name) as bank:
+            bank.check(self.model)
+        paths = [Path(p) for p in paths]
+        names = titles or [p.name for p in paths]
+        return self.jobs.submit("ingest", name, ", ".join(names), self._ingest_work(name, paths, names, demos))
+
+    def _ingest_work(self, name: str, paths: list[Path], titles: list[str], demos: DemoFormat | None,
+                     then: Callable[[Bank], str] | None = None) -> Callable[[JobContext], str]:
+        model = self.model
+
+        def work(ctx: JobContext) -> str:
+            done, lines = 0, []
+            with self.store.open(name) as bank:
+                for i, (path, title) in enumerate(zip(paths, titles)):
+                    ctx.new_file(f"{title} ({i + 1}/{len(paths)})")
+                    base = done
+
+                    def progress(b, total, tokens, base=base):
+                        ctx.progress(b, total, base + tokens)
+                    res = ingest_file(bank, model, path, demos=demos, title=Path(title).stem, progress=progress)
+                    done += res.tokens
+                    lines.append(f"{title}: {res.action}, {res.document.n_tokens:,} tokens" if res.action != "skipped"
+                                 else f"{title}: already in the bank, skipped")
+                if then is not None:
+                    lines.append(then(bank))
+            return "; ".join(lines)
+
+        return work
+
+    # -- memory ---------------------------------------------------------------------------------------------------
+    def _drop(self, name: str) -> None:
+        s = self._sessions.pop(name, None)
+        if s is not None:
+            s.bank.close()
+
+    def _session(self, name: str, csz: int | None = None) -> _Session:
+        """The loaded memory of a bank, (re)loaded when the bank changed; callers hold the lock."""
+        s = self._sessions.get(name)
+        if s is not None:
+            try:
+                version = _version(s.bank)
+            except BankError:  # renamed or deleted behind our back
+                version = None
+            if version != s.version:
+                self._drop(name)
+                s = None
+        if s is None:
+            bank = self.store.open(name)
+            try:
+                version = _version(bank)
+                stored = bank.load_memory(self.model)
+            except BaseException:
+                bank.close()
+                raise
+            s = _Session(bank=bank, version=version, stored=stored, csz=stored.csz, memory=stored)
+            self._sessions[name] = s
+            while len(self._sessions) > LOADED_BANKS:
+                self._drop(next(iter(self._sessions)))
+        self._sessions.move_to_end(name)
+        if csz is not None and csz != s.csz:
+            s.memory, s.csz, s.chat, s.extra = s.stored.rechunk(csz), csz, None, {}
+        return s
+
+    def memory_bytes(self) -> int:
+        """RAM held by the loaded bank memories (keys and values)."""
+        total = 0
+        for s in list(self._sessions.values()):
+            r = s.stored.rows[0]
+            total += r.k.numel() * r.k.element_size() * 2
+        return total
+
+    # -- chat -----------------------------------------------------------------------------------------------------
+    def chat_history(self, name: str) -> list[dict]:
+        with self.store.open(name) as bank:
+            return bank.chat_turns()
+
+    def clear_chat(self, name: str) -> None:
+        with self._lock:
+            self._drop(name)  # turns moved into memory leave with it
+            with self.store.open(name) as bank:
+                bank.clear_chat()
+
+    def chat(self, name: str, question: str, settings: Settings | None = None) -> Reply:
+        """Answer ``question`` about bank ``name`` (streamed). The turn is stored in the bank once answered."""
+        settings = settings or Settings()
+        if not question or not question.strip():
+            raise InputError("the question is empty")
+        self.store.open(name).close()  # an unknown bank fails here, in the caller
+
+        def run(reply: Reply) -> None:
+            s = self._session(name, settings.csz)
+            if s.chat is None:
+                s.chat = Chat(self.model, s.memory, history=s.bank.chat_turns())
+            chat = s.chat
+            chat.sampling = settings.sampling(chat.sampling.stop_ids)
+            view = MemoryView(s.memory, settings.chunks)
+            chat.memory = view
+            answer = chat.ask(question)
+            try:
+                for piece in answer:
+                    reply._emit(piece)
+                    if reply.cancelled:
+                        break
+            finally:
+                answer.close()
+                chat.memory = s.memory
+            if reply.cancelled:  # an unfinished answer is not part of the conversation
+                if chat.history and chat.history[-1]["role"] == "user":
+                    chat.history.pop()
+                return
+            s.bank.add_chat_turns(chat.history[-2:])
+            reply.passages = self._passages(s, view)
+
+        return self._start(run)
+
+    # -- continue -------------------------------------------------------------------------------------------------
+    def continue_text(self, name: str, prompt: str | None = None, settings: Settings | None = None) -> Reply:
+        """Continue the bank's text from its end (``prompt`` None) or from ``prompt``, with the bank in memory.
+        The prompt keeps its last tokens so that the generation never pushes anything into the bank's memory."""
+        settings = settings or Settings()
+        if prompt is not None and not prompt.strip():
+            raise InputError("the passage to continue is empty")
+        self.store.open(name).close()
+        model, tok = self.model, self.model.backbone.tokenizer
+        room = model.segment_len - settings.max_new_tokens
+        if room < 16:
+            raise ValueError(f"{settings.max_new_tokens} new tokens leave no room for a prompt in the "
+                             f"{model.segment_len}-token window")
+
+        def run(reply: Reply) -> None:
+            s = self._session(name, settings.csz)
+            if prompt is None:
+                ids = _tail_tokens(s.stored, min(room, model.segment_len // 2))
+                if ids.numel() == 0:
+                    raise InputError(f"bank {name!r} is empty: ingest a book first, or give a passage")
+            else:
+                ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids[0]
+                if ids.numel() > room:
+                    reply.notes.append(f"the passage has {ids.numel():,} tokens; its last {room:,} were used")
+                    ids = ids[-room:]
+            view = MemoryView(s.memory, settings.chunks)
+            stop = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
+            for piece in stream_text(tok, model.generate(ids[None], view, settings.sampling(stop))):
+                reply._emit(piece)
+                if reply.cancelled:
+                    return
+            reply.passages = self._passages(s, view)
+
+        return self._start(run)
+
+    # -- classifiers ------------------------------------------------------------------------------------------------
+    def build_classifier(self, name: str, classifier: str, path: str | os.PathLike, fmt: DemoFormat, n_context: int,
+                         n_memory: int | None, n_test: int, seed: int = 0, csz: int | None = None,
+                         create: bool = True) -> str:
+        """Split a labelled file into in-context demonstrations, in-memory demonstrations (ingested into bank
+        ``name`` by a job) and a held-out test set; the classifier is saved with the bank when the job is done.
+        Returns the job id."""
+        from .classifiers import ClassifierSpec, format_demo, read_examples, split_examples
+
+        if not classifier or not classifier.strip():
+            raise InputError("give the classifier a name")
+        self.check_upload(path, fmt)
+        examples = read_examples(path, fmt, skip_empty=True)
+        split = split_examples(examples, n_context, n_memory, n_test, seed)
+        words = list(dict.fromkeys((fmt.label_words or {}).values())) or sorted({e.label for e in examples})
+        spec = ClassifierSpec(name=classifier.strip(), template=fmt.template, labels=words,
+                              context=[format_demo(fmt.template, e) for e in split.context], source=Path(path).name,
+                              n_memory=len(split.memory), n_test=len(split.test), seed=seed, test=split.test)
+        saved = {"spec": spec.to_dict(), "csz": csz or self.model.csz,
+                 "memory_examples": [{"text": e.text, "label": e.label} for e in split.memory]}
+        if not self.store.exists(name):
+            if not create:
+                self.store.open(name)
+            self.create_bank(name)
+        with self.store.open(name) as bank:
+            bank.check(self.model)
+
+        def save(bank: Bank) -> str:
+            bank.save_classifier(spec.name, saved)
+            return f"classifier {spec.name!r} saved ({len(split.context)} in context, {len(split.memory)} in memory, " \
+                   f"{len(split.test)} held out)"
+
+        if not split.memory:  # in-context only: nothing to ingest
+            return self.jobs.submit("classifier", name, spec.name, lambda ctx: save(self.store.open(name)))
+        demo_file = self._work_dir() / f"{name}-{spec.name}-{seed}-demos.jsonl"
+        demo_file.write_text("".join(json.dumps({"text": e.text, "label": e.label}) + "\n" for e in split.memory))
+        demos = DemoFormat(template=fmt.template, text_column="text", label_column="label")
+        title = f"{spec.name} demonstrations ({len(split.memory):,} from {Path(path).name}).jsonl"
+        return self.jobs.submit("ingest", name, title, self._ingest_work(name, [demo_file], [title], demos, save))
+
+    def classifiers(self, name: str) -> list[str]:
+        with self.store.open(name) as bank:
+            return list(bank.classifiers())
+
+    def _spec(self, name: str, classifier: str) -> tuple[object, dict]:
+        from .classifiers import ClassifierSpec
+
+        with self.store.open(name) as bank:
+            saved = bank.classifiers().get(classifier)
+        if saved is None:
+            raise KeyError(f"bank {name!r} has no classifier {classifier!r}")
+        return ClassifierSpec.from_dict(saved["spec"]), saved
+
+    def evaluate_classifier(self, name: str, classifier: str, curve: bool = True, progress=None) -> dict:
+        """Accuracy, per-label metrics and confusion matrix on the held-out set (bank memory), plus accuracy vs the
+        number of in-memory demonstrations; plots as PNG. Returns {"result", "curve", "confusion_png", "curve_png"}."""
+        from .classifiers import (Example, accuracy_vs_memory, evaluate, majority_accuracy, plot_confusion,
+                                  plot_curve)
+
+        spec, saved = self._spec(name, classifier)
+        if not spec.test:
+            raise ValueError(f"classifier {classifier!r} has no held-out examples to evaluate on")
+        mem_examples = [Example(e["text"], e["label"]) for e in saved.get("memory_examples", [])]
+        csz = saved.get("csz")
+        n_curve = (len(spec.test) * 5 + len(mem_examples)) if curve else 0
+        total = len(spec.test) + n_curve
+        report = (lambda base: (lambda d, _t: progress(base + d, total))) if progress else (lambda base: None)
+
+        def run():
+            memory = self._session(name, csz).memory
+            result = evaluate(spec.classifier(self.model, memory), spec.test, report(0))
+            points = accuracy_vs_memory(self.model, spec.template, spec.labels, spec.context, mem_examples,
+                                        spec.test, progress=report(len(spec.test))) if curve else []
+            return result, points
+
+        result, points = self.run_locked(run)
+        out_dir = self._work_dir()
+        stem = f"{name}-{classifier}".replace("/", "_")
+        with self.store.open(name) as bank:
+            saved["spec"]["last_eval"] = result.to_dict()
+            bank.save_classifier(classifier, saved)
+        return {"result": result,
+                "curve": points,
+                "majority": majority_accuracy(spec.test),
+                "confusion_png": str(plot_confusion(result, out_dir / f"{stem}-confusion.png")),
+                "curve_png": str(plot_curve(points, out_dir / f"{stem}-curve.png",
+                                            baseline=majority_accuracy(spec.test))) if points else None}
+
+    def classify(self, name: str, classifier: str, texts: list[str], progress=None) -> list[dict]:
+        """Label ``texts``: one row per text with the prediction, its confidence and every label's score."""
+        from .classifiers import classify_rows
+
+        texts = [t for t in texts if t and t.strip()]
+        if not texts:
+            raise InputError("nothing to classify: the text is empty")
+        spec, saved = self._spec(name, classifier)
+        return self.run_locked(lambda: classify_rows(
+            spec.classifier(self.model, self._session(name, saved.get("csz")).memory), texts, progress))
+
+    def classify_file(self, name: str, classifier: str, path: str | os.PathLike, text_column: str = "text",
+                      columns: list[str] | None = None, progress=None) -> Path:
+        """Label every text of a file (CSV/TSV/JSONL column, or the lines of a .txt); returns a CSV of results."""
+        from .classifiers import read_texts, write_predictions_csv
+
+        p = Path(path)
+        if p.is_file() and p.stat().st_size > self.max_upload_bytes:
+            raise InputError(f"{p.name} is larger than the {self.max_upload_bytes / 2**20:,.0f} MiB limit")
+        rows = self.classify(name, classifier, read_texts(p, text_column, columns), progress)
+        return write_predictions_csv(rows, self._work_dir() / f"{p.stem}-predictions.csv")
+
+    def _work_dir(self) -> Path:
+        """Where derived files go (demonstration splits, plots, result CSVs)."""
+        if self.work_dir is None:
+            self.work_dir = Path(tempfile.mkdtemp(prefix="longmem-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        return self.work_dir
+
+    # -- running model calls ----------------------------------------------------------------------------------------
+    def _start(self, run: Callable[[Reply], None]) -> Reply:
+        reply = Reply()
+
+        def target() -> None:
+            try:
+                with self._lock, torch.inference_mode():
+                    run(reply)
+            except BaseException as e:  # handed to the reader, who shows it
+                if not isinstance(e, (InputError, BankError, ValueError)):
+                    log.exception("request failed")
+                reply._finish(e)
+                return
+            reply._finish()
+
+        threading.Thread(target=target, name="longmem-request", daemon=True).start()
+        return reply
+
+    def run_locked(self, fn: Callable[[], object]):
+        """Run ``fn`` under the model lock (for callers that use the model directly, e.g. classification)."""
+        with self._lock, torch.inference_mode():
+            return fn()
+
+    def loaded_memory(self, name: str, csz: int | None = None) -> MemoryBank:
+        """A bank's memory as used by requests (load it if needed); call under ``run_locked``."""
+        return self._session(name, csz).memory
+
+    def _passages(self, s: _Session, view: MemoryView) -> list[PassageHit]:
+        """The passages behind an answer: the most retrieved chunks, one per neighbourhood."""
+        f = s.stored.csz // s.csz
+        n_stored = s.stored.rows[0].n * f  # serials below this are the bank's; above, the chat's
+        tok = self.model.backbone.tokenizer
+        out, taken = [], []
+        for serial, hits in view.top(50):
+            coarse = serial // f if serial < n_stored else None
+            key = coarse if coarse is not None else ("chat", serial)
+            if any(isinstance(key, int) and isinstance(t, int) and abs(key - t) <= 8 or key == t for t in taken):
+                continue
+            taken.append(key)
+            if coarse is not None:
+                try:
+                    p = s.bank.passage(coarse)
+                except KeyError:
+                    continue
+                out.append(PassageHit(document=p.document, location=f"part {p.segment + 1} of {p.of_segments}",
+                                      text=p.text, context=p.context, hits=hits))
+            else:
+                try:
+                    ids = s.memory.chunk_tokens(0, serial)
+                except KeyError:
+                    continue
+                text = tok.decode([int(i) for i in ids if i >= 0])
+                out.append(PassageHit(document="this conversation", location="earlier turns", text=text,
+                                      context=text, hits=hits))
+            if len(out) == PASSAGES:
+                break
+        return out
+
+
+def _version(bank: Bank) -> tuple[int, int]:
+    chunks = bank.db.execute("SELECT coalesce(sum(n_chunks), 0) FROM segments").fetchone()[0]
+    return bank.info.epoch, int(chunks)
+
+
+def _tail_tokens(memory: MemoryBank, n: int) -> torch.Tensor:
+    """The last ``n`` token ids stored in a one-row memory (its chunks' tokens, in order), as (T,)."""
+    r = memory.rows[0]
+    take = -(-n // memory.csz)
+    ids = r.tokens[max(0, r.n - take): r.n].reshape(-1)
+    ids = torch.cat([ids, r.pend_t])
+    return ids[ids >= 0][-n:]

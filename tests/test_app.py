@@ -1,0 +1,182 @@
+"""The web app driven over HTTP through ``gradio_client``, as a second program would: the server runs in this process
+on a tiny llama (real store, SQLite, faiss, jobs), and every call goes through Gradio's queue and API."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+
+from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+from tiny import chat_model  # noqa: E402
+
+from app.main import build_parser, launch  # noqa: E402
+from longmem.store import Store  # noqa: E402
+from longmem.workspace import Workspace  # noqa: E402
+
+BOOK = "".join(f"Chapter {i}. The keeper of the lighthouse counted {i * 7} gulls at dawn.\n" for i in range(30))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("app")
+    ws = Workspace(chat_model(segment_len=96), Store(root / "banks"), work_dir=root / "work",
+                   max_upload_bytes=2**20)
+    port = _free_port()
+    demo = launch(ws, build_parser().parse_args(["--no-browser", "--port", str(port)]), block=False)
+    client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+    yield ws, client, root
+    demo.close()
+
+
+def text_of(message: dict) -> str:
+    """A chat message's text (Gradio sends content as a list of typed parts)."""
+    content = message["content"]
+    return content if isinstance(content, str) else "".join(part.get("text", "") for part in content)
+
+
+def wait_for_document(client: Client, bank: str, timeout: float = 120) -> list:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = client.predict(bank, api_name="/documents")["data"]
+        if rows and all(r[3] == "complete" for r in rows):
+            return rows
+        time.sleep(0.2)
+    raise TimeoutError(f"bank {bank} did not finish ingesting")
+
+
+@pytest.fixture(scope="module")
+def book_bank(server):
+    ws, client, root = server
+    book = root / "lighthouse.txt"
+    book.write_text(BOOK)
+    started = client.predict("lighthouse", [handle_file(str(book))], "Review: {text} Sentiment: {label}", "text",
+                             "label", "", "", api_name="/ingest")
+    assert "Started" in started[0]
+    [row] = wait_for_document(client, "lighthouse")
+    assert row[1] == "lighthouse" and row[4] == len(BOOK)
+    return "lighthouse"
+
+
+def test_create_rename_delete_a_bank(server):
+    ws, client, _ = server
+    table = client.predict("scratch", api_name="/create_bank")[0]
+    assert "scratch" in [r[0] for r in table["data"]]
+    client.predict("scratch", "scratch2", api_name="/rename_bank")
+    assert "scratch2" in ws.store.names() and "scratch" not in ws.store.names()
+    with pytest.raises(AppError, match="tick the box"):
+        client.predict("scratch2", False, api_name="/delete_bank")
+    assert "scratch2" in ws.store.names()
+    client.predict("scratch2", True, api_name="/delete_bank")
+    assert "scratch2" not in ws.store.names()
+
+
+def test_ingestion_shows_progress_and_bank_is_listed(server, book_bank):
+    ws, client, _ = server
+    [job] = [j for j in ws.jobs.list() if j.bank == book_bank]
+    assert job.status == "done" and job.tokens_done == len(BOOK)
+    html = client.predict(api_name="/jobs")[0]
+    assert "lighthouse" in html and "done" in html
+
+
+def test_chat_streams_and_shows_passages(server, book_bank):
+    ws, client, _ = server
+    job = client.submit(book_bank, "How many gulls did the keeper count?", [], 0.0, 16, 8, 2, api_name="/chat")
+    final = job.result()
+    outputs = job.outputs()
+    assert len(outputs) >= 3  # the question, then the answer piece by piece
+    chat = final[0]
+    assert chat[0]["role"] == "user" and chat[1]["role"] == "assistant" and text_of(chat[1])
+    passages = [m for m in chat if (m.get("metadata") or {}).get("title") == "Passages memory retrieved"]
+    assert passages and "lighthouse" in text_of(passages[0]) and "part " in text_of(passages[0])
+    history = client.predict(book_bank, api_name="/chat_history")
+    assert text_of(history[0]) == "How many gulls did the keeper count?"
+    client.predict(book_bank, api_name="/clear_chat")
+    assert ws.chat_history(book_bank) == []
+
+
+def test_continue_streams_from_the_end(server, book_bank):
+    _, client, _ = server
+    job = client.submit(book_bank, "", 0.0, 16, 8, 2, api_name="/continue")
+    text, passages = job.result()
+    assert text and len(job.outputs()) >= 2 and "part" in passages
+
+
+def test_classifier_from_a_csv(server):
+    ws, client, root = server
+    csv = root / "reviews.csv"
+    rows = [("good", "a fine warm film"), ("bad", "a dull cold film")] * 20
+    csv.write_text("label,text\n" + "".join(f"{label},{text} {i}\n" for i, (label, text) in enumerate(rows)))
+    preview, text_col, label_col = client.predict(handle_file(str(csv)), True, api_name="/preview")
+    assert preview["headers"] == ["label", "text"] and len(preview["data"]) == 5
+    assert text_col["value"] == "text" and label_col["value"] == "label"  # guessed from the header
+    status = client.predict("reviews", "mood", handle_file(str(csv)), True, "text", "label",
+                            "Review: {text} Sentiment: {label}", "", 2, 20, 10, 0, 2, api_name="/build_classifier")
+    assert "job" in status[0]
+    for _ in range(600):  # the demonstrations are ingested by a job; the classifier is saved when it is done
+        if client.predict("reviews", api_name="/classifiers")["value"] == "mood":
+            break
+        time.sleep(0.2)
+    assert ws.classifiers("reviews") == ["mood"]
+    summary, per_label, confusion, curve = client.predict("reviews", "mood", True, api_name="/evaluate")
+    assert "Accuracy" in summary and "10 held-out" in summary
+    assert {r[0] for r in per_label["data"]} == {"good", "bad"}
+    assert open(confusion, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and open(curve, "rb").read(4) == b"\x89PNG"
+    pred = client.predict("reviews", "mood", "a fine warm film", api_name="/classify")
+    assert pred["label"] in ("good", "bad") and len(pred["confidences"]) == 2
+    todo = root / "todo.txt"
+    todo.write_text("a fine warm film\na dull cold film\n")
+    out = client.predict("reviews", "mood", handle_file(str(todo)), "text", api_name="/classify_file")
+    lines = open(out).read().splitlines()
+    assert lines[0].startswith("text,prediction") and len(lines) == 3
+
+
+def test_bad_inputs_are_rejected_with_a_message(server, book_bank):
+    ws, client, root = server
+    with pytest.raises(AppError, match="invalid bank name"):
+        client.predict("../evil", api_name="/create_bank")
+    binary = root / "blob.txt"
+    binary.write_bytes(bytes(range(256)) * 64)
+    with pytest.raises(AppError, match="blob.txt"):
+        client.predict("lighthouse", [handle_file(str(binary))], "", "text", "label", "", "", api_name="/ingest")
+    with pytest.raises(AppError, match="no bank named"):
+        client.predict("nowhere", "hello?", [], 0.0, 8, 8, 2, api_name="/chat")
+    with pytest.raises(AppError, match="empty"):
+        client.predict(book_bank, "   ", [], 0.0, 8, 8, 2, api_name="/chat")
+    bad_csv = root / "bad.csv"
+    bad_csv.write_text("label,text\npositive,fine\n\"unclosed,quote\n")
+    with pytest.raises(AppError, match="bad.csv"):
+        client.predict("reviews2", "x", handle_file(str(bad_csv)), True, "text", "label",
+                       "Review: {text} Sentiment: {label}", "", 1, 1, 1, 0, 2, api_name="/build_classifier")
+    big = root / "big.txt"
+    big.write_text("word " * 300_000)  # over the fixture's 1 MiB upload limit
+    with pytest.raises(AppError, match="limit"):
+        client.predict("lighthouse", [handle_file(str(big))], "", "text", "label", "", "", api_name="/ingest")
+    assert [d.title for d in ws.documents("lighthouse")] == ["lighthouse"]  # nothing stored was touched
+
+
+def test_model_panel_and_a_mismatched_checkpoint(server, tmp_path):
+    ws, client, _ = server
+    info = client.predict(api_name="/model_info")
+    assert "tiny-llama" in info and "untrained" in info
+    other = chat_model(seed=1)
+    other.save(tmp_path / "ckpt")
+    backbone_dir = tmp_path / "backbone"
+    ws.model.backbone.model.save_pretrained(backbone_dir)
+    ws.model.backbone.tokenizer.save_pretrained(backbone_dir)
+    with pytest.raises(AppError, match="was trained for backbone"):
+        client.predict(str(backbone_dir), str(tmp_path / "ckpt"), api_name="/load_model")
+    with pytest.raises(AppError, match="not a Hugging Face model directory"):
+        client.predict(str(tmp_path / "nothing"), "", api_name="/load_model")
+    assert "tiny-llama" in client.predict(api_name="/model_info")  # the loaded model is unchanged

@@ -1,0 +1,189 @@
+"""The app's library layer (``longmem.workspace``): banks, background ingestion, chat with passages, continuation,
+on a tiny llama with a real store, SQLite and faiss."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from tiny import chat_model
+
+from longmem.bank import BankBusy, BankMismatch, UnknownBank
+from longmem.jobs import Cancelled, JobManager
+from longmem.memory import MemoryView
+from longmem.store import Store
+from longmem.text import InputError
+from longmem.workspace import Settings, Workspace
+
+FAST = Settings(max_new_tokens=6, temperature=0.0)
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return Workspace(chat_model(), Store(tmp_path / "banks"))
+
+
+@pytest.fixture
+def book(tmp_path):
+    p = tmp_path / "book.txt"
+    p.write_text("".join(f"Chapter {i}. The keeper of the lighthouse counted {i * 7} gulls at dawn.\n"
+                         for i in range(40)))
+    return p
+
+
+def ingested(ws: Workspace, book, name="b") -> None:
+    job = ws.ingest(name, [book], create=True)
+    state = ws.jobs.wait(job, timeout=60)
+    assert state.status == "done", state.message
+
+
+def test_ingest_runs_as_a_job_with_progress(ws, book):
+    job = ws.ingest("b", [book], create=True)
+    state = ws.jobs.wait(job, timeout=60)
+    assert state.status == "done" and "ingested" in state.message
+    assert state.bytes_done == state.bytes_total > 0 and state.tokens_done == len(book.read_text())
+    [summary] = ws.banks()
+    assert summary.name == "b" and summary.documents == 1 and summary.tokens == state.tokens_done
+    assert summary.matches_model and not summary.busy
+
+
+def test_bad_uploads_are_refused_before_a_job_starts(ws, tmp_path):
+    empty, binary, odd = tmp_path / "e.txt", tmp_path / "x.txt", tmp_path / "a.xyz"
+    empty.write_text("")
+    binary.write_bytes(bytes(range(256)) * 10)
+    odd.write_text("hello")
+    for bad, msg in ((empty, "empty|whitespace"), (binary, "binary|not text"), (odd, "unsupported")):
+        with pytest.raises(InputError, match=msg):
+            ws.ingest("b", [bad], create=True)
+    odd.write_text("hello")
+    with pytest.raises(UnknownBank):
+        ws.ingest("nope", [odd.rename(tmp_path / "ok.txt")], create=False)
+    assert ws.jobs.list() == []
+
+
+def test_upload_size_limit(tmp_path, book):
+    ws = Workspace(chat_model(), Store(tmp_path / "banks"), max_upload_bytes=100)
+    with pytest.raises(InputError, match="limit"):
+        ws.ingest("b", [book], create=True)
+
+
+def test_cancel_stops_a_job_and_keeps_what_was_stored(ws, tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_text("word " * 40000)
+    job = ws.ingest("b", [big], create=True)
+    while ws.jobs.get(job).tokens_done == 0:
+        time.sleep(0.01)
+    ws.jobs.cancel(job)
+    state = ws.jobs.wait(job, timeout=60)
+    assert state.status == "cancelled"
+    [doc] = ws.documents("b")
+    assert doc.status == "ingesting" and 0 < doc.n_tokens < 200000  # resumable: ingesting the file again finishes it
+    ingested(ws, big)
+    assert ws.documents("b")[0].status == "complete"
+
+
+def test_jobs_run_in_order_and_report_failures():
+    jobs = JobManager()
+    seen = []
+
+    def ok(ctx):
+        seen.append(1)
+        return "fine"
+
+    def boom(ctx):
+        raise ValueError("the file is bad")
+
+    def cancelled(ctx):
+        raise Cancelled()
+    a, b, c = jobs.submit("t", "x", "a", ok), jobs.submit("t", "x", "b", boom), jobs.submit("t", "x", "c", cancelled)
+    assert [jobs.wait(j, 10).status for j in (a, b, c)] == ["done", "failed", "cancelled"]
+    assert jobs.get(b).message == "the file is bad" and seen == [1]
+    assert not jobs.busy("x")
+
+
+def test_chat_streams_stores_turns_and_shows_passages(ws, book):
+    ingested(ws, book)
+    reply = ws.chat("b", "How many gulls?", FAST)
+    pieces = list(reply)
+    assert len(pieces) >= 1 and reply.text == "".join(pieces)
+    assert reply.passages and all(p.document == "book" and p.location.startswith("part ") for p in reply.passages)
+    assert all(p.text in p.context and p.text in book.read_text() for p in reply.passages)
+    assert ws.chat_history("b") == [{"role": "user", "content": "How many gulls?"},
+                                    {"role": "assistant", "content": reply.text}]
+
+
+def test_chat_history_survives_a_new_workspace_and_moves_old_turns_into_memory(ws, book, tmp_path):
+    ingested(ws, book)
+    for q in ("first question about the keeper", "second one", "a third, longer question about the gulls"):
+        list(ws.chat("b", q, FAST))
+    again = Workspace(ws.model, ws.store)
+    assert [t["content"] for t in again.chat_history("b")][::2] == ["first question about the keeper", "second one",
+                                                                     "a third, longer question about the gulls"]
+    before = len(again.run_locked(lambda: again.loaded_memory("b")))
+    list(again.chat("b", "and now?", FAST))
+    chat = again._sessions["b"].chat
+    assert chat.moved_turns > 0  # the 64-token window cannot hold them all: the oldest went into memory
+    assert len(again._sessions["b"].memory) > before
+    again.clear_chat("b")
+    assert again.chat_history("b") == []
+
+
+def test_continue_from_the_end_and_from_a_passage(ws, book):
+    ingested(ws, book)
+    memory = ws.run_locked(lambda: ws.loaded_memory("b"))
+    size = len(memory)
+    reply = ws.continue_text("b", None, FAST)
+    assert list(reply) and reply.passages
+    long = ws.continue_text("b", "The keeper said " * 40, FAST)
+    list(long)
+    assert long.notes and "last" in long.notes[0]
+    assert len(ws.run_locked(lambda: ws.loaded_memory("b"))) == size  # continuing never writes into the bank memory
+
+
+def test_errors_reach_the_reader(ws, tmp_path):
+    ws.create_bank("empty")
+    with pytest.raises(InputError, match="empty"):
+        list(ws.continue_text("empty", None, FAST))
+    with pytest.raises(InputError):
+        ws.chat("empty", "   ", FAST)
+    with pytest.raises(UnknownBank):
+        ws.chat("missing", "hi", FAST)
+    with pytest.raises(ValueError, match="top-p"):
+        list(ws.chat("empty", "hi", Settings(top_p=0)))
+
+
+def test_a_bank_of_another_model_is_refused(ws, book, tmp_path):
+    ingested(ws, book)
+    other = Workspace(chat_model(seed=1), ws.store)
+    assert not other.banks()[0].matches_model
+    with pytest.raises(BankMismatch):
+        list(other.chat("b", "hi", FAST))
+
+
+def test_finer_chunks_share_keys_and_values(ws, book):
+    ingested(ws, book)
+    coarse = ws.run_locked(lambda: ws.loaded_memory("b"))
+    fine = coarse.rechunk(1)
+    assert len(fine) == len(coarse) and fine.csz == 1
+    r0, r1 = coarse.rows[0], fine.rows[0]
+    assert r1.k.data_ptr() == r0.k.data_ptr()  # a view, not a copy
+    q = torch.randn(1, 6, 3, 8)
+    view = MemoryView(fine, n_chunks=5)
+    found = view.search(q, 2)
+    assert found.chunk_ids.shape[-1] == 5 and sum(view.hits.values()) == 6 * 3 * 5
+    with pytest.raises(ValueError, match="divide"):
+        coarse.rechunk(3)
+
+
+def test_busy_bank_cannot_be_deleted(ws, tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_text("word " * 20000)
+    job = ws.ingest("b", [big], create=True)
+    with pytest.raises(BankBusy):
+        ws.delete_bank("b")
+    ws.jobs.cancel(job)
+    ws.jobs.wait(job, 60)
+    ws.delete_bank("b")
+    assert ws.banks() == []
