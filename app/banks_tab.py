@@ -32,8 +32,10 @@ def jobs_html(ws: Workspace) -> str:
     out = ["<div id='jobs'>"]
     for j in jobs:
         pct = 100 * (1.0 if j.status == "done" else j.fraction)
+        # the total is known in bytes; in tokens it is estimated from the tokens per byte seen so far
+        total = f"~{j.file_tokens * j.bytes_total / j.bytes_done:,.0f}" if j.bytes_done else "?"
         detail = html.escape(j.message) if not j.active else (
-            f"{j.tokens_done:,} tokens · {j.tokens_per_s:,.0f} tok/s · {j.bytes_done / 2**20:,.2f} / "
+            f"{j.file_tokens:,} / {total} tokens · {j.tokens_per_s:,.0f} tok/s · {j.bytes_done / 2**20:,.2f} / "
             f"{j.bytes_total / 2**20:,.2f} MiB · {duration(j.eta_s)} left")
         out.append(
             f"<div class='job' data-status='{j.status}' data-job='{j.id}'><b>{html.escape(j.bank)}</b> · "

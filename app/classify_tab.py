@@ -5,6 +5,8 @@ whole file. Classifiers are saved in their bank and reopen with it."""
 
 from __future__ import annotations
 
+import math
+
 import gradio as gr
 
 from longmem.classifiers import PRESETS, peek_columns
@@ -131,8 +133,8 @@ def build(ws: Workspace, shared: Shared) -> None:
         if not bank_name or not clf:
             raise ValueError("pick a bank and one of its saved classifiers")
         [row] = ws.classify(bank_name, clf, [t])
-        import math
-
+        if row["error"]:
+            raise ValueError(row["error"])
         scores = {k[len("score_"):]: v for k, v in row.items() if k.startswith("score_")}
         top = max(scores.values())
         z = sum(math.exp(v - top) for v in scores.values())

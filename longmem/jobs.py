@@ -41,6 +41,7 @@ class JobState:
     bytes_done: int = 0  # of the current file's text stream
     bytes_total: int = 0
     tokens_done: int = 0  # tokens stored by this job so far (all files)
+    file_tokens: int = 0  # ... of which from the current file
     tokens_per_s: float = 0.0
     eta_s: float | None = None  # seconds left for the current file, estimated from its bytes
     message: str = ""  # outcome when finished (or the error, readable)
@@ -67,7 +68,8 @@ class JobContext:
         self._manager, self.job_id, self._cancel = manager, job_id, cancel
         self._t0 = time.perf_counter()
         self._file_t0 = self._t0
-        self._file_bytes0 = 0
+        self._file_tokens0 = 0  # job tokens when the current file started
+        self._tokens = 0
 
     def check(self) -> None:
         """Raise ``Cancelled`` if the job was cancelled."""
@@ -75,16 +77,18 @@ class JobContext:
             raise Cancelled()
 
     def new_file(self, step: str) -> None:
-        self._file_t0, self._file_bytes0 = time.perf_counter(), 0
-        self._manager._update(self.job_id, step=step, bytes_done=0, bytes_total=0, eta_s=None)
+        self._file_t0, self._file_tokens0 = time.perf_counter(), self._tokens
+        self._manager._update(self.job_id, step=step, bytes_done=0, bytes_total=0, file_tokens=0, eta_s=None)
 
     def progress(self, bytes_done: int, bytes_total: int, tokens_done: int) -> None:
         """Report progress (and stop here if cancelled): bytes of the current file, tokens of the whole job."""
         now = time.perf_counter()
+        self._tokens = tokens_done
         rate_b = bytes_done / max(now - self._file_t0, 1e-9)
         eta = (bytes_total - bytes_done) / rate_b if bytes_done > 0 else None
         self._manager._update(self.job_id, bytes_done=bytes_done, bytes_total=bytes_total, tokens_done=tokens_done,
-                              tokens_per_s=tokens_done / max(now - self._t0, 1e-9), eta_s=eta)
+                              file_tokens=tokens_done - self._file_tokens0, eta_s=eta,
+                              tokens_per_s=tokens_done / max(now - self._t0, 1e-9))
         self.check()
 
 

@@ -344,8 +344,8 @@ def _parse_template(p: Path, template: str) -> list:
         raise InputError(f"{p}: the template {template!r} is not a valid format string: {e}") from e
 
 
-def _csv_rows(p: Path, content: str, fmt: DemoFormat) -> list[tuple[int, str, str]]:
-    """(line number, text, label) of every row of a CSV/TSV file."""
+def _csv_rows(p: Path, content: str, fmt: DemoFormat, skip_empty: bool = False) -> list[tuple[int, str, str]]:
+    """(line number, text, label) of every row of a CSV/TSV file (``skip_empty``: leave out rows without text)."""
     reader = csv.reader(io.StringIO(content, newline=""), delimiter="\t" if p.suffix.lower() == ".tsv" else ",")
     header, rows = fmt.columns, []
     if header is not None:
@@ -360,10 +360,10 @@ def _csv_rows(p: Path, content: str, fmt: DemoFormat) -> list[tuple[int, str, st
                 continue
             if len(row) != len(header):
                 raise InputError(f"{p}: line {reader.line_num}: expected {len(header)} fields, got {len(row)}")
-            rows.append(_example(p, reader.line_num, dict(zip(header, row)), fmt))
+            rows.append(_example(p, reader.line_num, dict(zip(header, row)), fmt, skip_empty))
     except csv.Error as e:
         raise InputError(f"{p}: line {reader.line_num}: malformed CSV: {e}") from e
-    return rows
+    return [r for r in rows if r is not None]
 
 
 def _check_columns(p: Path, header: list[str], fmt: DemoFormat) -> None:
@@ -372,8 +372,9 @@ def _check_columns(p: Path, header: list[str], fmt: DemoFormat) -> None:
             raise InputError(f"{p}: has no '{col}' column (columns: {', '.join(header)})")
 
 
-def _jsonl_rows(p: Path, content: str, fmt: DemoFormat) -> list[tuple[int, str, str]]:
-    """(line number, text, label) of every JSON object of a JSONL file."""
+def _jsonl_rows(p: Path, content: str, fmt: DemoFormat, skip_empty: bool = False) -> list[tuple[int, str, str]]:
+    """(line number, text, label) of every JSON object of a JSONL file (``skip_empty``: leave out rows without
+    text)."""
     rows = []
     for n, line in enumerate(content.splitlines(), start=1):
         if not line.strip():
@@ -387,14 +388,16 @@ def _jsonl_rows(p: Path, content: str, fmt: DemoFormat) -> list[tuple[int, str, 
         for col in (fmt.text_column, fmt.label_column):
             if col not in obj:
                 raise InputError(f"{p}: line {n}: has no '{col}' key (keys: {', '.join(obj)})")
-        rows.append(_example(p, n, obj, fmt))
-    return rows
+        rows.append(_example(p, n, obj, fmt, skip_empty))
+    return [r for r in rows if r is not None]
 
 
-def _example(p: Path, line: int, record: dict, fmt: DemoFormat) -> tuple[int, str, str]:
+def _example(p: Path, line: int, record: dict, fmt: DemoFormat, skip_empty: bool = False) -> tuple | None:
     text, label = (v if isinstance(v, str) else ("" if v is None else json.dumps(v))
                    for v in (record[fmt.text_column], record[fmt.label_column]))
     if not text.strip():
+        if skip_empty:
+            return None
         raise InputError(f"{p}: line {line}: the text is empty")
     if not label.strip():
         raise InputError(f"{p}: line {line}: the label is empty")

@@ -3,12 +3,17 @@
 ``Chat`` keeps a conversation in the model's chat template. When the conversation no longer fits the local window
 (with room left for the answer), its oldest turns move into memory, once, as the paper's update rule says; they stay
 retrievable while the prompt stays short.
+
+``Classifier`` scores label words after a prompt of optional in-context demonstrations and the text, while many
+more demonstrations sit in memory (the paper's many-shot in-context learning); ``classifiers`` builds on it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
+
+import torch
 
 from .lm import Sampling, SegmentLM
 from .memory import MemoryBank
@@ -60,22 +65,32 @@ class Chat:
 @dataclass
 class Classifier:
     """Many-shot in-context classification: demonstrations ``template.format(text=..., label=word)`` sit in memory
-    (thousands of them, far beyond the local window); a new text is scored against every label word,
-    log P(word | "<template up to {label}>", memory), and the likeliest word wins."""
+    (thousands of them, far beyond the local window) and, optionally, a few more (``context``, k-shot) sit in the
+    prompt itself. A new text is scored against every label word,
+    log P(word | "<context><separator><template up to {label}>", memory), and the likeliest word wins.
+
+    When every label word is a single token after the template (BPE backbones: " positive"), all labels are scored
+    from one forward pass; otherwise (e.g. a character tokenizer) each label word is scored with its own pass."""
 
     model: SegmentLM
     memory: MemoryBank | None
     template: str  # e.g. "Review: {text} Sentiment: {label}", the demonstrations' template
     labels: list[str]  # the label words, as written in the demonstrations
+    context: list[str] = field(default_factory=list)  # formatted demonstrations put in the prompt, before the text
+    separator: str = "\n"  # joins the context's demonstrations and the text (the paper: newlines)
 
     def __post_init__(self):
         if "{label}" not in self.template or "{text}" not in self.template.split("{label}")[0]:
             raise ValueError(f"template {self.template!r} needs {{text}} before {{label}}")
         if len(self.labels) < 2:
             raise ValueError(f"a classifier needs at least two labels, got {self.labels}")
+        if len(set(self.labels)) != len(self.labels) or not all(w.strip() for w in self.labels):
+            raise ValueError(f"the label words must be distinct and not blank, got {self.labels}")
+        self.context = list(self.context)
 
     @classmethod
-    def from_documents(cls, model: SegmentLM, memory: MemoryBank | None, documents: Iterable) -> "Classifier":
+    def from_documents(cls, model: SegmentLM, memory: MemoryBank | None, documents: Iterable,
+                       context: Sequence[str] = (), separator: str = "\n") -> "Classifier":
         """The template and label words of the demonstration sets stored in a bank (``store.Document``s)."""
         demos = [d for d in documents if d.kind == "demos"]
         if not demos:
@@ -84,17 +99,55 @@ class Classifier:
         if len(templates) > 1:
             raise ValueError(f"the bank's demonstration sets use different templates: {templates}")
         words = sorted({w for d in demos for w in d.meta["label_counts"]})
-        return cls(model, memory, templates[0], words)
+        return cls(model, memory, templates[0], words, list(context), separator)
+
+    def prompt(self, text: str) -> str:
+        """What the model reads before a label word: the context demonstrations, then the template up to {label}
+        (without its trailing whitespace, which goes with the label word, as in the demonstrations' tokens)."""
+        return self._parts(text)[0]
+
+    def _parts(self, text: str) -> tuple[str, str, str]:
+        """(prompt, the text's own prompt, whitespace between the prompt and a label word)."""
+        if not text.strip():
+            raise ValueError("the text to classify is empty")
+        prefix = self.template.split("{label}")[0].format(text=text.strip())  # as the demonstrations were written
+        own = prefix.rstrip()
+        head = self.separator.join(self.context) + self.separator if self.context else ""
+        return head + own, own, prefix[len(own):]
 
     def scores(self, text: str) -> dict[str, float]:
         """log P(label word | prompt, memory) for every label."""
-        tok = self.model.backbone.tokenizer
-        prefix = self.template.split("{label}")[0].format(text=text.strip())  # as the demonstrations were written
-        context = prefix.rstrip()
-        ctx = tok(context, add_special_tokens=False).input_ids
-        return {w: self.model.score(ctx, tok(prefix[len(context):] + w, add_special_tokens=False).input_ids,
-                                    self.memory) for w in self.labels}
+        tok, window = self.model.backbone.tokenizer, self.model.segment_len
+        prompt, own, gap = self._parts(text)
+        words = {w: tok(gap + w, add_special_tokens=False).input_ids for w in self.labels}
+        longest = max(len(ids) for ids in words.values())
+        n_own = len(tok(own, add_special_tokens=False).input_ids)
+        if n_own + longest > window:
+            raise ValueError(f"the text is too long to classify: its prompt takes {n_own} tokens and the longest "
+                             f"label word {longest}, more than the model's {window}-token window")
+        ids = tok(prompt, add_special_tokens=False).input_ids  # longer than the window: model.score keeps its end
+        if longest == 1:
+            return self._scores_one_pass(ids, {w: t[0] for w, t in words.items()})
+        return {w: self.model.score(ids, t, self.memory) for w, t in words.items()}
+
+    @torch.no_grad()
+    def _scores_one_pass(self, ids: list[int], targets: dict[str, int]) -> dict[str, float]:
+        """Single-token label words: one forward pass, all words read off the next-token distribution. The prompt
+        keeps its last window-1 tokens, exactly what ``model.score`` keeps for a one-token continuation."""
+        x = torch.tensor([ids[-(self.model.segment_len - 1):]], device=self.model.backbone.device)  # (1, T)
+        hidden = self.model.step(x, self.memory).hidden[:, -1:]  # (1, 1, E) at the last prompt token
+        logp = torch.log_softmax(self.model.backbone.logits(hidden).float(), dim=-1)[0, 0]  # (V,)
+        return {w: logp[t].item() for w, t in targets.items()}
 
     def predict(self, text: str) -> str:
         scores = self.scores(text)
         return max(scores, key=scores.get)
+
+    def predict_many(self, texts: Sequence[str], progress: Callable[[int, int], None] | None = None) -> list[str]:
+        """``predict`` for each text, in order; ``progress(done, total)`` after each."""
+        out = []
+        for i, text in enumerate(texts):
+            out.append(self.predict(text))
+            if progress is not None:
+                progress(i + 1, len(texts))
+        return out

@@ -511,7 +511,7 @@ class Workspace:
             memory = self._session(name, csz).memory
             result = evaluate(spec.classifier(self.model, memory), spec.test, report(0))
             points = accuracy_vs_memory(self.model, spec.template, spec.labels, spec.context, mem_examples,
-                                        spec.test, progress=report(len(spec.test))) if curve else []
+                                        spec.test, progress=report(len(spec.test)), csz=csz) if curve else []
             return result, points
 
         result, points = self.run_locked(run)

@@ -21,7 +21,7 @@ def checkpoint(tmp_path_factory):
     backbone = tiny_llama()
     backbone.model.save_pretrained(root / "backbone")
     backbone.tokenizer.save_pretrained(root / "backbone")
-    model = LongMemModel(backbone, small_config(backbone=str(root / "backbone"), segment_len=32))
+    model = LongMemModel(backbone, small_config(backbone=str(root / "backbone"), segment_len=64))
     return str(model.save(root / "ckpt"))
 
 

@@ -64,7 +64,7 @@ def test_gate_at_init_mixes_fifty_fifty():
     q, k, v = torch.randn(1, 6, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
     q_raw = torch.randn(1, 6, 5, 8)
     a = local_attention(q, k, v)
-    r = mem.search(q_raw, layer.n_chunks)
+    r = mem.search(q_raw, layer.topk // mem.csz)
     m, found = memory_attention(q_raw, r.keys, r.values, r.mask)
     assert found.all()
     mixed = layer._attend(q, k, v, q_raw, mem, None)
