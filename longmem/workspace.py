@@ -25,7 +25,7 @@ import queue
 import tempfile
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -147,8 +147,8 @@ class _Session:
     stored: MemoryBank  # the bank's memory at its own chunk size
     csz: int  # chunk size of ``memory``
     memory: MemoryBank  # ``stored`` re-chunked to ``csz`` (same K/V), plus what the chat moved into it
+    bank_chunks: int  # chunks of ``stored`` that come from the bank (what a chat adds comes after them)
     chat: Chat | None = None
-    extra: dict = field(default_factory=dict)  # cached things derived from this memory (e.g. built classifiers)
 
 
 class Workspace:
@@ -332,7 +332,7 @@ class Workspace:
                 version = _version(s.bank)
             except BankError:  # renamed or deleted behind our back
                 version = None
-            if version != s.version:
+            if version != s.version or (csz is not None and csz != s.csz):  # changed, or other chunks asked for
                 self._drop(name)
                 s = None
         if s is None:
@@ -343,13 +343,13 @@ class Workspace:
             except BaseException:
                 bank.close()
                 raise
-            s = _Session(bank=bank, version=version, stored=stored, csz=stored.csz, memory=stored)
+            memory = stored.rechunk(csz) if csz is not None else stored  # shares the keys/values
+            s = _Session(bank=bank, version=version, stored=stored, csz=memory.csz, memory=memory,
+                         bank_chunks=stored.rows[0].n)
             self._sessions[name] = s
             while len(self._sessions) > LOADED_BANKS:
                 self._drop(next(iter(self._sessions)))
         self._sessions.move_to_end(name)
-        if csz is not None and csz != s.csz:
-            s.memory, s.csz, s.chat, s.extra = s.stored.rechunk(csz), csz, None, {}
         return s
 
     def memory_bytes(self) -> int:
@@ -586,7 +586,7 @@ class Workspace:
     def _passages(self, s: _Session, view: MemoryView) -> list[PassageHit]:
         """The passages behind an answer: the most retrieved chunks, one per neighbourhood."""
         f = s.stored.csz // s.csz
-        n_stored = s.stored.rows[0].n * f  # serials below this are the bank's; above, the chat's
+        n_stored = s.bank_chunks * f  # serials below this are the bank's; above, the chat's
         tok = self.model.backbone.tokenizer
         out, taken = [], []
         for serial, hits in view.top(50):
