@@ -15,12 +15,12 @@ from .shared import Shared
 
 BOOK_TYPES = [".txt", ".md", ".html", ".htm", ".epub", ".pdf"]
 DEMO_TYPES = [".csv", ".tsv", ".jsonl"]
-BANK_COLUMNS = ["bank", "documents", "tokens", "on disk", "backbone", "chunk size", "usable", "status"]
+BANK_COLUMNS = ["bank", "documents", "tokens", "on disk", "backbone", "stored chunk size", "usable", "status"]
 DOC_COLUMNS = ["id", "title", "kind", "status", "tokens", "segments", "source", "added"]
 
 
 def bank_rows(ws: Workspace) -> list[list]:
-    return [[b.name, b.documents, b.tokens, mib(b.disk_bytes), b.backbone, b.csz,
+    return [[b.name, b.documents, f"{b.tokens:,}", mib(b.disk_bytes), b.backbone, b.csz,
              "yes" if b.matches_model else "no (other backbone)", "ingesting" if b.busy else "ready"]
             for b in ws.banks()]
 
@@ -159,10 +159,10 @@ def build(ws: Workspace, shared: Shared) -> None:
     was_active = gr.State(False)
 
     def poll(was: bool):
-        """Refresh the job panel; the bank table too when a job has just finished."""
-        now = bool(active_jobs(ws))
-        return (jobs_html(ws), gr.update(choices=active_jobs(ws)), bank_rows(ws) if was and not now else gr.skip(),
-                now)
+        """Refresh the job panel and the running-job picker; the bank table too when a job has just finished."""
+        running = active_jobs(ws)
+        return (jobs_html(ws), gr.update(choices=running, value=running[0] if running else None),
+                bank_rows(ws) if was and not running else gr.skip(), bool(running))
 
     create.click(do_create, [new_name], [banks, shared.version, new_name], api_name="create_bank")
     rename.click(do_rename, [picked, rename_to], [banks, shared.version, rename_to], api_name="rename_bank")

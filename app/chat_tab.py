@@ -21,6 +21,22 @@ def passages_markdown(passages: list[PassageHit]) -> str:
     return "\n\n".join(parts)
 
 
+def passages_message(passages: list[PassageHit]) -> dict:
+    """The collapsible block shown under an answer."""
+    return {"role": "assistant", "content": passages_markdown(passages),
+            "metadata": {"title": "Passages memory retrieved", "status": "done"}}
+
+
+def history_messages(turns: list[dict]) -> list[dict]:
+    """A stored conversation as chatbot messages, each answer followed by its passages."""
+    out = []
+    for t in turns:
+        out.append({"role": t["role"], "content": t["content"]})
+        if t["passages"]:
+            out.append(passages_message(t["passages"]))
+    return out
+
+
 def settings_panel(ws: Workspace, max_tokens: int) -> list:
     """Temperature, max tokens, memory chunks per query, chunk size: an accordion with sensible defaults."""
     model = ws.model
@@ -50,11 +66,12 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
     with gr.Row():
         question = gr.Textbox(placeholder="Ask about the book…", show_label=False, scale=5, elem_id="question")
         send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
+        stop = gr.Button("Stop", scale=1, elem_id="stop")
     settings = settings_panel(ws, 200)
 
     @friendly
     def load_history(name):
-        return ws.chat_history(name) if name else []
+        return history_messages(ws.chat_history(name)) if name else []
 
     @friendly
     def ask(name, q, history, *s):
@@ -70,8 +87,7 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         finally:
             reply.cancel()
         if reply.passages:
-            history.append({"role": "assistant", "content": passages_markdown(reply.passages),
-                            "metadata": {"title": "Passages memory retrieved", "status": "done"}})
+            history.append(passages_message(reply.passages))
         yield history, ""
 
     @friendly
@@ -81,9 +97,10 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         return []
 
     bank.change(load_history, [bank], [chatbot], api_name="chat_history")
-    for event, api in ((send.click, "chat"), (question.submit, False)):
-        event(ask, [bank, question, chatbot, *settings], [chatbot, question], concurrency_id="model",
-              concurrency_limit=1, api_name=api or None, api_visibility="public" if api else "private")
+    asking = [event(ask, [bank, question, chatbot, *settings], [chatbot, question], concurrency_id="model",
+                    concurrency_limit=1, api_name=api or None, api_visibility="public" if api else "private")
+              for event, api in ((send.click, "chat"), (question.submit, False))]
+    stop.click(None, None, None, cancels=asking, api_visibility="private")
     clear.click(do_clear, [bank], [chatbot], api_name="clear_chat")
 
 

@@ -31,7 +31,7 @@ def build(ws: Workspace, shared: Shared) -> None:
         upload = gr.File(label="Labelled examples (.csv .tsv .jsonl)", file_types=[".csv", ".tsv", ".jsonl"],
                          elem_id="classify-upload")
         header = gr.Checkbox(label="First row is a header", value=True)
-    preview = gr.Dataframe(label="First rows", interactive=False)
+    preview = gr.Dataframe(label="First rows", interactive=False, wrap=True, max_height=260)
     with gr.Row():
         text_col = gr.Dropdown(label="Text column", choices=[], allow_custom_value=True, elem_id="text-column")
         label_col = gr.Dropdown(label="Label column", choices=[], allow_custom_value=True, elem_id="label-column")
@@ -62,8 +62,8 @@ def build(ws: Workspace, shared: Shared) -> None:
     per_label = gr.Dataframe(headers=["label", "precision", "recall", "f1", "support"], interactive=False,
                              label="Per label")
     with gr.Row():
-        confusion = gr.Image(label="Confusion matrix", type="filepath")
-        curve_img = gr.Image(label="Accuracy vs demonstrations in memory", type="filepath")
+        confusion = gr.Image(label="Confusion matrix", type="filepath", show_label=False)
+        curve_img = gr.Image(label="Accuracy vs demonstrations in memory", type="filepath", show_label=False)
     with gr.Row():
         text = gr.Textbox(label="Text to classify", scale=4, elem_id="classify-text")
         one = gr.Button("Classify", scale=1, elem_id="classify-one")
@@ -148,9 +148,13 @@ def build(ws: Workspace, shared: Shared) -> None:
         return str(ws.classify_file(bank_name, clf, paths[0], (col or "text").strip(),
                                     progress=lambda d, n: progress(d / max(n, 1), desc="classifying")))
 
-    def poll():
-        jobs = [j for j in ws.jobs.list() if j.active]
-        return jobs_html(ws) if jobs else gr.skip()
+    def poll(was: bool, bank_name):
+        """While a job runs, show its progress; when it has just finished, show the outcome and the saved list."""
+        running = any(j.active for j in ws.jobs.list())
+        if running or was:
+            finished = was and not running
+            return jobs_html(ws), list_saved(bank_name) if finished else gr.skip(), running
+        return gr.skip(), gr.skip(), False
 
     upload.change(on_upload, [upload, header], [preview, text_col, label_col], api_name="preview")
     header.change(on_upload, [upload, header], [preview, text_col, label_col], api_visibility="private")
@@ -166,7 +170,9 @@ def build(ws: Workspace, shared: Shared) -> None:
                 api_visibility="private")
     run_batch.click(do_batch, [bank, saved, batch, batch_col], [results], concurrency_id="model", concurrency_limit=1,
                     api_name="classify_file")
-    timer.tick(poll, None, [progress], show_progress="hidden", queue=False, api_visibility="private")
+    was_running = gr.State(False)
+    timer.tick(poll, [was_running, bank], [progress, saved, was_running], show_progress="hidden", queue=False,
+               api_visibility="private")
 
 
 def _words(mapping: dict[str, str]) -> str:

@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parse_auth(args.auth)  # a bad flag fails before the model loads
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline: no telemetry calls
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "faiss.loader", "urllib3"):  # request lines and faiss's CPU-feature probing
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     from longmem.backbone import BackboneError
     from longmem.model import CheckpointError
 
@@ -95,4 +97,6 @@ def main(argv: list[str] | None = None) -> int:
         demo.block_thread()
     except KeyboardInterrupt:
         pass
+    finally:
+        ws.close()
     return 0

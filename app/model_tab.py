@@ -16,15 +16,15 @@ from .shared import Shared
 def info_markdown(ws: Workspace) -> str:
     i = ws.model_info()
     prov = json.dumps(i["provenance"], indent=2) if i["provenance"] else "none (untrained SideNet)"
-    return "\n".join([
+    return "\n\n".join([
         f"**Backbone**: `{i['backbone']}` ({i['backbone_params'] / 1e6:,.1f}M parameters, {i['layers']} layers, "
         f"{i['heads']}, {i['dtype']} on {i['device']}), sha256 `{i['backbone_sha256'][:16]}…`",
-        f"**SideNet**: {i['sidenet']} ({i['sidenet_params'] / 1e6:,.1f}M parameters; memory layer "
-        f"{i['memory_layer']} reads backbone layer {i['cached_layer']}; chunk size {i['csz']}, top-K {i['topk']}, "
-        f"local window {i['segment_len']} tokens)",
+        f"**SideNet**: {i['sidenet']} ({i['sidenet_params'] / 1e6:,.1f}M parameters; its memory layer "
+        f"{i['memory_layer'] + 1} (1-based) reads the keys/values of backbone layer {i['cached_layer'] + 1}; "
+        f"chunk size {i['csz']}, top-K {i['topk']} memory tokens, local window {i['segment_len']} tokens)",
         f"**Memory use**: process {mib(i['process_rss_bytes'])}; bank memories loaded: "
         f"{', '.join(i['loaded_banks']) or 'none'} ({mib(i['bank_memory_bytes'])} of keys/values)",
-        "", "<details><summary>Checkpoint provenance</summary>", "", f"```json\n{prov}\n```", "</details>"])
+        "<details><summary>Checkpoint provenance</summary>\n", f"```json\n{prov}\n```", "</details>"])
 
 
 def build(ws: Workspace, shared: Shared) -> None:

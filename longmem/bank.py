@@ -111,6 +111,7 @@ MIGRATIONS: list[tuple[str, str]] = [
             id INTEGER PRIMARY KEY AUTOINCREMENT,
             role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
             content TEXT NOT NULL,
+            passages TEXT NOT NULL DEFAULT '[]',
             created TEXT NOT NULL
         );
         CREATE TABLE classifiers (
@@ -226,6 +227,7 @@ class Passage:
     context: str
     segment: int = 0  # which segment of its document (0-based) ...
     of_segments: int = 1  # ... out of how many: where in the book the passage is
+    chunk: int = 0  # which chunk of its segment (0 = the segment's first tokens)
 
 
 @dataclass
@@ -378,15 +380,20 @@ class Bank:
     # -- conversation and saved classifiers -----------------------------------------------------------------------
     # Small rows that live beside the memory; SQLite serialises them with an ingestion's writes, so they do not
     # take the bank's writer lock (a chat can go on while a book is being ingested).
-    def chat_turns(self) -> list[dict]:
-        """The bank's conversation, oldest first: [{"role": "user"|"assistant", "content": str}, ...]."""
-        return [dict(r) for r in self.db.query("SELECT role, content FROM chat_turns ORDER BY id")]
+    def chat_turns(self, passages: bool = False) -> list[dict]:
+        """The bank's conversation, oldest first: [{"role": "user"|"assistant", "content": str}, ...] (with
+        ``passages``, each turn also has "passages": the JSON-able list stored with it)."""
+        rows = self.db.query("SELECT role, content, passages FROM chat_turns ORDER BY id")
+        return [{"role": r["role"], "content": r["content"], **({"passages": json.loads(r["passages"])}
+                                                                 if passages else {})} for r in rows]
 
     def add_chat_turns(self, turns: list[dict]) -> None:
-        """Append a question and its answer together (one transaction, so a conversation never ends mid-turn)."""
+        """Append a question and its answer together (one transaction, so a conversation never ends mid-turn); a
+        turn may carry "passages" (a JSON-able list, e.g. what memory retrieved for the answer)."""
         with self.db.atomic():
             for t in turns:
-                self.db["chat_turns"].insert({"role": t["role"], "content": t["content"], "created": _now()})
+                self.db["chat_turns"].insert({"role": t["role"], "content": t["content"],
+                                              "passages": json.dumps(t.get("passages", [])), "created": _now()})
 
     def clear_chat(self) -> None:
         with self.db.atomic():
@@ -688,7 +695,7 @@ class Bank:
         text = row["text"]
         lo, hi = bounds[max(j - context_chunks, 0)], bounds[min(j + 1 + context_chunks, len(bounds) - 1)]
         return Passage(serial=serial, document_id=row["document_id"], document=row["title"],
-                       text=text[bounds[j]:bounds[j + 1]], context=text[lo:hi], segment=row["seq"],
+                       text=text[bounds[j]:bounds[j + 1]], context=text[lo:hi], segment=row["seq"], chunk=j,
                        of_segments=max(row["n_segments"], row["seq"] + 1))
 
     # -- checking -------------------------------------------------------------------------------------------------

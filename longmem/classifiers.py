@@ -469,6 +469,7 @@ def plot_curve(points: Sequence[CurvePoint], path: str | Path, baseline: float |
         ax.axhline(100 * baseline, color="gray", linestyle="--", label=baseline_label)
     ax.set_xlabel("demonstrations in memory")
     ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"accuracy vs demonstrations in memory ({len(points)} sizes)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")

@@ -22,10 +22,11 @@ import json
 import logging
 import os
 import queue
+import shutil
 import tempfile
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -156,6 +157,7 @@ class Workspace:
                  work_dir: str | os.PathLike | None = None):
         self.model = model
         self.work_dir = Path(work_dir) if work_dir is not None else None
+        self._own_work_dir = False  # a temporary work dir made here is removed by close()
         self.store = store
         self.jobs = JobManager()
         self.max_upload_bytes = max_upload_bytes
@@ -362,8 +364,10 @@ class Workspace:
 
     # -- chat -----------------------------------------------------------------------------------------------------
     def chat_history(self, name: str) -> list[dict]:
+        """The bank's stored conversation: {"role", "content", "passages": [PassageHit]} per turn, oldest first."""
         with self.store.open(name) as bank:
-            return bank.chat_turns()
+            turns = bank.chat_turns(passages=True)
+        return [{**t, "passages": [PassageHit(**p) for p in t["passages"]]} for t in turns]
 
     def clear_chat(self, name: str) -> None:
         with self._lock:
@@ -399,8 +403,9 @@ class Workspace:
                 if chat.history and chat.history[-1]["role"] == "user":
                     chat.history.pop()
                 return
-            s.bank.add_chat_turns(chat.history[-2:])
             reply.passages = self._passages(s, view)
+            question_turn, answer_turn = chat.history[-2:]
+            s.bank.add_chat_turns([question_turn, {**answer_turn, "passages": [asdict(p) for p in reply.passages]}])
 
         return self._start(run)
 
@@ -550,11 +555,25 @@ class Workspace:
         return write_predictions_csv(rows, self._work_dir() / f"{p.stem}-predictions.csv")
 
     def _work_dir(self) -> Path:
-        """Where derived files go (demonstration splits, plots, result CSVs)."""
+        """Where derived files go (demonstration splits, plots, result CSVs): ``work_dir``, else a temporary
+        directory that ``close()`` removes."""
         if self.work_dir is None:
             self.work_dir = Path(tempfile.mkdtemp(prefix="longmem-"))
+            self._own_work_dir = True
         self.work_dir.mkdir(parents=True, exist_ok=True)
         return self.work_dir
+
+    def close(self) -> None:
+        """Stop waiting work, release the loaded banks and remove the temporary files this workspace made."""
+        for j in self.jobs.list():
+            if j.active:
+                self.jobs.cancel(j.id)
+        with self._lock:
+            for name in list(self._sessions):
+                self._drop(name)
+        if self._own_work_dir and self.work_dir is not None:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+            self.work_dir, self._own_work_dir = None, False
 
     # -- running model calls ----------------------------------------------------------------------------------------
     def _start(self, run: Callable[[Reply], None]) -> Reply:
@@ -584,7 +603,9 @@ class Workspace:
         return self._session(name, csz).memory
 
     def _passages(self, s: _Session, view: MemoryView) -> list[PassageHit]:
-        """The passages behind an answer: the most retrieved chunks, one per neighbourhood."""
+        """The passages behind an answer: the most retrieved chunks, one per neighbourhood. A segment's first chunk
+        is left out: every segment is encoded from position 0, and the keys of its first tokens (the attention
+        sink) match almost any query, whatever they say."""
         f = s.stored.csz // s.csz
         n_stored = s.bank_chunks * f  # serials below this are the bank's; above, the chat's
         tok = self.model.backbone.tokenizer
@@ -599,6 +620,8 @@ class Workspace:
                 try:
                     p = s.bank.passage(coarse)
                 except KeyError:
+                    continue
+                if p.chunk == 0:
                     continue
                 out.append(PassageHit(document=p.document, location=f"part {p.segment + 1} of {p.of_segments}",
                                       text=p.text, context=p.context, hits=hits))

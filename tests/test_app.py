@@ -38,6 +38,7 @@ def server(tmp_path_factory):
     client = Client(f"http://127.0.0.1:{port}/", verbose=False)
     yield ws, client, root
     demo.close()
+    ws.close()
 
 
 def text_of(message: dict) -> str:
@@ -100,8 +101,9 @@ def test_chat_streams_and_shows_passages(server, book_bank):
     assert chat[0]["role"] == "user" and chat[1]["role"] == "assistant" and text_of(chat[1])
     passages = [m for m in chat if (m.get("metadata") or {}).get("title") == "Passages memory retrieved"]
     assert passages and "lighthouse" in text_of(passages[0]) and "part " in text_of(passages[0])
-    history = client.predict(book_bank, api_name="/chat_history")
+    history = client.predict(book_bank, api_name="/chat_history")  # what a reloaded page shows
     assert text_of(history[0]) == "How many gulls did the keeper count?"
+    assert [text_of(m) for m in history] == [text_of(m) for m in chat]  # passages included, as they were shown
     client.predict(book_bank, api_name="/clear_chat")
     assert ws.chat_history(book_bank) == []
 

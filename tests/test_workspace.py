@@ -110,8 +110,9 @@ def test_chat_streams_stores_turns_and_shows_passages(ws, book):
     assert len(pieces) >= 1 and reply.text == "".join(pieces)
     assert reply.passages and all(p.document == "book" and p.location.startswith("part ") for p in reply.passages)
     assert all(p.text in p.context and p.text in book.read_text() for p in reply.passages)
-    assert ws.chat_history("b") == [{"role": "user", "content": "How many gulls?"},
-                                    {"role": "assistant", "content": reply.text}]
+    history = ws.chat_history("b")
+    assert [(t["role"], t["content"]) for t in history] == [("user", "How many gulls?"), ("assistant", reply.text)]
+    assert history[0]["passages"] == [] and history[1]["passages"] == reply.passages  # stored with the answer
 
 
 def test_chat_history_survives_a_new_workspace_and_moves_old_turns_into_memory(ws, book, tmp_path):
@@ -187,3 +188,15 @@ def test_busy_bank_cannot_be_deleted(ws, tmp_path):
     ws.jobs.wait(job, 60)
     ws.delete_bank("b")
     assert ws.banks() == []
+
+
+def test_close_removes_the_temporary_files_it_made(tmp_path):
+    ws = Workspace(chat_model(), Store(tmp_path / "banks"))
+    work = ws._work_dir()
+    (work / "plot.png").write_bytes(b"x")
+    ws.close()
+    assert not work.exists()
+    kept = Workspace(chat_model(), Store(tmp_path / "banks"), work_dir=tmp_path / "mine")
+    kept._work_dir()
+    kept.close()
+    assert (tmp_path / "mine").is_dir()  # a directory the caller gave is the caller's

@@ -1,0 +1,241 @@
+"""The web app in a real browser: ``python app.py`` on the real embedded backbone, driven by Playwright through
+Debian's Chromium (installed with apt-get when missing; never downloaded by Playwright).
+
+One walk through the page as a person would do it: upload a small book into a new bank from the Memory banks tab,
+watch the ingestion job finish, then ask about it in the Chat tab and watch the answer stream in, with the passages
+memory retrieved in their collapsible block. Full-page screenshots go to ``$LONGMEM_SCREENSHOTS`` (else pytest's
+tmp_path). Skipped, with the reason, only when Chromium (or the playwright package) cannot be installed.
+
+    python -m pytest -q tests/test_browser.py          # or: pytest -m browser
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from browser import (  # noqa: E402
+    MS,
+    VIEWPORT,
+    BrowserUnavailable,
+    app_errors,
+    choose,
+    ensure_chromium,
+    ensure_playwright,
+    launch_chromium,
+    open_passages,
+    start_app,
+    type_new_value,
+    wait_idle,
+)
+
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+BANK = "lighthouse"
+QUESTION = "Who kept the lighthouse on Gull Point, and what did he do every evening? Tell me about him."
+PASSAGES = "Passages memory retrieved"
+
+OPENING = """\
+The Keeper of Gull Point
+
+The lighthouse keeper's name was Elias Brandt, and he kept the light on Gull Point for thirty-one years. He had
+come to the island as a young man with one trunk, a fiddle with three strings, and a letter from the harbour board
+that called him "a sober and careful person, fit for the charge of a coastal light." Nobody on the mainland could
+remember a keeper before him, and after a while nobody tried.
+
+The tower stood on a shelf of black rock at the northern end of the island. It was built of granite blocks hauled
+from the quarry at Penmarrow, and its walls were so thick that the stair inside wound through them like a worm
+through an apple. At the top, behind a brass door that Elias polished every Sunday, sat the great lens: a beehive
+of glass prisms taller than a man, which turned on a bath of mercury and threw its beam twenty-two miles out to sea.
+
+Every evening, half an hour before sunset, Elias climbed the hundred and twelve steps, trimmed the wick, filled the
+reservoir with paraffin, wound the clockwork that turned the lens, and lit the lamp. Then he wrote the time in the
+logbook in his small, upright hand, and added a line about the weather. He did this on calm nights and on nights
+when the spray reached the gallery rail, on his birthday and on the night his brother died, and he never once let
+the light go out.
+"""
+
+CLOSING = """\
+In the spring of his last year on the island the harbour board sent a young man named Tobias Quill to learn the
+work. Tobias was clever and impatient, and at first he thought the logbook a waste of ink. Elias said nothing. He
+only handed him the pen each evening and waited. By midsummer Tobias was writing the weather without being asked,
+and by autumn he had learned to tell a rising sea from a falling one by the sound it made against the rocks.
+
+When Elias Brandt finally left Gull Point, he took the fiddle, the trunk, and nothing else. The logbook stayed in
+the tower, on its shelf beside the brass door, where the keeper who came after him could read, in a small and
+upright hand, thirty-one years of evenings on which the light had been lit on time.
+"""
+
+WEATHER = ["a light westerly breeze and a long, lazy swell", "fog from the south that hid the reef until noon",
+           "a hard gale from the north-east with rain in squalls", "a clear sky and a sea like hammered pewter",
+           "drizzle all day and a falling glass", "a fresh wind from the west and white horses on the bank",
+           "thick weather and the horn sounding every two minutes", "a calm so deep that the gulls sat on the water"]
+SHIPS = ["the coal brig Margaret Hale", "two herring boats from Penmarrow", "the mail steamer Corrie",
+         "a Norwegian timber barque", "the revenue cutter Vigilant", "a yawl with a torn mainsail",
+         "the schooner Brothers Three", "no ships at all"]
+CHORES = ["scraped the salt from the gallery windows", "mended the hinge of the oil-store door",
+          "carried up two cans of paraffin", "cleaned the soot from the chimney of the lamp",
+          "painted the iron rail of the gallery", "dug potatoes in the walled garden",
+          "rowed across to the mainland for flour and tea", "oiled the clockwork and set it by the church clock"]
+MOODS = ["He played the fiddle for an hour after supper.", "He read a chapter of Robinson Crusoe by the lamp.",
+         "He wrote a letter to his sister in Carrick that he did not send.", "He slept badly and rose twice to look "
+         "at the light.", "He watched the seals on the low rocks until it was too dark to see them.",
+         "He counted the flashes of the Skerry light across the sound, as he often did."]
+MONTHS = ["March", "April", "May", "June", "July", "August"]
+
+
+def write_book(path: Path, entries: int = 36, seed: int = 7) -> Path:
+    """A ~3k-token story: an opening with the distinctive fact, a keeper's logbook, an ending. Deterministic."""
+    rng = random.Random(seed)
+    log = []
+    for i in range(entries):
+        day, month = 1 + (i * 5) % 28, MONTHS[i * len(MONTHS) // entries]
+        log.append(f"{day} {month}. Lit at {6 + i % 3}.{10 + (i * 7) % 50:02d}. The weather was {rng.choice(WEATHER)}. "
+                   f"Passing the point before dusk: {rng.choice(SHIPS)}. In the morning I {rng.choice(CHORES)}, and in "
+                   f"the afternoon I {rng.choice(CHORES)}. {rng.choice(MOODS)}")
+    heading = "\nFrom the logbook of Gull Point light, kept by E. Brandt\n\n"
+    text = OPENING + heading + "\n\n".join(log) + "\n\n" + CLOSING
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    try:
+        path = ensure_chromium()
+        ensure_playwright()
+    except BrowserUnavailable as e:
+        pytest.skip(str(e))
+    return path
+
+
+def _shots_dir(tmp_path: Path) -> Path:
+    out = Path(os.environ.get("LONGMEM_SCREENSHOTS") or tmp_path / "screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+# Records, in the page, each distinct text of the first answer bubble of #chatbot (so no streamed step is missed
+# between two round trips of the test), and when the passages block appeared.
+RECORDER = """() => {
+  window.__answers = []; window.__passagesAt = null;
+  const t0 = performance.now();
+  window.__recorder = setInterval(() => {
+    const bubbles = document.querySelectorAll('#chatbot [data-testid=bot]');
+    const text = bubbles.length ? bubbles[0].innerText.trim() : '';
+    const seen = window.__answers;
+    if (text && (!seen.length || seen[seen.length - 1].text !== text) && window.__passagesAt === null)
+      seen.push({t: performance.now() - t0, text: text});
+    if (window.__passagesAt === null && document.querySelector('#chatbot .thought-group'))
+      window.__passagesAt = performance.now() - t0;
+  }, 40);
+}"""
+
+
+def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
+    sync_playwright = ensure_playwright()
+    shots = _shots_dir(tmp_path)
+    book = write_book(tmp_path / "gull_point.txt")
+    timings: dict[str, float] = {}
+    page_errors: list[str] = []
+    t_start = time.perf_counter()
+
+    with start_app(tmp_path / "app") as (proc, url, ready_s), sync_playwright() as p:
+        timings["app ready"] = ready_s
+        browser = launch_chromium(p, chromium)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.set_default_timeout(60 * MS)
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+            page.goto(url, wait_until="domcontentloaded")
+
+            # -- Memory banks: a new bank, a book, Ingest -----------------------------------------------------------
+            page.get_by_role("tab", name="Memory banks").wait_for()
+            page.locator("#upload-bank input[role=combobox]").wait_for()
+            page.locator("#jobs-panel #jobs-empty").wait_for()  # the panel's first render: no job yet
+            type_new_value(page, "upload-bank", BANK)
+            page.locator("#upload-files input[type=file]").set_input_files(str(book))
+            page.locator("#upload-files", has_text=book.name).wait_for()  # the upload reached the server
+            t0 = time.perf_counter()
+            page.click("#ingest")
+            job = page.locator("#jobs-panel div.job").first
+            job.wait_for()
+            page.locator("#jobs-panel div.job[data-status=running], #jobs-panel div.job[data-status=done]").first \
+                .wait_for(timeout=300 * MS)
+            seen_running = job.get_attribute("data-status") == "running"
+            if seen_running:  # a few seconds in, so that the bar has moved
+                page.wait_for_function(
+                    "() => { const b = document.querySelector('#jobs-panel div.job progress');"
+                    " const j = document.querySelector('#jobs-panel div.job');"
+                    " return j.dataset.status !== 'running' || (b && b.value > 0); }", timeout=300 * MS)
+            page.screenshot(path=str(shots / "1-ingesting.png"), full_page=True)
+            assert page.locator("#jobs-panel div.job progress").count() == 1
+            assert BANK in job.inner_text()
+
+            page.wait_for_function(
+                "() => { const j = document.querySelector('#jobs-panel div.job');"
+                " return j && !['queued', 'running'].includes(j.dataset.status); }", timeout=600 * MS)
+            timings["ingestion"] = time.perf_counter() - t0
+            status = job.get_attribute("data-status")
+            assert status == "done", f"ingestion ended {status}: {job.inner_text()}"
+            assert "ingested" in job.inner_text() and "tokens" in job.inner_text()
+            assert page.locator("#jobs-panel div.job progress").get_attribute("value") == "100.0"
+            # the banks table shows the new bank, ready
+            page.locator("#banks-table", has_text=BANK).wait_for(timeout=30 * MS)
+            page.locator("#banks-table", has_text="ready").wait_for(timeout=30 * MS)
+            page.screenshot(path=str(shots / "2-ingested.png"), full_page=True)
+
+            # -- Chat: pick the bank, ask, watch the answer stream --------------------------------------------------
+            page.get_by_role("tab", name="Chat").click()
+            choose(page, "chat-bank", BANK)
+            wait_idle(page, "chatbot")  # the bank's (empty) history has loaded
+            page.locator("#question textarea").fill(QUESTION)
+            page.evaluate(RECORDER)
+            t0 = time.perf_counter()
+            page.click("#send")
+            page.locator("#chatbot [data-testid=user]", has_text="Gull Point").wait_for()
+            page.wait_for_function("() => window.__answers.length >= 12 || window.__passagesAt !== null",
+                                   timeout=300 * MS)
+            page.screenshot(path=str(shots / "3-streaming.png"), full_page=True)
+            page.locator("#chatbot .thought-group", has_text=PASSAGES).wait_for(timeout=300 * MS)
+            wait_idle(page, "chatbot", timeout_s=120)
+            timings["answer"] = time.perf_counter() - t0
+            answers = page.evaluate("() => window.__answers")
+            page.evaluate("() => clearInterval(window.__recorder)")
+
+            final = page.locator("#chatbot [data-testid=bot]").first.inner_text().strip()
+            texts = [a["text"] for a in answers]
+            assert final, "the answer is empty"
+            assert len(texts) >= 2, f"the answer did not stream (observed: {texts})"
+            assert len(texts[-1]) > len(texts[0]), f"the answer did not grow while streaming: {texts[:3]}"
+            assert final.startswith(texts[0][:20]), (texts[0], final)
+            assert page.locator("#question textarea").input_value() == ""  # the question box was cleared
+
+            # the passages block: collapsed, opens on a click and quotes the book
+            title = page.locator("#chatbot .thought-group .title").last
+            assert "expanded" not in (title.get_attribute("class") or ""), "the passages block starts open"
+            block = open_passages(page)
+            block.get_by_text("gull_point").first.wait_for(timeout=10 * MS)  # quotes from the book, by title
+            page.screenshot(path=str(shots / "4-answered.png"), full_page=True)
+        finally:
+            browser.close()
+        assert proc.poll() is None, "the app exited during the test"
+        log_path = tmp_path / "app" / "app.log"
+
+    timings["total"] = time.perf_counter() - t_start
+    print(f"\nscreenshots in {shots}; timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+    print(f"job seen running: {seen_running}; answer streamed in {len(texts)} observed steps, first {texts[0]!r}, "
+          f"final {len(final)} chars; app log: {log_path}")
+    errors = app_errors(log_path)
+    assert not page_errors, f"JavaScript errors in the page: {page_errors}"
+    assert not any("Traceback" in line for line in errors), f"errors in {log_path}: {errors}"
+    for name in ("1-ingesting.png", "2-ingested.png", "3-streaming.png", "4-answered.png"):
+        assert (shots / name).stat().st_size > 10_000, name
