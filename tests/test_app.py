@@ -182,3 +182,17 @@ def test_model_panel_and_a_mismatched_checkpoint(server, tmp_path):
     with pytest.raises(AppError, match="not a Hugging Face model directory"):
         client.predict(str(tmp_path / "nothing"), "", api_name="/load_model")
     assert "tiny-llama" in client.predict(api_name="/model_info")  # the loaded model is unchanged
+
+
+def test_launch_flags():
+    from app.main import parse_auth
+
+    args = build_parser().parse_args(["--host", "0.0.0.0", "--port", "9000", "--no-browser", "--auth", "me:s3:cret",
+                                      "--max-upload-mb", "64"])
+    assert (args.host, args.port, args.no_browser, args.max_upload_mb) == ("0.0.0.0", 9000, True, 64)
+    assert parse_auth(args.auth) == ("me", "s3:cret") and parse_auth(None) is None
+    for bad in ("nobody", ":pw", "me:"):
+        with pytest.raises(SystemExit, match="user:password"):
+            parse_auth(bad)
+    defaults = build_parser().parse_args([])
+    assert defaults.host == "127.0.0.1" and not defaults.no_browser  # local only, browser opened
