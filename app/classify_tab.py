@@ -104,19 +104,19 @@ def build(ws: Workspace, shared: Shared) -> None:
         columns = None if has_header else peek_columns(paths[0], False)[0]
         fmt = DemoFormat(template=tmpl, label_words=parse_label_words(wordmap), text_column=tcol or "text",
                          label_column=lcol or "label", columns=columns)
-        job = ws.build_classifier(bank_name.strip(), clf, paths[0], fmt, int(k), int(m), int(t), int(s), int(size))
+        job = ws.classifiers.build(bank_name.strip(), clf, paths[0], fmt, int(k), int(m), int(t), int(s), int(size))
         return f"Building: job {job} (the demonstrations are being written into memory).", shared.bump()
 
     @friendly
     def list_saved(bank_name):
-        names = ws.classifiers(bank_name) if bank_name and ws.store.exists(bank_name) else []
+        names = ws.classifiers.names(bank_name) if bank_name and ws.store.exists(bank_name) else []
         return gr.update(choices=names, value=names[0] if names else None)
 
     @friendly
     def do_evaluate(bank_name, clf, with_curve, progress=gr.Progress()):
         if not bank_name or not clf:
             raise ValueError("pick a bank and one of its saved classifiers")
-        out = ws.evaluate_classifier(bank_name, clf, with_curve,
+        out = ws.classifiers.evaluate(bank_name, clf, with_curve,
                                      progress=lambda d, n: progress(d / max(n, 1), desc="evaluating"))
         r = out["result"]
         lines = [f"**Accuracy {100 * r.accuracy:.1f}%** on {len(r.predictions)} held-out examples "
@@ -132,7 +132,7 @@ def build(ws: Workspace, shared: Shared) -> None:
     def do_one(bank_name, clf, t):
         if not bank_name or not clf:
             raise ValueError("pick a bank and one of its saved classifiers")
-        [row] = ws.classify(bank_name, clf, [t])
+        [row] = ws.classifiers.classify(bank_name, clf, [t])
         if row["error"]:
             raise ValueError(row["error"])
         scores = {k[len("score_"):]: v for k, v in row.items() if k.startswith("score_")}
@@ -145,7 +145,7 @@ def build(ws: Workspace, shared: Shared) -> None:
         paths = file_paths(files)
         if not bank_name or not clf or not paths:
             raise ValueError("pick a bank, a saved classifier and a file to classify")
-        return str(ws.classify_file(bank_name, clf, paths[0], (col or "text").strip(),
+        return str(ws.classifiers.classify_file(bank_name, clf, paths[0], (col or "text").strip(),
                                     progress=lambda d, n: progress(d / max(n, 1), desc="classifying")))
 
     def poll(was: bool, bank_name):

@@ -18,7 +18,6 @@ of a bank is stored in the bank; when it outgrows the local window its oldest tu
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -33,6 +32,7 @@ from typing import Callable, Iterator
 import torch
 
 from .bank import Bank, BankBusy, BankError
+from .classifier_desk import ClassifierDesk
 from .ingest import ingest as ingest_file
 from .jobs import JobContext, JobManager
 from .lm import Sampling
@@ -164,6 +164,7 @@ class Workspace:
         self.checkpoint = checkpoint  # where the SideNet came from (None = shipped default or untrained)
         self._lock = threading.RLock()  # one model call at a time; guards the sessions
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self.classifiers = ClassifierDesk(self)  # build, evaluate and use classifiers saved in banks
 
     # -- the model ------------------------------------------------------------------------------------------------
     def model_info(self) -> dict:
@@ -295,9 +296,9 @@ class Workspace:
             bank.check(self.model)
         paths = [Path(p) for p in paths]
         names = titles or [p.name for p in paths]
-        return self.jobs.submit("ingest", name, ", ".join(names), self._ingest_work(name, paths, names, demos))
+        return self.jobs.submit("ingest", name, ", ".join(names), self.ingest_work(name, paths, names, demos))
 
-    def _ingest_work(self, name: str, paths: list[Path], titles: list[str], demos: DemoFormat | None,
+    def ingest_work(self, name: str, paths: list[Path], titles: list[str], demos: DemoFormat | None,
                      then: Callable[[Bank], str] | None = None) -> Callable[[JobContext], str]:
         model = self.model
 
@@ -326,7 +327,7 @@ class Workspace:
         if s is not None:
             s.bank.close()
 
-    def _session(self, name: str, csz: int | None = None) -> _Session:
+    def session(self, name: str, csz: int | None = None) -> _Session:
         """The loaded memory of a bank, (re)loaded when the bank changed; callers hold the lock."""
         s = self._sessions.get(name)
         if s is not None:
@@ -383,7 +384,7 @@ class Workspace:
         self.store.open(name).close()  # an unknown bank fails here, in the caller
 
         def run(reply: Reply) -> None:
-            s = self._session(name, settings.csz)
+            s = self.session(name, settings.csz)
             if s.chat is None:
                 s.chat = Chat(self.model, s.memory, history=s.bank.chat_turns())
             chat = s.chat
@@ -424,7 +425,7 @@ class Workspace:
                              f"{model.segment_len}-token window")
 
         def run(reply: Reply) -> None:
-            s = self._session(name, settings.csz)
+            s = self.session(name, settings.csz)
             if prompt is None:
                 ids = _tail_tokens(s.stored, min(room, model.segment_len // 2))
                 if ids.numel() == 0:
@@ -444,117 +445,7 @@ class Workspace:
 
         return self._start(run)
 
-    # -- classifiers ------------------------------------------------------------------------------------------------
-    def build_classifier(self, name: str, classifier: str, path: str | os.PathLike, fmt: DemoFormat, n_context: int,
-                         n_memory: int | None, n_test: int, seed: int = 0, csz: int | None = None,
-                         create: bool = True) -> str:
-        """Split a labelled file into in-context demonstrations, in-memory demonstrations (ingested into bank
-        ``name`` by a job) and a held-out test set; the classifier is saved with the bank when the job is done.
-        Returns the job id."""
-        from .classifiers import ClassifierSpec, format_demo, read_examples, split_examples
-
-        if not classifier or not classifier.strip():
-            raise InputError("give the classifier a name")
-        self.check_upload(path, fmt)
-        examples = read_examples(path, fmt, skip_empty=True)
-        split = split_examples(examples, n_context, n_memory, n_test, seed)
-        words = list(dict.fromkeys((fmt.label_words or {}).values())) or sorted({e.label for e in examples})
-        spec = ClassifierSpec(name=classifier.strip(), template=fmt.template, labels=words,
-                              context=[format_demo(fmt.template, e) for e in split.context], source=Path(path).name,
-                              n_memory=len(split.memory), n_test=len(split.test), seed=seed, test=split.test)
-        saved = {"spec": spec.to_dict(), "csz": csz or self.model.csz,
-                 "memory_examples": [{"text": e.text, "label": e.label} for e in split.memory]}
-        if not self.store.exists(name):
-            if not create:
-                self.store.open(name)
-            self.create_bank(name)
-        with self.store.open(name) as bank:
-            bank.check(self.model)
-
-        def save(bank: Bank) -> str:
-            bank.save_classifier(spec.name, saved)
-            return f"classifier {spec.name!r} saved ({len(split.context)} in context, {len(split.memory)} in memory, " \
-                   f"{len(split.test)} held out)"
-
-        if not split.memory:  # in-context only: nothing to ingest
-            return self.jobs.submit("classifier", name, spec.name, lambda ctx: save(self.store.open(name)))
-        demo_file = self._work_dir() / f"{name}-{spec.name}-{seed}-demos.jsonl"
-        demo_file.write_text("".join(json.dumps({"text": e.text, "label": e.label}) + "\n" for e in split.memory))
-        demos = DemoFormat(template=fmt.template, text_column="text", label_column="label")
-        title = f"{spec.name} demonstrations ({len(split.memory):,} from {Path(path).name}).jsonl"
-        return self.jobs.submit("ingest", name, title, self._ingest_work(name, [demo_file], [title], demos, save))
-
-    def classifiers(self, name: str) -> list[str]:
-        with self.store.open(name) as bank:
-            return list(bank.classifiers())
-
-    def _spec(self, name: str, classifier: str) -> tuple[object, dict]:
-        from .classifiers import ClassifierSpec
-
-        with self.store.open(name) as bank:
-            saved = bank.classifiers().get(classifier)
-        if saved is None:
-            raise KeyError(f"bank {name!r} has no classifier {classifier!r}")
-        return ClassifierSpec.from_dict(saved["spec"]), saved
-
-    def evaluate_classifier(self, name: str, classifier: str, curve: bool = True, progress=None) -> dict:
-        """Accuracy, per-label metrics and confusion matrix on the held-out set (bank memory), plus accuracy vs the
-        number of in-memory demonstrations; plots as PNG. Returns {"result", "curve", "confusion_png", "curve_png"}."""
-        from .classifiers import (Example, accuracy_vs_memory, evaluate, majority_accuracy, plot_confusion,
-                                  plot_curve)
-
-        spec, saved = self._spec(name, classifier)
-        if not spec.test:
-            raise ValueError(f"classifier {classifier!r} has no held-out examples to evaluate on")
-        mem_examples = [Example(e["text"], e["label"]) for e in saved.get("memory_examples", [])]
-        csz = saved.get("csz")
-        n_curve = (len(spec.test) * 5 + len(mem_examples)) if curve else 0
-        total = len(spec.test) + n_curve
-        report = (lambda base: (lambda d, _t: progress(base + d, total))) if progress else (lambda base: None)
-
-        def run():
-            memory = self._session(name, csz).memory
-            result = evaluate(spec.classifier(self.model, memory), spec.test, report(0))
-            points = accuracy_vs_memory(self.model, spec.template, spec.labels, spec.context, mem_examples,
-                                        spec.test, progress=report(len(spec.test)), csz=csz) if curve else []
-            return result, points
-
-        result, points = self.run_locked(run)
-        out_dir = self._work_dir()
-        stem = f"{name}-{classifier}".replace("/", "_")
-        with self.store.open(name) as bank:
-            saved["spec"]["last_eval"] = result.to_dict()
-            bank.save_classifier(classifier, saved)
-        return {"result": result,
-                "curve": points,
-                "majority": majority_accuracy(spec.test),
-                "confusion_png": str(plot_confusion(result, out_dir / f"{stem}-confusion.png")),
-                "curve_png": str(plot_curve(points, out_dir / f"{stem}-curve.png",
-                                            baseline=majority_accuracy(spec.test))) if points else None}
-
-    def classify(self, name: str, classifier: str, texts: list[str], progress=None) -> list[dict]:
-        """Label ``texts``: one row per text with the prediction, its confidence and every label's score."""
-        from .classifiers import classify_rows
-
-        texts = [t for t in texts if t and t.strip()]
-        if not texts:
-            raise InputError("nothing to classify: the text is empty")
-        spec, saved = self._spec(name, classifier)
-        return self.run_locked(lambda: classify_rows(
-            spec.classifier(self.model, self._session(name, saved.get("csz")).memory), texts, progress))
-
-    def classify_file(self, name: str, classifier: str, path: str | os.PathLike, text_column: str = "text",
-                      columns: list[str] | None = None, progress=None) -> Path:
-        """Label every text of a file (CSV/TSV/JSONL column, or the lines of a .txt); returns a CSV of results."""
-        from .classifiers import read_texts, write_predictions_csv
-
-        p = Path(path)
-        if p.is_file() and p.stat().st_size > self.max_upload_bytes:
-            raise InputError(f"{p.name} is larger than the {self.max_upload_bytes / 2**20:,.0f} MiB limit")
-        rows = self.classify(name, classifier, read_texts(p, text_column, columns), progress)
-        return write_predictions_csv(rows, self._work_dir() / f"{p.stem}-predictions.csv")
-
-    def _work_dir(self) -> Path:
+    def scratch_dir(self) -> Path:
         """Where derived files go (demonstration splits, plots, result CSVs): ``work_dir``, else a temporary
         directory that ``close()`` removes."""
         if self.work_dir is None:
@@ -600,7 +491,7 @@ class Workspace:
 
     def loaded_memory(self, name: str, csz: int | None = None) -> MemoryBank:
         """A bank's memory as used by requests (load it if needed); call under ``run_locked``."""
-        return self._session(name, csz).memory
+        return self.session(name, csz).memory
 
     def _passages(self, s: _Session, view: MemoryView) -> list[PassageHit]:
         """The passages behind an answer: the most retrieved chunks, one per neighbourhood. A segment's first chunk

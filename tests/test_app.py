@@ -130,7 +130,7 @@ def test_classifier_from_a_csv(server):
         if client.predict("reviews", api_name="/classifiers")["value"] == "mood":
             break
         time.sleep(0.2)
-    assert ws.classifiers("reviews") == ["mood"]
+    assert ws.classifiers.names("reviews") == ["mood"]
     summary, per_label, confusion, curve = client.predict("reviews", "mood", True, api_name="/evaluate")
     assert "Accuracy" in summary and "10 held-out" in summary
     assert {r[0] for r in per_label["data"]} == {"good", "bad"}

@@ -124,9 +124,9 @@ def test_chat_history_survives_a_new_workspace_and_moves_old_turns_into_memory(w
                                                                      "a third, longer question about the gulls"]
     before = len(again.run_locked(lambda: again.loaded_memory("b")))
     list(again.chat("b", "and now?", FAST))
-    chat = again._sessions["b"].chat
+    chat = again.session("b").chat
     assert chat.moved_turns > 0  # the 64-token window cannot hold them all: the oldest went into memory
-    assert len(again._sessions["b"].memory) > before
+    assert len(again.session("b").memory) > before
     again.clear_chat("b")
     assert again.chat_history("b") == []
 
@@ -192,11 +192,11 @@ def test_busy_bank_cannot_be_deleted(ws, tmp_path):
 
 def test_close_removes_the_temporary_files_it_made(tmp_path):
     ws = Workspace(chat_model(), Store(tmp_path / "banks"))
-    work = ws._work_dir()
+    work = ws.scratch_dir()
     (work / "plot.png").write_bytes(b"x")
     ws.close()
     assert not work.exists()
     kept = Workspace(chat_model(), Store(tmp_path / "banks"), work_dir=tmp_path / "mine")
-    kept._work_dir()
+    kept.scratch_dir()
     kept.close()
     assert (tmp_path / "mine").is_dir()  # a directory the caller gave is the caller's

@@ -1,0 +1,127 @@
+"""The classifier builder of a workspace: split a labelled file into in-context demonstrations, in-memory
+demonstrations (ingested into a bank by a job) and a held-out set; save the classifier with its bank; evaluate it
+(with plots); classify texts and whole files. ``Workspace.classifiers`` is one of these.
+
+    job = ws.classifiers.build("sst2", "sentiment", "train.tsv", PRESETS["SST-2"].demo_format(), 4, 2000, 200)
+    ws.classifiers.evaluate("sst2", "sentiment")          # accuracy, per-label metrics, confusion + curve PNGs
+    ws.classifiers.classify("sst2", "sentiment", ["a gorgeous film"])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .bank import Bank
+from .classifiers import (ClassifierSpec, Example, accuracy_vs_memory, classify_rows, format_demo, majority_accuracy,
+                          plot_confusion, plot_curve, read_examples, read_texts, split_examples, write_predictions_csv)
+from .classifiers import evaluate as evaluate_classifier
+from .readers import DemoFormat
+from .text import InputError
+
+if TYPE_CHECKING:
+    from .workspace import Workspace
+
+
+class ClassifierDesk:
+    def __init__(self, ws: "Workspace"):
+        self.ws = ws
+
+    def build(self, name: str, classifier: str, path: str | os.PathLike, fmt: DemoFormat, n_context: int,
+              n_memory: int | None, n_test: int, seed: int = 0, csz: int | None = None, create: bool = True) -> str:
+        """Split a labelled file into in-context demonstrations, in-memory demonstrations (ingested into bank
+        ``name`` by a job) and a held-out test set; the classifier is saved with the bank when the job is done.
+        Returns the job id."""
+        if not classifier or not classifier.strip():
+            raise InputError("give the classifier a name")
+        self.ws.check_upload(path, fmt)
+        examples = read_examples(path, fmt, skip_empty=True)
+        split = split_examples(examples, n_context, n_memory, n_test, seed)
+        words = list(dict.fromkeys((fmt.label_words or {}).values())) or sorted({e.label for e in examples})
+        spec = ClassifierSpec(name=classifier.strip(), template=fmt.template, labels=words,
+                              context=[format_demo(fmt.template, e) for e in split.context], source=Path(path).name,
+                              n_memory=len(split.memory), n_test=len(split.test), seed=seed, test=split.test)
+        saved = {"spec": spec.to_dict(), "csz": csz or self.ws.model.csz,
+                 "memory_examples": [{"text": e.text, "label": e.label} for e in split.memory]}
+        if not self.ws.store.exists(name):
+            if not create:
+                self.ws.store.open(name)
+            self.ws.create_bank(name)
+        with self.ws.store.open(name) as bank:
+            bank.check(self.ws.model)
+
+        def save(bank: Bank) -> str:
+            bank.save_classifier(spec.name, saved)
+            return f"classifier {spec.name!r} saved ({len(split.context)} in context, {len(split.memory)} in memory, " \
+                   f"{len(split.test)} held out)"
+
+        if not split.memory:  # in-context only: nothing to ingest
+            return self.ws.jobs.submit("classifier", name, spec.name, lambda ctx: save(self.ws.store.open(name)))
+        demo_file = self.ws.scratch_dir() / f"{name}-{spec.name}-{seed}-demos.jsonl"
+        demo_file.write_text("".join(json.dumps({"text": e.text, "label": e.label}) + "\n" for e in split.memory))
+        demos = DemoFormat(template=fmt.template, text_column="text", label_column="label")
+        title = f"{spec.name} demonstrations ({len(split.memory):,} from {Path(path).name}).jsonl"
+        return self.ws.jobs.submit("ingest", name, title, self.ws.ingest_work(name, [demo_file], [title], demos, save))
+
+    def names(self, name: str) -> list[str]:
+        with self.ws.store.open(name) as bank:
+            return list(bank.classifiers())
+
+    def _spec(self, name: str, classifier: str) -> tuple[ClassifierSpec, dict]:
+        with self.ws.store.open(name) as bank:
+            saved = bank.classifiers().get(classifier)
+        if saved is None:
+            raise KeyError(f"bank {name!r} has no classifier {classifier!r}")
+        return ClassifierSpec.from_dict(saved["spec"]), saved
+
+    def evaluate(self, name: str, classifier: str, curve: bool = True, progress=None) -> dict:
+        """Accuracy, per-label metrics and confusion matrix on the held-out set (bank memory), plus accuracy vs the
+        number of in-memory demonstrations; plots as PNG. Returns {"result", "curve", "confusion_png", "curve_png"}."""
+        spec, saved = self._spec(name, classifier)
+        if not spec.test:
+            raise ValueError(f"classifier {classifier!r} has no held-out examples to evaluate on")
+        mem_examples = [Example(e["text"], e["label"]) for e in saved.get("memory_examples", [])]
+        csz = saved.get("csz")
+        n_curve = (len(spec.test) * 5 + len(mem_examples)) if curve else 0
+        total = len(spec.test) + n_curve
+        report = (lambda base: (lambda d, _t: progress(base + d, total))) if progress else (lambda base: None)
+
+        def run():
+            memory = self.ws.session(name, csz).memory
+            result = evaluate_classifier(spec.classifier(self.ws.model, memory), spec.test, report(0))
+            points = accuracy_vs_memory(self.ws.model, spec.template, spec.labels, spec.context, mem_examples,
+                                        spec.test, progress=report(len(spec.test)), csz=csz) if curve else []
+            return result, points
+
+        result, points = self.ws.run_locked(run)
+        out_dir = self.ws.scratch_dir()
+        stem = f"{name}-{classifier}".replace("/", "_")
+        with self.ws.store.open(name) as bank:
+            saved["spec"]["last_eval"] = result.to_dict()
+            bank.save_classifier(classifier, saved)
+        return {"result": result,
+                "curve": points,
+                "majority": majority_accuracy(spec.test),
+                "confusion_png": str(plot_confusion(result, out_dir / f"{stem}-confusion.png")),
+                "curve_png": str(plot_curve(points, out_dir / f"{stem}-curve.png",
+                                            baseline=majority_accuracy(spec.test))) if points else None}
+
+    def classify(self, name: str, classifier: str, texts: list[str], progress=None) -> list[dict]:
+        """Label ``texts``: one row per text with the prediction, its confidence and every label's score."""
+        texts = [t for t in texts if t and t.strip()]
+        if not texts:
+            raise InputError("nothing to classify: the text is empty")
+        spec, saved = self._spec(name, classifier)
+        return self.ws.run_locked(lambda: classify_rows(
+            spec.classifier(self.ws.model, self.ws.session(name, saved.get("csz")).memory), texts, progress))
+
+    def classify_file(self, name: str, classifier: str, path: str | os.PathLike, text_column: str = "text",
+                      columns: list[str] | None = None, progress=None) -> Path:
+        """Label every text of a file (CSV/TSV/JSONL column, or the lines of a .txt); returns a CSV of results."""
+        p = Path(path)
+        if p.is_file() and p.stat().st_size > self.ws.max_upload_bytes:
+            raise InputError(f"{p.name} is larger than the {self.ws.max_upload_bytes / 2**20:,.0f} MiB limit")
+        rows = self.classify(name, classifier, read_texts(p, text_column, columns), progress)
+        return write_predictions_csv(rows, self.ws.scratch_dir() / f"{p.stem}-predictions.csv")
