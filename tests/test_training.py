@@ -78,6 +78,34 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, scope):
         assert ckpt < 0.8 * full  # only what training changes is saved
 
 
+def test_scales_get_their_own_learning_rate(tmp_path):
+    from training.train import param_groups
+
+    m = model()
+    [plain] = param_groups(m, config(tmp_path))
+    weights, scales = param_groups(m, config(tmp_path, scale_lr=20.0))
+    assert len(plain["params"]) == len(weights["params"]) + len(scales["params"])
+    names = {id(p): n for n, p in m.sidenet.named_parameters()}
+    assert sorted({names[id(p)].rsplit(".", 1)[-1] for p in scales["params"]}) == ["alpha_attn", "alpha_mlp", "gate"]
+    assert (scales["lr_mult"], scales["weight_decay"]) == (20.0, 0.0)
+    # one step at the same base LR moves every scale ~20x further (Adam's first step is ~lr * sign)
+    moved = {}
+    for mult in (1.0, 20.0):
+        t = Trainer(config(tmp_path / str(mult), steps=1, lr=1e-3, scale_lr=mult), documents(), model=model())
+        before = t.model.sidenet.layers[0].alpha_attn.detach().clone()
+        t.fit(progress=False)
+        moved[mult] = (t.model.sidenet.layers[0].alpha_attn.detach() - before).abs().item()
+    assert moved[20.0] == pytest.approx(20 * moved[1.0], rel=0.05)
+    # ... and resuming such a run is still exact
+    whole = Trainer(config(tmp_path / "w", scale_lr=20.0), documents(), model=model())
+    whole.fit(progress=False)
+    Trainer(config(tmp_path / "p", scale_lr=20.0), documents(), model=model()).fit(progress=False, until=3)
+    resumed = Trainer(config(tmp_path / "p", scale_lr=20.0), documents(), model=model(), resume=True)
+    resumed.fit(progress=False)
+    a, b = whole.model.trainable_state(), resumed.model.trainable_state()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 DDP_WORKER = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})

@@ -58,6 +58,8 @@ class TrainConfig:
     lr_power: float = 1.0  # polynomial decay power (1 = linear)
     warmup_steps: int = 0  # linear warm-up (the paper: none)
     weight_decay: float = 0.01
+    scale_lr: float = 1.0  # LR multiplier (and no weight decay) for the ReZero scales and the memory gate: scalars
+    #                        that start at 0 and must travel O(1) before memory can matter; 1 = one plain group
     grad_clip: float = 2.0
     amp: str = "auto"  # autocast dtype: auto (bf16 where the hardware has it), bfloat16, float16, none
     device: str = "auto"  # "auto" (cuda when present), "cpu", "cuda", "cuda:1", ...
@@ -147,6 +149,21 @@ def _load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
+SCALE_NAMES = ("alpha_attn", "alpha_mlp", "gate")  # SideNet scalars: ReZero branch scales, head-wise memory gate
+
+
+def param_groups(model: LongMemModel, cfg: TrainConfig) -> list[dict]:
+    """The optimizer's parameter groups: one group of every trained weight, or (``scale_lr`` != 1) the weights and,
+    apart, the branch scales and memory gate with ``lr_mult = scale_lr`` and no weight decay (decay would pull
+    them back to 0, which switches the branches off)."""
+    named = [(n, p) for n, p in model.sidenet.named_parameters() if p.requires_grad]
+    if cfg.scale_lr == 1.0:
+        return [{"params": [p for _, p in named]}]
+    is_scale = [n.rsplit(".", 1)[-1] in SCALE_NAMES for n, _ in named]
+    return [{"params": [p for (_, p), s in zip(named, is_scale) if not s]},
+            {"params": [p for (_, p), s in zip(named, is_scale) if s], "lr_mult": cfg.scale_lr, "weight_decay": 0.0}]
+
+
 def save_checkpoint(run: Path, model: LongMemModel, opt: torch.optim.Optimizer, cfg: TrainConfig, step: int,
                     extra: dict) -> Path:
     path = run / "checkpoint"
@@ -203,7 +220,7 @@ class Trainer:
                           else LongMemModel.from_config(mcfg, device=self.device))
         self.model.capacity = cfg.memory_tokens
         self.params = [p for p in self.model.sidenet.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6,
+        self.opt = torch.optim.AdamW(param_groups(self.model, cfg), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6,
                                      weight_decay=cfg.weight_decay)
         if self.step and (ckpt / "optimizer.safetensors").exists():
             _load_optimizer(self.opt, load_file(str(ckpt / "optimizer.safetensors")), state["optimizer"])
@@ -265,7 +282,7 @@ class Trainer:
         cfg = self.cfg
         lr = learning_rate(cfg, self.step)
         for g in self.opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_mult", 1.0)
         batch = self.data.batch(self.step)
         t0 = time.perf_counter()
         loss = self._memory_step(batch)
