@@ -105,19 +105,8 @@ def read_examples(path: str | Path, fmt: DemoFormat, skip_empty: bool = False) -
     bad input raises ``InputError`` naming the file, the line and the problem. ``skip_empty`` leaves out rows
     whose text is blank instead (MPQA's train.csv has three)."""
     p = Path(path)
-    rows = _rows(p, _read_table(p), fmt, skip_empty)
-    if not rows:
-        raise InputError(f"{p}: has no examples")
-    allowed = fmt.labels if fmt.labels is not None else (list(fmt.label_words) if fmt.label_words else None)
-    if allowed is not None:
-        allowed = [str(a) for a in allowed]
-        bad = [(line, label) for line, _, label in rows if label not in allowed]
-        if bad:
-            line, label = bad[0]
-            raise InputError(f"{p}: line {line}: label {label!r} is not one of: {', '.join(allowed)} "
-                             f"({len(bad)} of {len(rows)} rows have labels outside this set)")
-    words = {str(k): v for k, v in (fmt.label_words or {}).items()}
-    return [Example(text, words.get(label, label)) for _, text, label in rows]
+    pairs, _ = readers.labelled(p, _rows(p, _read_table(p), fmt, skip_empty), fmt)
+    return [Example(text, word) for text, word in pairs]
 
 
 def read_texts(path: str | Path, text_column: str = "text", columns: list[str] | None = None) -> list[str]:

@@ -301,6 +301,24 @@ def _read_pdf(p: Path) -> tuple[str, str, dict]:
 # -----------------------------------------------------------------------------
 # demonstrations: CSV, TSV, JSONL
 
+def labelled(p: Path, rows: list[tuple[int, str, str]], fmt: DemoFormat) -> tuple[list[tuple[str, str]],
+                                                                                   list[str] | None]:
+    """Parsed rows (line, text, label value) as (text, label word) pairs, every label checked against the format's
+    allowed labels (``InputError`` naming the first bad line); also returns those allowed labels (None = any)."""
+    if not rows:
+        raise InputError(f"{p}: has no examples")
+    allowed = fmt.labels if fmt.labels is not None else (list(fmt.label_words) if fmt.label_words else None)
+    if allowed is not None:
+        allowed = [str(a) for a in allowed]
+        bad = [(line, label) for line, _, label in rows if label not in allowed]
+        if bad:
+            line, label = bad[0]
+            raise InputError(f"{p}: line {line}: label {label!r} is not one of: {', '.join(allowed)} "
+                             f"({len(bad)} of {len(rows)} rows have labels outside this set)")
+    words = {str(k): v for k, v in (fmt.label_words or {}).items()}
+    return [(text, words.get(label, label)) for _, text, label in rows], allowed
+
+
 def _demo_source(p: Path, fmt: DemoFormat) -> Source:
     fields = {name for _, name, _, _ in _parse_template(p, fmt.template) if name is not None}
     if fields != {"text", "label"}:
@@ -313,21 +331,9 @@ def _demo_source(p: Path, fmt: DemoFormat) -> Source:
         log.warning("%s is not valid UTF-8 (%s); undecodable bytes were replaced with U+FFFD", p, e.reason)
         content = raw.decode("utf-8-sig", errors="replace")
     rows = _jsonl_rows(p, content, fmt) if p.suffix.lower() == ".jsonl" else _csv_rows(p, content, fmt)
-    if not rows:
-        raise InputError(f"{p}: has no examples")
-
-    allowed = fmt.labels if fmt.labels is not None else (list(fmt.label_words) if fmt.label_words else None)
-    if allowed is not None:
-        allowed = [str(a) for a in allowed]
-        bad = [(line, label) for line, _, label in rows if label not in allowed]
-        if bad:
-            line, label = bad[0]
-            raise InputError(f"{p}: line {line}: label {label!r} is not one of: {', '.join(allowed)} "
-                             f"({len(bad)} of {len(rows)} rows have labels outside this set)")
-    words = {str(k): v for k, v in (fmt.label_words or {}).items()}
+    pairs, allowed = labelled(p, rows, fmt)
     demos, counts = [], {}
-    for _, text, label in rows:
-        word = words.get(label, label)
+    for text, word in pairs:
         demos.append(fmt.template.format(text=text, label=word))
         counts[word] = counts.get(word, 0) + 1
     data = fmt.separator.join(demos).encode("utf-8", errors="replace")
