@@ -630,6 +630,7 @@ class Bank:
             k = torch.empty(hkv, room, csz, d, dtype=dtype)
             v = torch.empty_like(k)
             tokens = torch.full((room, csz), -1, dtype=torch.int64)
+            starts = torch.zeros(room, csz, dtype=torch.bool)  # each segment was encoded alone: its first token
             pos, skipped = 0, 0
             rows = self.db.execute("SELECT s.id, s.n_chunks, s.tokens, kv.k, kv.v FROM segments s JOIN kv ON "
                                    "kv.segment_id = s.id ORDER BY s.id")
@@ -649,6 +650,7 @@ class Bank:
                     k[:, pos:pos + take] = _from_bytes(k_blob, dtype).view(hkv, nc, csz, d)[:, drop:]
                     v[:, pos:pos + take] = _from_bytes(v_blob, dtype).view(hkv, nc, csz, d)[:, drop:]
                     tokens[pos:pos + take] = _from_bytes(tok_blob, torch.int32)[: nc * csz].view(nc, csz)[drop:]
+                    starts[pos, 0] = drop == 0  # is an attention sink (see longmem.memory)
                     pos += take
                 if progress is not None:
                     progress(pos, total - first)
@@ -673,7 +675,8 @@ class Bank:
                          self.name)
         self.layout = _Layout(epoch, seg_ids, np.concatenate([[0], np.cumsum(seg_chunks)]))
         return MemoryBank.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
-                                      use_gpu=use_gpu)
+                                      use_gpu=use_gpu, starts=starts,
+                                      max_sinks=1 if model is None else model.max_sinks)
 
     def passage(self, serial: int, context_chunks: int = 8) -> Passage:
         """The text of chunk ``serial`` of the last loaded memory, with up to ``context_chunks`` chunks each side."""

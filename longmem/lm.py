@@ -81,6 +81,7 @@ class SegmentLM(nn.Module):
     segment_len: int
     csz: int = 4
     capacity: int | None = 65536
+    max_sinks: int | None = 1  # attention-sink chunks a query may retrieve (see longmem.memory); None = no limit
     cached_layer: int | None = None  # backbone layer whose K/V go into memory; None = model has no memory
 
     # -- to implement ---------------------------------------------------------------------------------------------
@@ -99,7 +100,7 @@ class SegmentLM(nn.Module):
         spec = self.backbone.spec
         cap = self.capacity if capacity == "config" else capacity
         return MemoryBank(spec.n_kv_heads, spec.head_dim, csz=self.csz, capacity=cap, batch_size=batch_size,
-                          dtype=self.backbone.dtype)
+                          dtype=self.backbone.dtype, max_sinks=self.max_sinks)
 
     def memory_kv(self, hidden_m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-RoPE K/V (B, Hkv, T, d) to store for tokens whose cached-layer input is ``hidden_m`` (B, T, E)."""
@@ -126,10 +127,11 @@ class SegmentLM(nn.Module):
             full = [x for x in segs if x.shape[1] == L]
             for seg in ([torch.cat(full)] if full else []) + [x for x in segs if x.shape[1] < L]:
                 k, v = self.encode_memory(seg)  # (b, Hkv, T, d)
+                starts = segment_starts(seg.shape[0], seg.shape[1], seg.device)
                 if seg.shape[0] != ids.shape[0]:  # batched segments of one stream: back to one row, in order
                     k, v = (t.transpose(0, 1).reshape(1, t.shape[1], -1, t.shape[-1]) for t in (k, v))
-                    seg = seg.reshape(1, -1)
-                memory.add(k, v, tokens=seg)
+                    seg, starts = seg.reshape(1, -1), starts.reshape(1, -1)
+                memory.add(k, v, tokens=seg, starts=starts)
             if progress is not None:
                 progress(min(s + step, total), total)
         return total
@@ -152,7 +154,7 @@ class SegmentLM(nn.Module):
         """The paper's update rule: the segment reads memory first, then (``update``) its K/V are appended to it."""
         out = self.step(ids, memory)
         if update and memory is not None and out.k is not None:
-            memory.add(out.k.detach(), out.v.detach(), tokens=ids)
+            memory.add(out.k.detach(), out.v.detach(), tokens=ids, starts=segment_starts(*ids.shape, ids.device))
         return out
 
     def token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -224,13 +226,22 @@ class SegmentLM(nn.Module):
             new = torch.tensor([[tok]], device=ids.device)
             if window.length >= self.segment_len:
                 n_out = window.length - keep + 1
-                if memory is not None and window.mem_k is not None:
-                    memory.add(window.mem_k[:, :, :n_out], window.mem_v[:, :, :n_out], tokens=window.ids[:, :n_out])
+                if memory is not None and window.mem_k is not None:  # the window was encoded from position 0
+                    memory.add(window.mem_k[:, :, :n_out], window.mem_v[:, :, :n_out], tokens=window.ids[:, :n_out],
+                               starts=segment_starts(1, n_out, ids.device))
                 ids = torch.cat([window.ids[:, n_out:], new], dim=1)
                 window = Window()
                 logits = last(self.step(ids, memory, window))
             else:
                 logits = last(self.step(new, memory, window))
+
+
+def segment_starts(batch: int, length: int, device=None) -> torch.Tensor:
+    """(batch, length) bool marking the first token of segments encoded from position 0: the attention sinks that
+    ``MemoryBank.add`` keeps out of most searches."""
+    starts = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    starts[:, :1] = True
+    return starts
 
 
 def _sample(logits: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> int:

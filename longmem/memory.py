@@ -8,6 +8,14 @@ to key/value heads as in grouped-query attention (query head h reads KV head h /
 
 Tokens that do not fill a chunk wait in a small pending buffer and become searchable once the chunk is full.
 With a ``capacity`` (M tokens, the paper's FIFO queue) the oldest chunks are evicted first.
+
+Attention sinks. Every segment is encoded on its own, from position 0, and its first token becomes an attention
+sink: its key scores high against almost every query. Stored as it is, the first chunk of each segment wins a top-K
+slot for nearly every query and head (measured with ``python -m training.probe``: with 8k tokens in memory, 3 to 8
+of a head's 16 retrieved chunks are the 8 segments' first chunks), and with 64 segments in memory they would fill
+all of them. ``add`` is told which tokens began a forward pass (``starts``); the chunks holding one are *sink
+chunks*, and at most ``max_sinks`` of them (default 1, so memory attention can still rest on one) are returned
+among a query's top chunks. The others' slots go to the next best chunks.
 """
 
 from __future__ import annotations
@@ -79,11 +87,13 @@ class _Row:
         self.k = torch.empty(n_kv_heads, 0, csz, head_dim, dtype=dtype)  # (Hkv, capacity, csz, d)
         self.v = torch.empty_like(self.k)
         self.tokens = torch.empty(0, csz, dtype=torch.int64)  # (capacity, csz), -1 when unknown
+        self.starts = torch.empty(0, csz, dtype=torch.bool)  # (capacity, csz) token began a forward pass (a sink)
         self.n = 0  # chunks stored
         self.evicted = 0  # chunks evicted since the last clear (chunk serial = evicted + position)
         self.pend_k = torch.empty(n_kv_heads, 0, head_dim, dtype=dtype)  # (Hkv, <csz, d) partial chunk
         self.pend_v = torch.empty_like(self.pend_k)
         self.pend_t = torch.empty(0, dtype=torch.int64)
+        self.pend_s = torch.empty(0, dtype=torch.bool)
 
     def _new_index(self):
         index = faiss.IndexFlatIP(self.d)
@@ -101,15 +111,19 @@ class _Row:
         k[:, :cap], v[:, :cap] = self.k, self.v
         tok = self.tokens.new_full((new, self.csz), -1)
         tok[:cap] = self.tokens
-        self.k, self.v, self.tokens = k, v, tok
+        starts = self.starts.new_zeros(new, self.csz)
+        starts[:cap] = self.starts
+        self.k, self.v, self.tokens, self.starts = k, v, tok, starts
 
-    def add(self, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor) -> None:
-        """k, v (Hkv, T, d); tokens (T,)."""
+    def add(self, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, starts: torch.Tensor) -> None:
+        """k, v (Hkv, T, d); tokens (T,); starts (T,) bool, True where a token began a forward pass."""
         k = torch.cat([self.pend_k, k.to("cpu", self.dtype)], dim=1)
         v = torch.cat([self.pend_v, v.to("cpu", self.dtype)], dim=1)
         tokens = torch.cat([self.pend_t, tokens.to("cpu", torch.int64)])
+        starts = torch.cat([self.pend_s, starts.to("cpu", torch.bool)])
         full = (k.shape[1] // self.csz) * self.csz
         self.pend_k, self.pend_v, self.pend_t = k[:, full:].clone(), v[:, full:].clone(), tokens[full:].clone()
+        self.pend_s = starts[full:].clone()
         nc = full // self.csz
         if nc == 0:
             return
@@ -119,6 +133,7 @@ class _Row:
         self.k[:, self.n:self.n + nc] = ck
         self.v[:, self.n:self.n + nc] = cv
         self.tokens[self.n:self.n + nc] = tokens[:full].view(nc, self.csz)
+        self.starts[self.n:self.n + nc] = starts[:full].view(nc, self.csz)
         keys = chunk_keys(ck)  # (Hkv, nc, d)
         for j, index in enumerate(self.indexes):
             index.add(keys[j])
@@ -139,18 +154,25 @@ class _Row:
         self.k[:, :keep] = self.k[:, e:self.n].clone()
         self.v[:, :keep] = self.v[:, e:self.n].clone()
         self.tokens[:keep] = self.tokens[e:self.n].clone()
+        self.starts[:keep] = self.starts[e:self.n].clone()
         self.n = keep
         self.evicted += e
 
-    def search(self, q: torch.Tensor, n_chunks: int, group: int):
+    def search(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None):
         """q (Hq, T, d) -> keys, values (Hq, T, K, d), mask (Hq, T, K), ids (Hq, T, n_chunks)."""
         hq, T, d = q.shape
         ids = np.full((hq, T, n_chunks), -1, dtype=np.int64)
         if self.n > 0:
+            sink = self.starts[: self.n].any(dim=1).numpy()  # (n,) sink chunks
+            extra = 0 if max_sinks is None else max(0, int(sink.sum()) - max_sinks)  # sink chunks that may be skipped
+            fetch = min(n_chunks + extra, self.n)
             qf = q.detach().to("cpu", torch.float32).numpy()
             for j, index in enumerate(self.indexes):
                 block = np.ascontiguousarray(qf[j * group:(j + 1) * group].reshape(group * T, d))
-                _, found = index.search(block, min(n_chunks, self.n))
+                _, found = index.search(block, fetch)  # (group * T, fetch), best first
+                if extra:
+                    found = _limit_sinks(found, sink, max_sinks)
+                found = found[:, :n_chunks]
                 ids[j * group:(j + 1) * group, :, : found.shape[1]] = found.reshape(group, T, -1)
         ids_t = torch.from_numpy(ids)
         valid = ids_t >= 0  # (Hq, T, n)
@@ -168,18 +190,31 @@ class _Row:
         return keys.reshape(hq, T, K, d), values.reshape(hq, T, K, d), mask, serial
 
 
+def _limit_sinks(found: np.ndarray, sink: np.ndarray, max_sinks: int) -> np.ndarray:
+    """Per row of ``found`` (chunk ids, best first, -1 = none), drop the sink chunks after the first ``max_sinks``,
+    keeping the order of the rest; dropped places move to the end as -1."""
+    is_sink = np.where(found >= 0, sink[np.clip(found, 0, None)], False)
+    drop = is_sink & (np.cumsum(is_sink, axis=1) > max_sinks)
+    order = np.argsort(drop, axis=1, kind="stable")  # kept ids first, in their order
+    return np.where(np.take_along_axis(drop, order, axis=1), -1, np.take_along_axis(found, order, axis=1))
+
+
 class MemoryBank:
     """The narrow memory interface passed into forward: ``add``, ``search``, ``clear`` (plus a few read-outs)."""
 
     def __init__(self, n_kv_heads: int, head_dim: int, *, csz: int = 4, capacity: int | None = 65536,
-                 batch_size: int = 1, dtype: torch.dtype = torch.bfloat16, use_gpu: bool | None = None):
+                 batch_size: int = 1, dtype: torch.dtype = torch.bfloat16, use_gpu: bool | None = None,
+                 max_sinks: int | None = 1):
         if csz < 1:
             raise ValueError(f"chunk size must be >= 1, got {csz}")
         if capacity is not None and capacity < csz:
             raise ValueError(f"capacity ({capacity} tokens) must hold at least one chunk of {csz}")
         self.n_kv_heads, self.head_dim, self.csz = n_kv_heads, head_dim, csz
+        if max_sinks is not None and max_sinks < 0:
+            raise ValueError(f"max_sinks must be >= 0 or None, got {max_sinks}")
         self.capacity = capacity
         self.dtype = dtype
+        self.max_sinks = max_sinks  # sink chunks allowed among a query's top chunks (None = no limit)
         self.gpu_res = _gpu_resources() if use_gpu is not False else None
         if use_gpu and self.gpu_res is None:
             raise RuntimeError("GPU faiss requested but faiss has no GPU support or CUDA is unavailable")
@@ -188,17 +223,21 @@ class MemoryBank:
     @classmethod
     def from_chunks(cls, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, indexes: list | None = None, *,
                     n: int | None = None, first_serial: int = 0, capacity: int | None = None,
-                    use_gpu: bool | None = None) -> "MemoryBank":
+                    use_gpu: bool | None = None, starts: torch.Tensor | None = None,
+                    max_sinks: int | None = 1) -> "MemoryBank":
         """A one-row bank that adopts memory already cut into chunks, without copying it: k, v (Hkv, N, csz, d) and
         tokens (N, csz) of which the first ``n`` (default N) are filled (the rest is room to grow), and optionally
-        one faiss index per KV head holding the n mean-pooled chunk keys (built here when None). Chunk serial
-        numbers start at ``first_serial``. This is how a persistent bank is restored without the backbone."""
+        one faiss index per KV head holding the n mean-pooled chunk keys (built here when None) and which tokens
+        began a forward pass, (N, csz) bool (the sinks, see the module doc; None = none). Chunk serial numbers start at
+        ``first_serial``. This is how a persistent bank is restored without the backbone."""
         hkv, room, csz, d = k.shape
         n = room if n is None else n
-        if v.shape != k.shape or v.dtype != k.dtype or tuple(tokens.shape) != (room, csz) or not 0 <= n <= room:
+        starts = torch.zeros(room, csz, dtype=torch.bool) if starts is None else starts.to(torch.bool)
+        if (v.shape != k.shape or v.dtype != k.dtype or tuple(tokens.shape) != (room, csz) or not 0 <= n <= room
+                or tuple(starts.shape) != (room, csz)):
             raise ValueError(f"chunks do not line up: k {tuple(k.shape)}, v {tuple(v.shape)}, "
-                             f"tokens {tuple(tokens.shape)}")
-        bank = cls(hkv, d, csz=csz, capacity=None, batch_size=1, dtype=k.dtype, use_gpu=use_gpu)
+                             f"tokens {tuple(tokens.shape)}, starts {tuple(starts.shape)}")
+        bank = cls(hkv, d, csz=csz, capacity=None, batch_size=1, dtype=k.dtype, use_gpu=use_gpu, max_sinks=max_sinks)
         row = bank.rows[0]
         if indexes is None:
             for s in range(0, n, INDEX_BLOCK):  # in blocks: the float32 mean of all keys at once could be large
@@ -212,7 +251,7 @@ class MemoryBank:
             if bank.gpu_res is not None:
                 indexes = [faiss.index_cpu_to_gpu(bank.gpu_res, 0, ix) for ix in indexes]
             row.indexes = list(indexes)
-        row.k, row.v, row.tokens, row.n, row.evicted = k, v, tokens.to(torch.int64), n, first_serial
+        row.k, row.v, row.tokens, row.starts, row.n, row.evicted = k, v, tokens.to(torch.int64), starts, n, first_serial
         bank.capacity = capacity
         if capacity is not None and n * csz > capacity:
             row.evict(n - capacity // csz)
@@ -233,16 +272,20 @@ class MemoryBank:
         """Searchable tokens per row."""
         return [r.n * self.csz for r in self.rows]
 
-    def add(self, keys: torch.Tensor, values: torch.Tensor, tokens: torch.Tensor | None = None) -> None:
-        """Append keys/values (B, Hkv, T, d) of T new tokens per row (and their ids (B, T)), evicting FIFO."""
+    def add(self, keys: torch.Tensor, values: torch.Tensor, tokens: torch.Tensor | None = None,
+            starts: torch.Tensor | None = None) -> None:
+        """Append keys/values (B, Hkv, T, d) of T new tokens per row (and their ids (B, T)), evicting FIFO.
+        ``starts`` (B, T) bool marks the tokens that began a forward pass, the attention sinks (None = none)."""
         B, hkv, T, d = keys.shape
         if B != self.batch_size or hkv != self.n_kv_heads or d != self.head_dim:
             raise ValueError(f"memory expects (B={self.batch_size}, Hkv={self.n_kv_heads}, T, d={self.head_dim}), "
                              f"got {tuple(keys.shape)}")
         if tokens is None:
             tokens = torch.full((B, T), -1, dtype=torch.int64)
+        if starts is None:
+            starts = torch.zeros(B, T, dtype=torch.bool)
         for b, row in enumerate(self.rows):
-            row.add(keys[b], values[b], tokens[b])
+            row.add(keys[b], values[b], tokens[b], starts[b])
             if self.capacity is not None and row.n * self.csz > self.capacity:
                 row.evict(row.n - self.capacity // self.csz)
 
@@ -254,7 +297,7 @@ class MemoryBank:
             raise ValueError(f"queries {tuple(queries.shape)} do not fit memory with B={self.batch_size}, "
                              f"Hkv={self.n_kv_heads}, d={self.head_dim}")
         group = hq // self.n_kv_heads
-        parts = [row.search(queries[b], n_chunks, group) for b, row in enumerate(self.rows)]
+        parts = [row.search(queries[b], n_chunks, group, self.max_sinks) for b, row in enumerate(self.rows)]
         join = (lambda t: t[0].unsqueeze(0)) if B == 1 else torch.stack  # no copy of the (large) K/V for one row
         keys, values, mask, ids = (join(t).to(queries.device) for t in zip(*parts))
         return Retrieved(keys=keys, values=values, mask=mask, chunk_ids=ids)
@@ -279,11 +322,12 @@ class MemoryBank:
         k = r.k[:, : r.n].reshape(self.n_kv_heads, r.n * f, csz, self.head_dim)  # a view: (Hkv, n*f, csz', d)
         v = r.v[:, : r.n].reshape(self.n_kv_heads, r.n * f, csz, self.head_dim)
         tokens = r.tokens[: r.n].reshape(r.n * f, csz)
+        starts = r.starts[: r.n].reshape(r.n * f, csz)
         use_gpu = self.gpu_res is not None
         out = MemoryBank.from_chunks(k, v, tokens, first_serial=r.evicted * f, capacity=self.capacity,
-                                     use_gpu=use_gpu)
+                                     use_gpu=use_gpu, starts=starts, max_sinks=self.max_sinks)
         if r.pend_t.numel():  # an unfinished chunk of the coarse bank may already fill finer chunks
-            out.add(r.pend_k[None], r.pend_v[None], r.pend_t[None])
+            out.add(r.pend_k[None], r.pend_v[None], r.pend_t[None], r.pend_s[None])
         return out
 
     def chunk_tokens(self, row: int, serial: int) -> torch.Tensor:

@@ -29,7 +29,7 @@ from .sidenet import LayerCache, SideNet
 CHECKPOINT_FORMAT = 1
 SHIPPED_DIR = Path(__file__).parent / "checkpoints"  # trained SideNets that come with the package
 SHIPPED = {DEFAULT_BACKBONE: "smollm2-135m-instruct"}  # backbone -> its shipped checkpoint directory
-RUNTIME_FIELDS = ("dtype", "segment_len", "capacity", "topk")  # settings a checkpoint's weights do not fix
+RUNTIME_FIELDS = ("dtype", "segment_len", "capacity", "topk", "max_sinks")  # settings a checkpoint's weights do not fix
 
 
 def shipped_checkpoint(backbone: str) -> Path | None:
@@ -49,10 +49,13 @@ class LongMemConfig:
     dtype: str = "auto"  # backbone/SideNet weights: "auto" (bf16 where the hardware has it, else fp32), or a name
     reduction: int = 2  # r: the SideNet has L'/r layers, layer l copied from backbone layer r*l
     memory_layer: int | None = None  # SideNet layer (0-based) with memory; None = 3/4 depth, round(0.75 L) - 1
-    cached_layer: int | None = None  # backbone layer m (0-based) cached in memory; None = the memory layer's twin
+    cached_layer: int | None = None  # backbone layer m (0-based) cached in memory; None = r * memory_layer, the
+    #                                  layer whose input H_llm[r*l] the memory layer reads at init, so its queries
+    #                                  are exactly that layer's (see ``training.probe`` for why this matters)
     csz: int = 4  # tokens per memory chunk
     topk: int = 64  # K: memory tokens each query token attends to (K/csz chunks per head)
     capacity: int | None = 65536  # M: memory tokens per stream (FIFO beyond); None = unbounded
+    max_sinks: int | None = 1  # segment-start (attention sink) chunks a query may retrieve; None = no limit
     segment_len: int = 1024  # local context window
     side_init: str = "rezero"  # "rezero": zero-scaled branches, reproduces the backbone; "plain": paper's copy-init
     gate_init: float = 0.0  # head-wise memory gate g at init (sigmoid(0) = 50/50)
@@ -64,8 +67,7 @@ class LongMemConfig:
         """Fill the depth-dependent defaults for a backbone and check everything fits it."""
         n_side = spec.n_layers // self.reduction
         mem = self.memory_layer if self.memory_layer is not None else max(0, round(0.75 * n_side) - 1)
-        cached = self.cached_layer if self.cached_layer is not None else min(self.reduction * (mem + 1),
-                                                                              spec.n_layers) - 1
+        cached = self.cached_layer if self.cached_layer is not None else self.reduction * mem
         if not 0 <= cached < spec.n_layers:
             raise ValueError(f"cached layer {cached} outside the backbone's {spec.n_layers} layers")
         if self.segment_len > spec.max_positions:
@@ -91,6 +93,7 @@ class LongMemModel(SegmentLM):
         self.config = (config or LongMemConfig()).resolved(backbone.spec)
         c = self.config
         self.segment_len, self.csz, self.capacity, self.cached_layer = c.segment_len, c.csz, c.capacity, c.cached_layer
+        self.max_sinks = c.max_sinks
         self.sidenet = SideNet(backbone, reduction=c.reduction, memory_layer=c.memory_layer,
                                cached_layer=c.cached_layer, csz=c.csz, topk=c.topk, side_init=c.side_init,
                                gate_init=c.gate_init)

@@ -230,6 +230,22 @@ def type_new_value(page, component: str, value: str) -> None:
         raise AssertionError(f"dropdown #{component} shows {box.input_value()!r}, not {value!r}")
 
 
+def upload_file(page, component: str, path, attempts: int = 3, timeout_s: float = 20) -> None:
+    """Give a Gradio file component a file and wait until the server has it (the component shows its name). On a
+    loaded machine a selection made while the page is still settling can be dropped without an error, so it is made
+    again (``attempts`` times in all) before giving up."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(attempts):
+        page.locator(f"#{component} input[type=file]").set_input_files(str(path))
+        try:
+            page.locator(f"#{component}", has_text=Path(path).name).wait_for(timeout=timeout_s * MS)
+            return
+        except PlaywrightTimeout:
+            if attempt == attempts - 1:
+                raise
+
+
 def wait_idle(page, component: str, timeout_s: float = 60) -> None:
     """Wait until the Gradio status tracker of the component with elem_id ``component`` is hidden (nothing pending
     on it: no event running or queued with it as output)."""

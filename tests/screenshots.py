@@ -35,6 +35,7 @@ from browser import (  # noqa: E402
     open_passages,
     start_app,
     type_new_value,
+    upload_file,
     wait_idle,
 )
 
@@ -144,8 +145,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             # -- Memory banks: the book into bank gatsby ---------------------------------------------------------
             page.locator("#jobs-panel #jobs-empty").wait_for()
             type_new_value(page, "upload-bank", args.bank)
-            page.locator("#upload-files input[type=file]").set_input_files(str(book))
-            page.locator("#upload-files", has_text=book.name).wait_for()
+            upload_file(page, "upload-files", book)
             page.click("#ingest")
             page.locator("#jobs-panel div.job").first.wait_for()
             step("ingesting the book", t0)

@@ -33,6 +33,7 @@ from browser import (  # noqa: E402
     open_passages,
     start_app,
     type_new_value,
+    upload_file,
     wait_idle,
 )
 
@@ -162,8 +163,7 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
             page.locator("#upload-bank input[role=combobox]").wait_for()
             page.locator("#jobs-panel #jobs-empty").wait_for()  # the panel's first render: no job yet
             type_new_value(page, "upload-bank", BANK)
-            page.locator("#upload-files input[type=file]").set_input_files(str(book))
-            page.locator("#upload-files", has_text=book.name).wait_for()  # the upload reached the server
+            upload_file(page, "upload-files", book)  # and wait until the upload reached the server
             t0 = time.perf_counter()
             page.click("#ingest")
             job = page.locator("#jobs-panel div.job").first

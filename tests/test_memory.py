@@ -117,3 +117,66 @@ def test_bf16_storage_keeps_fp32_index():
     bank.add(k, v)
     r = bank.search(torch.randn(1, 2, 2, 8), n_chunks=2)
     assert r.keys.dtype == torch.bfloat16 and r.mask.all()
+
+
+# -- attention sinks: chunks holding a token that began a forward pass ----------------------------------------------
+
+
+def _sink_bank(max_sinks, segments=6, seg_len=16, seed=0):
+    """A bank of ``segments`` segments whose first tokens have huge keys (like attention sinks): every query's top
+    chunks would be the segments' first chunks."""
+    bank = _bank(max_sinks=max_sinks)
+    k, v = _kv(segments * seg_len, seed=seed)
+    k[:, :, ::seg_len] = 40.0
+    starts = torch.zeros(1, segments * seg_len, dtype=torch.bool)
+    starts[:, ::seg_len] = True
+    bank.add(k, v, starts=starts)
+    return bank, k
+
+
+def test_sink_chunks_are_flagged_by_starts():
+    bank, _ = _sink_bank(max_sinks=1)
+    flagged = bank.rows[0].starts.any(dim=1)[: bank.rows[0].n]
+    assert flagged.nonzero().flatten().tolist() == [0, 4, 8, 12, 16, 20]  # chunk 0 of every 4-chunk segment
+
+
+def test_at_most_max_sinks_sink_chunks_per_query():
+    q = torch.rand(1, 6, 5, 8) + 0.1  # positive queries: the sink keys (all 40) score highest
+    plain, k = _sink_bank(max_sinks=None)
+    assert (plain.search(q, n_chunks=4).chunk_ids % 4 == 0).all()  # unlimited: the 4 best are all sink chunks
+    bank, _ = _sink_bank(max_sinks=1)
+    ids = bank.search(q, n_chunks=4).chunk_ids  # (1, 6, 5, 4)
+    chunk_keys = k[0].view(2, 24, 4, 8).mean(dim=2)
+    sinks = torch.tensor([c % 4 == 0 for c in range(24)])
+    for h in range(6):
+        scores = q[0, h] @ chunk_keys[h // 3].T  # (T, 24)
+        best_sink = scores.masked_fill(~sinks, -1e9).argmax(-1, keepdim=True)
+        rest = scores.masked_fill(sinks, -1e9).topk(3, dim=-1).indices
+        want = torch.cat([best_sink, rest], dim=-1)  # the best sink chunk, then the 3 best others, by score
+        assert torch.equal(ids[0, h], want)
+    none = _sink_bank(max_sinks=0)[0].search(q, n_chunks=4).chunk_ids
+    assert not (none % 4 == 0).any() and (none >= 0).all()
+
+
+def test_sink_limit_with_few_chunks_masks_the_rest():
+    bank, _ = _sink_bank(max_sinks=0, segments=2, seg_len=4)  # 2 chunks, both sinks
+    r = bank.search(torch.rand(1, 2, 3, 8), n_chunks=2)
+    assert (r.chunk_ids == -1).all() and not r.mask.any()
+
+
+def test_sink_flags_follow_eviction_and_rechunk():
+    bank = _bank(capacity=32, max_sinks=1)
+    k, v = _kv(48)
+    starts = torch.zeros(1, 48, dtype=torch.bool)
+    starts[:, ::16] = True
+    bank.add(k, v, starts=starts)  # 12 chunks, capacity 8: chunks 4..11 stay, sinks at chunks 4 and 8
+    row = bank.rows[0]
+    assert row.starts[: row.n].any(dim=1).nonzero().flatten().tolist() == [0, 4]
+    fine = bank.rechunk(2)
+    frow = fine.rows[0]
+    assert frow.starts[: frow.n].any(dim=1).nonzero().flatten().tolist() == [0, 8] and fine.max_sinks == 1
+
+
+def test_bad_max_sinks():
+    with pytest.raises(ValueError, match="max_sinks"):
+        _bank(max_sinks=-1)

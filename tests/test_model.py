@@ -24,10 +24,11 @@ def test_shapes_and_layout(model):
     assert mem.sizes() == [16, 16]
 
 
-def test_default_depths_follow_the_paper():
-    """24-layer backbone (the paper's GPT-2*): memory in side layer 9, keys from backbone layer 18 (1-based)."""
+def test_default_depths():
+    """24-layer backbone (the paper's GPT-2*): memory in side layer 9 (1-based); keys from backbone layer 16 (0-based),
+    whose input H_llm[16] the memory layer reads at init (the paper: layer 18, 1-based; see training.probe)."""
     cfg = LongMemConfig(segment_len=256).resolved(tiny_llama(n_layers=24).spec)
-    assert (cfg.memory_layer, cfg.cached_layer) == (8, 17)
+    assert (cfg.memory_layer, cfg.cached_layer) == (8, 16)
 
 
 def test_untrained_sidenet_reproduces_backbone(backbone):
@@ -229,6 +230,24 @@ def test_batched_memorize_equals_segment_by_segment(llama):
     assert torch.equal(ra.tokens[:43], rb.tokens[:43]) and torch.equal(ra.tokens[:43].flatten(), ids[0])
     torch.testing.assert_close(ra.k[:, :43], rb.k[:, :43])
     torch.testing.assert_close(ra.v[:, :43], rb.v[:, :43])
+    # every segment was encoded from position 0: its first token is an attention sink, and only it
+    want = torch.zeros(43 * 2, dtype=torch.bool)
+    want[::16] = True
+    assert torch.equal(ra.starts[:43].flatten(), want) and torch.equal(rb.starts[:43].flatten(), want)
+
+
+def test_forward_and_generation_mark_sinks(llama):
+    model = LongMemModel(llama, small_config())
+    mem = model.new_memory(batch_size=2)
+    model(random_ids(16, batch=2), mem)
+    model(random_ids(16, batch=2, seed=1), mem)
+    for row in mem.rows:
+        assert row.starts[: row.n].flatten().nonzero().flatten().tolist() == [0, 16]
+    mem = model.new_memory()
+    list(model.generate(random_ids(20), mem, Sampling(max_new_tokens=30, temperature=0)))
+    row = mem.rows[0]
+    first = row.starts[: row.n].flatten().nonzero().flatten().tolist()
+    assert first[0] == 0 and len(first) >= 2  # the prompt's head, then each window moved into memory
 
 
 def test_blockwise_retrieval_equals_one_block(llama, monkeypatch):

@@ -127,6 +127,8 @@ def test_ingest_stores_tokens_text_and_kv_of_the_whole_file(store, model, text_f
     assert len(mem) == len(ref)
     assert torch.allclose(mem.rows[0].k[:, :ref.rows[0].n], ref.rows[0].k[:, :ref.rows[0].n], atol=1e-5)
     assert torch.equal(mem.rows[0].tokens[:ref.rows[0].n], ref.rows[0].tokens[:ref.rows[0].n])
+    assert torch.equal(mem.rows[0].starts[:ref.rows[0].n], ref.rows[0].starts[:ref.rows[0].n])  # segment starts
+    assert mem.rows[0].starts[:ref.rows[0].n].sum() == len(rows) and mem.max_sinks == model.max_sinks
     bank.close()
 
 

@@ -168,6 +168,11 @@ def test_ship_writes_a_small_checkpoint_with_a_model_card(tmp_path):
     assert "steps: 3" in card and "tokens seen: 96" in card and "test CPU" in card and "4 documents" in card
     loaded = LongMemModel.load(out, m.backbone).trainable_state()
     assert all(torch.equal(loaded[k], v) for k, v in m.trainable_state().items())
+    half = ship(tmp_path / "run", None, name="tiny-bf16", dest_root=tmp_path / "shipped", dtype="bfloat16")
+    size = lambda d: (d / "sidenet.safetensors").stat().st_size  # noqa: E731
+    assert size(half) < 0.6 * size(out)
+    loaded = LongMemModel.load(half, m.backbone).trainable_state()
+    assert all(torch.equal(loaded[k], v.bfloat16().float()) for k, v in m.trainable_state().items())
 
 
 def test_held_out_evaluation_during_training(tmp_path):

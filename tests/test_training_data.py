@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,8 @@ import torch
 from tiny import char_tokenizer
 
 from training.data import Batchfier, Document, book_split, tokenize_files
-from training.recall import make_recall_item, recall_as_documents, recall_documents
+from training.recall import (make_multi_recall_document, make_recall_item, multi_recall_documents,
+                             recall_as_documents, recall_documents)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith slipped quickly "
@@ -245,6 +247,8 @@ def test_recall_item_char_tokenizer():
         assert item.answer in before and tok.decode(item.ids[item.fact_pos:]).startswith(" The ")
         assert tok.decode(item.ids[:item.fact_pos]).rstrip().endswith((".", "!", "?", '"'))  # a sentence's end
         assert 0.05 * 800 - 50 <= item.fact_pos <= 0.2 * 800 + 50
+        assert item.fact_pos < item.answer_pos and tok.decode(item.ids[item.answer_pos:]).lstrip().startswith(
+            item.answer)
         if kind is not None:
             assert item.kind == kind
             assert item.answer.isdigit() == (kind == "number")
@@ -279,3 +283,25 @@ def test_recall_documents_seeds_and_limits():
         recall_documents(tok, fillers, n=1, distance=10, total=10_000, seed=0)
     item = make_recall_item(tok, fillers[0], np.random.default_rng(0), distance=200)  # total=None: just long enough
     assert item.answer_start - item.fact_pos >= 200 and item.fact_pos <= 0.25 * len(item.ids) and len(item.ids) < 600
+
+
+def test_multi_recall_document_states_every_fact_long_before_its_question():
+    tok = char_tokenizer()
+    filler = np.asarray(tok(TEXT * 40, add_special_tokens=False)["input_ids"], dtype=np.int32)
+    ids = make_multi_recall_document(tok, filler, np.random.default_rng(3), n_facts=4, distance=900, total=2048)
+    assert len(ids) == 2048 and ids.dtype == np.int32
+    text = tok.decode(ids)
+    qa = re.findall(r"\n\nQuestion: ([^?]*)\? Answer: ([^\n]*)", text)
+    assert len(qa) == 4 and len({q for q, _ in qa}) == 4  # four different questions, one answer each
+    block = text.index("\n\nQuestion: ")
+    assert text.endswith(qa[-1][1]) and text[block:].count("Question:") == 4
+    for _, answer in qa:  # each fact lies at least `distance` tokens before the question block
+        assert answer in tok.decode(ids[: block - 900])
+    again = make_multi_recall_document(tok, filler, np.random.default_rng(3), n_facts=4, distance=900, total=2048)
+    assert (again == ids).all()
+    docs = multi_recall_documents(tok, [filler], n=3, n_facts=2, distance=500, total=1024, seed=0)
+    assert [d.name for d in docs] == ["recall-0", "recall-1", "recall-2"] and all(len(d.ids) == 1024 for d in docs)
+    with pytest.raises(ValueError, match="cannot hold"):
+        make_multi_recall_document(tok, filler, np.random.default_rng(0), n_facts=4, distance=1000, total=1100)
+    with pytest.raises(ValueError, match="n_facts"):
+        make_multi_recall_document(tok, filler, np.random.default_rng(0), n_facts=0, distance=10, total=1100)

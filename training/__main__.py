@@ -25,6 +25,8 @@ HELP = {
     "init": "start from this SideNet checkpoint directory instead of the untrained SideNet",
     "train_scope": "'compact' (memory layer + LoRA updates + scales: small checkpoints) or 'full' (every weight)",
     "lora_rank": "rank of the compact mode's low-rank updates",
+    "cached_layer": "backbone layer (0-based) whose keys/values go into memory; default: the one the memory layer's "
+                    "input comes from (python -m training.probe ranks every layer)",
     "batch_size": "rows per process (each row a document stream with its own memory)",
     "segment_len": "tokens per row per step (the local context)",
     "memory_tokens": "memory bank size M per row, in tokens",
@@ -60,6 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="synthetic long-range recall documents mixed into training (a fact stated early, asked "
                         "about at the end)")
     p.add_argument("--recall-distance", type=int, default=2048, help="tokens between a recall fact and its question")
+    p.add_argument("--recall-facts", type=int, default=1,
+                   help="facts per recall document, all asked about in a block at its end (1 = one fact, one question)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     return p.parse_args(argv)
 
@@ -68,7 +72,7 @@ def build_data(args, tokenizer, segment_len: int):
     from longmem.backbone import cache_root
 
     from .data import book_split, tokenize_files
-    from .recall import recall_as_documents, recall_documents
+    from .recall import multi_recall_documents, recall_as_documents, recall_documents
 
     train_files, test_files = book_split(Path(args.data))
     if args.max_books:
@@ -76,10 +80,15 @@ def build_data(args, tokenizer, segment_len: int):
     cache = cache_root() / "tokens"
     train = tokenize_files(train_files, tokenizer, cache)
     held_out = tokenize_files(test_files[: args.eval_books], tokenizer, cache) if args.eval_books else []
-    if args.recall_docs:
+    fillers = [d.ids for d in train]
+    if args.recall_docs and args.recall_facts > 1:
+        block = 32 * args.recall_facts  # room for the facts and the question block, in tokens
+        total = -(-(args.recall_distance + 2 * block) // segment_len) * segment_len  # whole segments
+        train += multi_recall_documents(tokenizer, fillers, args.recall_docs, args.recall_facts, args.recall_distance,
+                                        total, seed=args.seed)
+    elif args.recall_docs:
         total = -(-(args.recall_distance + 256) // segment_len) * segment_len  # whole segments
-        items = recall_documents(tokenizer, [d.ids for d in train], args.recall_docs, args.recall_distance, total,
-                                 seed=args.seed)
+        items = recall_documents(tokenizer, fillers, args.recall_docs, args.recall_distance, total, seed=args.seed)
         train += recall_as_documents(items)
     return train, held_out
 

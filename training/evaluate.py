@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--recall", type=int, default=40, help="recall items")
     p.add_argument("--distance", type=int, default=8192, help="minimum tokens between a fact and its question")
     p.add_argument("--seed", type=int, default=1234, help="recall items seed")
+    p.add_argument("--max-sinks", type=int, default=1,
+                   help="segment-start (attention sink) chunks a memory search may return (-1 = no limit)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
@@ -119,7 +121,9 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     if (args.checkpoint is None) == (not args.untrained):
         p.error("give --checkpoint DIR or --untrained")
-    model = LongMemModel.load(args.checkpoint) if args.checkpoint else LongMemModel.from_config(LongMemConfig())
+    runtime = {"max_sinks": None if args.max_sinks < 0 else args.max_sinks}
+    model = (LongMemModel.load(args.checkpoint, runtime=runtime) if args.checkpoint
+             else LongMemModel.from_config(LongMemConfig(**runtime), pretrained=False))
     model.eval()
     tok = model.backbone.tokenizer
     from longmem.backbone import cache_root

@@ -56,6 +56,7 @@ class RecallItem:
     answer_start: int  # index in ids where the answer tokens begin (the answer ends the document)
     answer: str  # e.g. "4817" or "Marguerite Okafor"
     fact_pos: int  # token index where the fact sentence starts
+    answer_pos: int  # token index of the answer's first token inside the fact sentence (fact_pos if not found)
     kind: str  # "number" or "name"
 
 
@@ -89,14 +90,11 @@ def make_recall_item(tokenizer, filler: np.ndarray, rng: np.random.Generator, di
     or "name" (None: either, at random). With total=None the item is just long enough for ``distance`` plus
     about a fifth of itself before the fact."""
     kind = kind if kind is not None else str(rng.choice(["number", "name"]))
-    if kind == "number":
-        sentence, question = NUMBER_FACTS[rng.integers(len(NUMBER_FACTS))]
-        answer = str(rng.integers(1000, 10000))
-    elif kind == "name":
-        sentence, question = NAME_FACTS[rng.integers(len(NAME_FACTS))]
-        answer = f"{FIRST_NAMES[rng.integers(len(FIRST_NAMES))]} {LAST_NAMES[rng.integers(len(LAST_NAMES))]}"
-    else:
+    if kind not in ("number", "name"):
         raise ValueError(f"kind must be 'number', 'name' or None, got {kind!r}")
+    facts = NUMBER_FACTS if kind == "number" else NAME_FACTS
+    sentence, question = facts[rng.integers(len(facts))]
+    answer = _value(rng, kind)
     fact = _encode(tokenizer, sentence.format(answer))  # (F,)
     ask = _encode(tokenizer, QUESTION.format(question))  # (Q,)
     ans = _encode(tokenizer, " " + answer)  # (A,)
@@ -117,7 +115,70 @@ def make_recall_item(tokenizer, filler: np.ndarray, rng: np.random.Generator, di
     pre = _boundary(tokenizer, window, int(rng.integers(lo, hi + 1)), 0, most)
 
     ids = np.concatenate([window[:pre], fact, window[pre:], ask, ans])  # (total,)
-    return RecallItem(ids=ids, answer_start=len(ids) - len(ans), answer=answer, fact_pos=pre, kind=kind)
+    return RecallItem(ids=ids, answer_start=len(ids) - len(ans), answer=answer, fact_pos=pre,
+                      answer_pos=pre + _find(fact, ans), kind=kind)
+
+
+def _value(rng: np.random.Generator, kind: str) -> str:
+    if kind == "number":
+        return str(rng.integers(1000, 10000))
+    return f"{FIRST_NAMES[rng.integers(len(FIRST_NAMES))]} {LAST_NAMES[rng.integers(len(LAST_NAMES))]}"
+
+
+def make_multi_recall_document(tokenizer, filler: np.ndarray, rng: np.random.Generator, n_facts: int, distance: int,
+                               total: int) -> np.ndarray:
+    """A training document of exactly ``total`` tokens (int32 ids) that teaches ``n_facts`` recalls at once: that
+    many facts (distinct templates, so every question has one answer) spliced in at sentence ends of a random
+    filler window, each at least ``distance`` tokens before the end, which is a block of their questions and
+    answers in random order ("\n\nQuestion: ... Answer: 4817" each). A single-fact item spends a whole long
+    document on one answer; this one gives the loss ``n_facts`` answers that only memory can supply."""
+    templates = [(s, q, "number") for s, q in NUMBER_FACTS] + [(s, q, "name") for s, q in NAME_FACTS]
+    if not 1 <= n_facts <= len(templates):
+        raise ValueError(f"n_facts must be in [1, {len(templates)}], got {n_facts}")
+    chosen = [templates[i] for i in rng.choice(len(templates), size=n_facts, replace=False)]
+    values = [_value(rng, kind) for _, _, kind in chosen]
+    facts = [_encode(tokenizer, s.format(v)) for (s, _, _), v in zip(chosen, values)]
+    qa = [np.concatenate([_encode(tokenizer, QUESTION.format(q)), _encode(tokenizer, " " + v)])
+          for (_, q, _), v in zip(chosen, values)]
+    block = np.concatenate([qa[i] for i in rng.permutation(n_facts)])
+    n_filler = total - len(block) - sum(len(f) for f in facts)
+    most = n_filler - distance  # a fact may start at most here and still have `distance` filler tokens after it
+    if most < n_facts:
+        raise ValueError(f"total={total} tokens cannot hold {n_facts} facts {distance} tokens before their questions "
+                         f"({len(block)} tokens)")
+    if len(filler) < n_filler:
+        raise ValueError(f"the filler has {len(filler)} tokens, the document needs {n_filler}")
+    start = int(rng.integers(0, len(filler) - n_filler + 1))
+    window = np.asarray(filler[start:start + n_filler], dtype=np.int32)
+    cuts = sorted(_boundary(tokenizer, window, int(t), 0, most) for t in rng.integers(0, most + 1, size=n_facts))
+    pieces, prev = [], 0
+    for cut, fact in zip(cuts, facts):
+        pieces += [window[prev:cut], fact]
+        prev = cut
+    return np.concatenate(pieces + [window[prev:], block]).astype(np.int32)
+
+
+def multi_recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, n_facts: int, distance: int,
+                           total: int, seed: int, prefix: str = "recall") -> list[Document]:
+    """``n`` multi-fact training documents (``make_multi_recall_document``) named "<prefix>-<i>", reproducible from
+    ``seed``, from random filler documents of at least ``total`` tokens."""
+    rng = np.random.default_rng(seed)
+    usable = [d for d in filler_docs if len(d) >= total]
+    if not usable:
+        raise ValueError(f"no filler document has the {total} tokens a recall document needs")
+    return [Document(f"{prefix}-{i}", make_multi_recall_document(tokenizer, usable[rng.integers(len(usable))], rng,
+                                                                 n_facts, distance, total)) for i in range(n)]
+
+
+def _find(haystack: np.ndarray, needle: np.ndarray) -> int:
+    """Index of ``needle`` (or, when the tokenizer merged its leading space differently, of ``needle`` without its
+    first token) inside ``haystack``; 0 when neither occurs."""
+    for pattern in (needle, needle[1:]):
+        n = len(pattern)
+        for i in range(len(haystack) - n + 1 if n else 0):
+            if (haystack[i:i + n] == pattern).all():
+                return i
+    return 0
 
 
 def recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, distance: int, total: int,

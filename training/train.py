@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from longmem.baselines import BackboneLM
 from longmem.files import atomic_directory
+from longmem.lm import segment_starts
 from longmem.model import LongMemConfig, LongMemModel
 
 from .data import Batchfier, Document
@@ -49,6 +50,7 @@ class TrainConfig:
     init: str | None = None  # start from this SideNet checkpoint (default: the untrained SideNet)
     train_scope: str = "compact"  # "full" (every SideNet weight) or "compact" (memory layer + LoRA + scales)
     lora_rank: int = 16  # rank of the compact mode's low-rank updates
+    cached_layer: int | None = None  # backbone layer m in memory (None = the model's default; see training.probe)
     batch_size: int = 2  # rows per process (the paper: 256 in all)
     segment_len: int = 1024  # tokens per row per step
     memory_tokens: int = 16384  # M: memory per row (the paper: 65k)
@@ -215,7 +217,8 @@ class Trainer:
         else:
             # float32 weights (the trained ones need full-precision updates); autocast gives the bf16 speed
             mcfg = LongMemConfig(backbone=cfg.backbone, dtype="float32", segment_len=cfg.segment_len,
-                                 capacity=cfg.memory_tokens, train_scope=cfg.train_scope, lora_rank=cfg.lora_rank)
+                                 capacity=cfg.memory_tokens, train_scope=cfg.train_scope, lora_rank=cfg.lora_rank,
+                                 cached_layer=cfg.cached_layer)
             self.model = (LongMemModel.load(cfg.init, device=self.device) if cfg.init
                           else LongMemModel.from_config(mcfg, device=self.device))
         self.model.capacity = cfg.memory_tokens
@@ -273,7 +276,7 @@ class Trainer:
         if replay:
             with self._autocast():
                 k, v = self.model.encode_memory(ids)
-            self.memory.add(k, v, tokens=ids)
+            self.memory.add(k, v, tokens=ids, starts=segment_starts(*ids.shape, ids.device))
             return None
         with self._autocast():
             return self.loss_module(ids, self.memory)

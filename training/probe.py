@@ -1,0 +1,202 @@
+"""Retrieval probe: does a question's query find its fact among the memory chunks? No training needed to ask.
+
+    python -m training.probe                            # every backbone layer: which one to cache in memory
+    python -m training.probe --checkpoint runs/x/checkpoint   # a SideNet's memory layer, searching as it does
+    python -m training.probe --untrained                # the untrained SideNet (the default config)
+
+Recall items (``training.recall``) are built in held-out book text; everything before the question's local window
+goes into memory segment by segment, each encoded from position 0, exactly as evaluation does. The query is that of
+the token just before the answer (the ':' of "Answer:"). Every memory chunk is scored the way the memory search
+scores it: the un-rotated query against the chunk's mean-pooled key, each query head against its KV head.
+
+Reported per layer: the rank of the best chunk holding any of the answer's tokens (how many chunks score higher;
+0 = first) for the best head, the share of items where that rank is inside the K/csz chunks the model retrieves, and
+how many of a head's top chunks are segments' first chunks (attention sinks, ``longmem.memory``). "limited" ranks
+count at most ``max_sinks`` sink chunks ahead of the answer, as the search does by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from longmem.backbone import cache_root, load_backbone
+from longmem.memory import MemoryView
+from longmem.model import LongMemConfig, LongMemModel
+
+from .data import book_split, tokenize_files
+from .recall import RecallItem, recall_documents
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def answer_ranks(q: torch.Tensor, keys: torch.Tensor, csz: int, answer: range, sinks: torch.Tensor,
+                 max_sinks: int | None, top: int) -> dict:
+    """Score every chunk for one query token and find the best chunk holding part of the answer.
+
+    q (Hq, d) un-rotated query; keys (Hkv, T, d) un-rotated memory keys, T a multiple of ``csz``; ``answer`` the
+    answer's token positions in memory; sinks (T / csz,) bool. Returns per query head the answer chunk's rank, its
+    rank with at most ``max_sinks`` sink chunks counted, and the number of sink chunks among the ``top`` best."""
+    hq, hkv = q.shape[0], keys.shape[0]
+    chunks = keys.float().reshape(hkv, -1, csz, keys.shape[-1]).mean(dim=2)  # (Hkv, n, d)
+    scores = torch.einsum("hd,hnd->hn", q.float(), chunks[torch.arange(hq) // (hq // hkv)])  # (Hq, n)
+    chunks_of_answer = sorted({p // csz for p in answer})
+    target = scores[:, chunks_of_answer].max(dim=1, keepdim=True).values  # (Hq, 1)
+    higher = scores > target  # (Hq, n)
+    rank = higher.sum(dim=1)
+    sink_higher = (higher & sinks).sum(dim=1)
+    allowed = sink_higher if max_sinks is None else sink_higher.clamp(max=max_sinks)
+    limited = rank - sink_higher + allowed
+    top_sinks = sinks[scores.topk(min(top, scores.shape[1]), dim=1).indices].sum(dim=1)
+    return {"rank": rank.tolist(), "limited": limited.tolist(), "top_sinks": top_sinks.tolist()}
+
+
+def _summary(per_item: list[dict], top: int) -> dict:
+    best = np.array([min(r["rank"]) for r in per_item])
+    best_lim = np.array([min(r["limited"]) for r in per_item])
+    return {"best_ranks": best.tolist(), "median_rank": float(np.median(best)), "hit": float(np.mean(best < top)),
+            "median_rank_limited": float(np.median(best_lim)), "hit_limited": float(np.mean(best_lim < top)),
+            "top_sinks": float(np.mean([np.mean(r["top_sinks"]) for r in per_item]))}
+
+
+def _split(item: RecallItem, window: int) -> tuple[torch.Tensor, torch.Tensor, int, range]:
+    """Memory tokens, local window, the query's position in the window, the answer's positions in memory."""
+    ids = torch.as_tensor(item.ids, dtype=torch.long)
+    n_ans = len(ids) - item.answer_start
+    return ids[:-window], ids[-window:], window - n_ans - 1, range(item.answer_pos, item.answer_pos + n_ans)
+
+
+def _sink_chunks(n_tokens: int, segment_len: int, csz: int) -> torch.Tensor:
+    sinks = torch.zeros(n_tokens // csz, dtype=torch.bool)
+    sinks[:: segment_len // csz] = True
+    return sinks
+
+
+@torch.no_grad()
+def probe_backbone(backbone, items: list[RecallItem], segment_len: int, csz: int, top: int,
+                   max_sinks: int | None, log=print) -> list[dict]:
+    """Every layer of the backbone as the cached layer (queries and keys both from that layer)."""
+    n_layers, layers = backbone.spec.n_layers, backbone.layers
+    ops = backbone.ops
+    per_layer: list[list[dict]] = [[] for _ in range(n_layers)]
+    for i, item in enumerate(items):
+        past, window, qpos, answer = _split(item, segment_len)
+        keys: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
+        for s in range(0, len(past) // csz * csz, segment_len):  # each segment alone, from position 0
+            hidden = backbone(past[None, s:s + segment_len]).hidden
+            for layer in range(n_layers):
+                keys[layer].append(backbone.layer_kv(layer, hidden[layer])[0][0])  # (Hkv, T, d)
+        hidden = backbone(window[None]).hidden
+        for layer in range(n_layers):
+            q = ops.qkv(layers[layer], ops.attn_norm(layers[layer], hidden[layer]))[0][0, :, qpos]  # (Hq, d)
+            k = torch.cat(keys[layer], dim=1)
+            k = k[:, : k.shape[1] // csz * csz]
+            sinks = _sink_chunks(k.shape[1], segment_len, csz)
+            per_layer[layer].append(answer_ranks(q, k, csz, answer, sinks, max_sinks, top))
+        log(f"item {i + 1}/{len(items)}: best-head rank by layer "
+            f"{[min(per_layer[layer][-1]['rank']) for layer in range(n_layers)]}")
+    return [{"layer": layer, **_summary(per_layer[layer], top)} for layer in range(n_layers)]
+
+
+class _Recorder(MemoryView):
+    """Keeps the queries the memory layer searches with."""
+
+    def __init__(self, memory):
+        super().__init__(memory)
+        self.queries: list[torch.Tensor] = []
+
+    def search(self, queries, n_chunks):
+        self.queries.append(queries.detach())
+        return super().search(queries, n_chunks)
+
+
+@torch.no_grad()
+def probe_model(model: LongMemModel, items: list[RecallItem], log=print) -> dict:
+    """The model's memory layer: its own queries against its memory, plus whether its search returned the answer."""
+    csz, top = model.csz, model.config.topk // model.csz
+    per_item, found = [], []
+    for i, item in enumerate(items):
+        past, window, qpos, answer = _split(item, model.segment_len)
+        memory = model.new_memory(capacity=None)
+        model.memorize(past, memory)
+        rec = _Recorder(memory)
+        step = model.step(window[None], rec)
+        q = torch.cat(rec.queries, dim=2)[0, :, qpos]  # (Hq, d)
+        row = memory.rows[0]
+        k = row.k[:, : row.n].reshape(row.k.shape[0], -1, row.k.shape[-1])  # (Hkv, n * csz, d)
+        per_item.append(answer_ranks(q, k, csz, answer, row.starts[: row.n].any(dim=1), model.max_sinks, top))
+        retrieved = torch.cat(step.chunk_ids, dim=2)[0, :, qpos]  # (Hq, n_chunks) chunk serials
+        found.append(bool(torch.isin(retrieved, torch.tensor(sorted({p // csz for p in answer}))).any()))
+        log(f"item {i + 1}/{len(items)}: ranks per head {per_item[-1]['rank']}, retrieved: {found[-1]}")
+    return {"layer": f"memory layer (cached layer {model.cached_layer})", **_summary(per_item, top),
+            "retrieved": float(np.mean(found))}
+
+
+def markdown(rows: list[dict], top: int) -> str:
+    lines = [f"| layer | median rank | in top {top} | median rank, sinks limited | in top {top}, sinks limited | "
+             f"sink chunks in top {top} |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['layer']} | {r['median_rank']:.0f} | {100 * r['hit']:.0f}% | {r['median_rank_limited']:.0f} | "
+              f"{100 * r['hit_limited']:.0f}% | {r['top_sinks']:.1f} |" for r in rows]
+    if rows and "retrieved" in rows[0]:
+        share = 100 * rows[0]["retrieved"]
+        lines += ["", f"answer chunk among the chunks the search returned (any head): {share:.0f}%"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m training.probe", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", default=None, help="probe this SideNet checkpoint's memory layer")
+    p.add_argument("--untrained", action="store_true", help="probe the untrained SideNet's memory layer")
+    p.add_argument("--backbone", default="default", help="backbone for the per-layer probe")
+    p.add_argument("--cached-layer", type=int, default=None,
+                   help="with --untrained: the backbone layer in memory (default: the model's default)")
+    p.add_argument("--data", default=str(DEFAULT_DATA), help="shared data directory (books/, MANIFEST.md)")
+    p.add_argument("--books", type=int, default=2, help="held-out books the recall items are drawn from")
+    p.add_argument("--items", type=int, default=8, help="recall items")
+    p.add_argument("--distance", type=int, default=8192, help="minimum tokens between a fact and its question")
+    p.add_argument("--segment-len", type=int, default=1024, help="segment length (per-layer probe)")
+    p.add_argument("--csz", type=int, default=4, help="chunk size (per-layer probe)")
+    p.add_argument("--topk", type=int, default=64, help="memory tokens retrieved per query, K (per-layer probe)")
+    p.add_argument("--max-sinks", type=int, default=1, help="sink chunks a search may return (-1 = no limit)")
+    p.add_argument("--seed", type=int, default=1234, help="recall items seed")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    max_sinks = None if args.max_sinks < 0 else args.max_sinks
+    log = lambda m: print(f"[probe] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    model = None
+    if args.checkpoint:
+        model = LongMemModel.load(args.checkpoint, runtime={"max_sinks": max_sinks})
+    elif args.untrained:
+        model = LongMemModel.from_config(LongMemConfig(max_sinks=max_sinks, cached_layer=args.cached_layer),
+                                         pretrained=False)
+    backbone = model.backbone if model is not None else load_backbone(args.backbone)
+    segment_len = model.segment_len if model is not None else args.segment_len
+    _, test_files = book_split(Path(args.data))
+    books = tokenize_files(test_files[: args.books], backbone.tokenizer, cache_root() / "tokens")
+    items = recall_documents(backbone.tokenizer, [d.ids for d in books], args.items, args.distance,
+                             args.distance + segment_len, seed=args.seed)
+    if model is not None:
+        model.eval()
+        rows, top = [probe_model(model, items, log)], model.config.topk // model.csz
+    else:
+        top = args.topk // args.csz
+        rows = probe_backbone(backbone, items, segment_len, args.csz, top, max_sinks, log)
+    result = {"rows": rows, "args": vars(args)}
+    print(json.dumps(result, indent=2))
+    print()
+    print(markdown(rows, top))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
