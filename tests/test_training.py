@@ -150,6 +150,10 @@ def test_evaluation_table_on_a_tiny_model():
     result = evaluate(m, [Document("book", filler[:200])], items, long_context=128, log=lambda _: None)
     assert set(result["perplexity"]) == {"longmem", "longmem_no_memory", "backbone_local", "backbone_long"}
     assert result["recall"]["longmem"]["items"] == 3 and 0 <= result["recall"]["longmem"]["accuracy"] <= 1
+    # untrained: memory changes nothing, so the answer tokens are exactly as (un)likely as for the 1k backbone
+    assert result["recall"]["longmem"]["answer_nll"] == pytest.approx(result["recall"]["backbone_local"]["answer_nll"],
+                                                                    rel=1e-4)
+    assert result["recall"]["longmem"]["answer_nll"] > 0
     # the untrained SideNet reproduces the backbone: same perplexity as the backbone with the same local window
     assert result["ppl_ratio_vs_local"] == pytest.approx(1.0, abs=1e-4)
     assert "LongMem (1k local + memory)" in markdown(result, 128, 64)

@@ -63,7 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "about at the end)")
     p.add_argument("--recall-distance", type=int, default=2048, help="tokens between a recall fact and its question")
     p.add_argument("--recall-facts", type=int, default=1,
-                   help="facts per recall document, all asked about in a block at its end (1 = one fact, one question)")
+                   help="facts per recall document, each asked about at least --recall-distance tokens later, "
+                        "the questions spread over the document (1 = one fact, asked about at its end)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     return p.parse_args(argv)
 
@@ -82,8 +83,8 @@ def build_data(args, tokenizer, segment_len: int):
     held_out = tokenize_files(test_files[: args.eval_books], tokenizer, cache) if args.eval_books else []
     fillers = [d.ids for d in train]
     if args.recall_docs and args.recall_facts > 1:
-        block = 32 * args.recall_facts  # room for the facts and the question block, in tokens
-        total = -(-(args.recall_distance + 2 * block) // segment_len) * segment_len  # whole segments
+        extra = 48 * args.recall_facts  # room for the facts, questions and answers, in tokens
+        total = -(-(2 * args.recall_distance + extra) // segment_len) * segment_len  # whole segments
         train += multi_recall_documents(tokenizer, fillers, args.recall_docs, args.recall_facts, args.recall_distance,
                                         total, seed=args.seed)
     elif args.recall_docs:

@@ -12,6 +12,7 @@ Two measurements, each on the test split of the shared books (never trained on):
 - **long-range recall**: synthetic items (``training.recall``) in held-out book text, each stating a fact (a number
   or a name) once and asking about it at least ``--distance`` tokens later. Everything before the question's
   local window goes into memory; an item counts as recalled when every answer token is the model's top prediction.
+  The mean negative log-likelihood of the answer tokens is reported too: it moves long before exact matches do.
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ def perplexity(lm: SegmentLM, ids: np.ndarray, use_memory: bool = True) -> tuple
 
 
 @torch.no_grad()
-def recalled(lm: SegmentLM, item: RecallItem) -> bool:
-    """Greedy exact match of the answer: the question's local window is the last ``segment_len`` tokens, everything
-    before it goes into memory (or is out of reach, for a model without memory)."""
+def recalled(lm: SegmentLM, item: RecallItem) -> tuple[bool, float, int]:
+    """Greedy exact match of the answer, and the answer tokens' summed NLL and count: the question's local window is
+    the last ``segment_len`` tokens, everything before it goes into memory (or is out of reach, for a model
+    without memory)."""
     ids = torch.as_tensor(item.ids, dtype=torch.long)
     window = ids[-lm.segment_len:]
     n_ans = len(ids) - item.answer_start
@@ -59,8 +61,10 @@ def recalled(lm: SegmentLM, item: RecallItem) -> bool:
         if len(ids) > len(window):
             lm.memorize(ids[: len(ids) - len(window)], memory)
     hidden = lm.step(window[None], memory).hidden  # (1, T, E)
-    logits = lm.backbone.logits(hidden[:, -n_ans - 1:-1])  # predictions of the answer tokens
-    return bool((logits.argmax(-1)[0] == window[-n_ans:]).all())
+    logits = lm.backbone.logits(hidden[:, -n_ans - 1:-1]).float()  # predictions of the answer tokens
+    answer = window[-n_ans:].to(logits.device)
+    nll = -torch.log_softmax(logits[0], dim=-1).gather(-1, answer[:, None]).sum().item()
+    return bool((logits.argmax(-1)[0] == answer).all()), nll, n_ans
 
 
 def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem], long_context: int,
@@ -79,9 +83,13 @@ def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem]
                                    "per_book": per_book, "s": time.perf_counter() - t0}
         log(f"perplexity {name}: {out['perplexity'][name]['ppl']:.3f} ({count:,} tokens)")
     for name in ("longmem", "backbone_local"):
-        hits = [recalled(lms[name], it) for it in items]
-        out["recall"][name] = {"accuracy": float(np.mean(hits)) if hits else float("nan"), "items": len(hits)}
-        log(f"recall {name}: {out['recall'][name]['accuracy']:.3f} of {len(hits)}")
+        res = [recalled(lms[name], it) for it in items]
+        n_tok = sum(r[2] for r in res)
+        out["recall"][name] = {"accuracy": float(np.mean([r[0] for r in res])) if res else float("nan"),
+                               "answer_nll": sum(r[1] for r in res) / n_tok if n_tok else float("nan"),
+                               "items": len(res)}
+        log(f"recall {name}: {out['recall'][name]['accuracy']:.3f} of {len(res)}, answer NLL "
+            f"{out['recall'][name]['answer_nll']:.3f} per token")
     p = out["perplexity"]
     out["ppl_ratio_vs_local"] = p["longmem"]["ppl"] / p["backbone_local"]["ppl"]
     out["ppl_ratio_vs_long"] = p["longmem"]["ppl"] / p["backbone_long"]["ppl"]
@@ -90,12 +98,16 @@ def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem]
 
 def markdown(r: dict, long_context: int, distance: int) -> str:
     p, rc = r["perplexity"], r["recall"]
-    rows = [("LongMem (1k local + memory)", p["longmem"]["ppl"], rc["longmem"]["accuracy"]),
+    rows = [("LongMem (1k local + memory)", p["longmem"]["ppl"], rc["longmem"]),
             ("LongMem without memory (1k local; the SideNet alone)", p["longmem_no_memory"]["ppl"], None),
-            ("backbone, 1k local context", p["backbone_local"]["ppl"], rc["backbone_local"]["accuracy"]),
+            ("backbone, 1k local context", p["backbone_local"]["ppl"], rc["backbone_local"]),
             (f"backbone, {long_context // 1024}k context", p["backbone_long"]["ppl"], None)]
-    lines = [f"| model | held-out perplexity | recall at >= {distance:,} tokens |", "|---|---:|---:|"]
-    lines += [f"| {n} | {ppl:.3f} | {'' if acc is None else f'{100 * acc:.0f}%'} |" for n, ppl, acc in rows]
+    lines = [f"| model | held-out perplexity | recall at >= {distance:,} tokens | answer NLL per token |",
+             "|---|---:|---:|---:|"]
+    for name, ppl, rec in rows:
+        acc = "" if rec is None else f"{100 * rec['accuracy']:.0f}%"
+        nll = "" if rec is None or "answer_nll" not in rec else f"{rec['answer_nll']:.3f}"  # absent in older JSON
+        lines.append(f"| {name} | {ppl:.3f} | {acc} | {nll} |")
     lines += ["", f"LongMem / backbone-1k perplexity: {r['ppl_ratio_vs_local']:.4f}; "
                   f"LongMem / backbone-{long_context // 1024}k: {r['ppl_ratio_vs_long']:.4f}"]
     return "\n".join(lines)

@@ -129,33 +129,38 @@ def make_multi_recall_document(tokenizer, filler: np.ndarray, rng: np.random.Gen
                                total: int) -> np.ndarray:
     """A training document of exactly ``total`` tokens (int32 ids) that teaches ``n_facts`` recalls at once: that
     many facts (distinct templates, so every question has one answer) spliced in at sentence ends of a random
-    filler window, each at least ``distance`` tokens before the end, which is a block of their questions and
-    answers in random order ("\n\nQuestion: ... Answer: 4817" each). A single-fact item spends a whole long
-    document on one answer; this one gives the loss ``n_facts`` answers that only memory can supply."""
+    filler window, and for each, later in the text, its question and answer ("\n\nQuestion: ... Answer: 4817\n\n")
+    at a sentence end at least ``distance`` tokens after the fact. A single-fact item spends a whole long document
+    on one answer; this one gives the loss ``n_facts`` answers that only memory can supply, spread over its
+    segments."""
     templates = [(s, q, "number") for s, q in NUMBER_FACTS] + [(s, q, "name") for s, q in NAME_FACTS]
     if not 1 <= n_facts <= len(templates):
         raise ValueError(f"n_facts must be in [1, {len(templates)}], got {n_facts}")
     chosen = [templates[i] for i in rng.choice(len(templates), size=n_facts, replace=False)]
     values = [_value(rng, kind) for _, _, kind in chosen]
     facts = [_encode(tokenizer, s.format(v)) for (s, _, _), v in zip(chosen, values)]
-    qa = [np.concatenate([_encode(tokenizer, QUESTION.format(q)), _encode(tokenizer, " " + v)])
-          for (_, q, _), v in zip(chosen, values)]
-    block = np.concatenate([qa[i] for i in rng.permutation(n_facts)])
-    n_filler = total - len(block) - sum(len(f) for f in facts)
+    qa = [np.concatenate([_encode(tokenizer, QUESTION.format(q)), _encode(tokenizer, " " + v),
+                          _encode(tokenizer, "\n\n")]) for (_, q, _), v in zip(chosen, values)]
+    n_filler = total - sum(len(x) for x in facts + qa)
     most = n_filler - distance  # a fact may start at most here and still have `distance` filler tokens after it
     if most < n_facts:
-        raise ValueError(f"total={total} tokens cannot hold {n_facts} facts {distance} tokens before their questions "
-                         f"({len(block)} tokens)")
+        raise ValueError(f"total={total} tokens cannot hold {n_facts} facts each {distance} tokens before its "
+                         f"question ({sum(len(x) for x in facts + qa)} tokens of facts and questions)")
     if len(filler) < n_filler:
         raise ValueError(f"the filler has {len(filler)} tokens, the document needs {n_filler}")
     start = int(rng.integers(0, len(filler) - n_filler + 1))
     window = np.asarray(filler[start:start + n_filler], dtype=np.int32)
-    cuts = sorted(_boundary(tokenizer, window, int(t), 0, most) for t in rng.integers(0, most + 1, size=n_facts))
+    events = []  # (position in the filler, kind, tokens): facts (0) sort before questions (1) at one position
+    for fact, ask in zip(facts, qa):
+        at = _boundary(tokenizer, window, int(rng.integers(0, most + 1)), 0, most)
+        events.append((at, 0, fact))
+        later = at + distance
+        events.append((_boundary(tokenizer, window, int(rng.integers(later, n_filler + 1)), later, n_filler), 1, ask))
     pieces, prev = [], 0
-    for cut, fact in zip(cuts, facts):
-        pieces += [window[prev:cut], fact]
-        prev = cut
-    return np.concatenate(pieces + [window[prev:], block]).astype(np.int32)
+    for at, _, tokens in sorted(events, key=lambda e: (e[0], e[1])):
+        pieces += [window[prev:at], tokens]
+        prev = at
+    return np.concatenate(pieces + [window[prev:]]).astype(np.int32)
 
 
 def multi_recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, n_facts: int, distance: int,
