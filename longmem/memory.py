@@ -11,9 +11,9 @@ With a ``capacity`` (M tokens, the paper's FIFO queue) the oldest chunks are evi
 
 Attention sinks. Every segment is encoded on its own, from position 0, and its first token becomes an attention
 sink: its key scores high against almost every query. Stored as it is, the first chunk of each segment wins a top-K
-slot for nearly every query and head (measured with ``python -m training.probe``: with 8k tokens in memory, 3 to 8
-of a head's 16 retrieved chunks are the 8 segments' first chunks), and with 64 segments in memory they would fill
-all of them. ``add`` is told which tokens began a forward pass (``starts``); the chunks holding one are *sink
+slot for nearly every query and head (measured with ``python -m training.probe``: with 8k tokens in memory, on
+average 6 of a head's 16 retrieved chunks are first chunks of the 8 segments), and with 64 segments in memory they
+could fill all of them. ``add`` is told which tokens began a forward pass (``starts``); the chunks holding one are *sink
 chunks*, and at most ``max_sinks`` of them (default 1, so memory attention can still rest on one) are returned
 among a query's top chunks. The others' slots go to the next best chunks.
 """
