@@ -46,7 +46,7 @@ def perplexity(lm: SegmentLM, ids: np.ndarray, use_memory: bool = True) -> tuple
 
 
 @torch.no_grad()
-def recalled(lm: SegmentLM, item: RecallItem) -> tuple[bool, float, int]:
+def recalled(lm: SegmentLM, item: RecallItem, use_memory: bool = True) -> tuple[bool, float, int]:
     """Greedy exact match of the answer, and the answer tokens' summed NLL and count: the question's local window is
     the last ``segment_len`` tokens, everything before it goes into memory (or is out of reach, for a model
     without memory)."""
@@ -56,7 +56,7 @@ def recalled(lm: SegmentLM, item: RecallItem) -> tuple[bool, float, int]:
     if n_ans >= len(window):
         raise ValueError(f"a {n_ans}-token answer does not fit a {len(window)}-token window with its question")
     memory = None
-    if lm.uses_memory:
+    if lm.uses_memory and use_memory:
         memory = lm.new_memory(capacity=None)
         if len(ids) > len(window):
             lm.memorize(ids[: len(ids) - len(window)], memory)
@@ -82,8 +82,8 @@ def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem]
         out["perplexity"][name] = {"ppl": math.exp(nll / count) if count else float("nan"), "tokens": count,
                                    "per_book": per_book, "s": time.perf_counter() - t0}
         log(f"perplexity {name}: {out['perplexity'][name]['ppl']:.3f} ({count:,} tokens)")
-    for name in ("longmem", "backbone_local"):
-        res = [recalled(lms[name], it) for it in items]
+    for name in ("longmem", "longmem_no_memory", "backbone_local"):
+        res = [recalled(lms[name], it, use_memory=name != "longmem_no_memory") for it in items]
         n_tok = sum(r[2] for r in res)
         out["recall"][name] = {"accuracy": float(np.mean([r[0] for r in res])) if res else float("nan"),
                                "answer_nll": sum(r[1] for r in res) / n_tok if n_tok else float("nan"),
@@ -99,7 +99,8 @@ def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem]
 def markdown(r: dict, long_context: int, distance: int) -> str:
     p, rc = r["perplexity"], r["recall"]
     rows = [("LongMem (1k local + memory)", p["longmem"]["ppl"], rc["longmem"]),
-            ("LongMem without memory (1k local; the SideNet alone)", p["longmem_no_memory"]["ppl"], None),
+            ("LongMem without memory (1k local; the SideNet alone)", p["longmem_no_memory"]["ppl"],
+             rc.get("longmem_no_memory")),  # absent in older JSON
             ("backbone, 1k local context", p["backbone_local"]["ppl"], rc["backbone_local"]),
             (f"backbone, {long_context // 1024}k context", p["backbone_long"]["ppl"], None)]
     lines = [f"| model | held-out perplexity | recall at >= {distance:,} tokens | answer NLL per token |",
