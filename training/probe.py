@@ -45,8 +45,7 @@ def answer_ranks(q: torch.Tensor, keys: torch.Tensor, csz: int, answer: range, s
     hq, hkv = q.shape[0], keys.shape[0]
     chunks = keys.float().reshape(hkv, -1, csz, keys.shape[-1]).mean(dim=2)  # (Hkv, n, d)
     scores = torch.einsum("hd,hnd->hn", q.float(), chunks[torch.arange(hq) // (hq // hkv)])  # (Hq, n)
-    chunks_of_answer = sorted({p // csz for p in answer})
-    target = scores[:, chunks_of_answer].max(dim=1, keepdim=True).values  # (Hq, 1)
+    target = scores[:, _answer_chunks(answer, csz)].max(dim=1, keepdim=True).values  # (Hq, 1)
     higher = scores > target  # (Hq, n)
     rank = higher.sum(dim=1)
     sink_higher = (higher & sinks).sum(dim=1)
@@ -54,6 +53,11 @@ def answer_ranks(q: torch.Tensor, keys: torch.Tensor, csz: int, answer: range, s
     limited = rank - sink_higher + allowed
     top_sinks = sinks[scores.topk(min(top, scores.shape[1]), dim=1).indices].sum(dim=1)
     return {"rank": rank.tolist(), "limited": limited.tolist(), "top_sinks": top_sinks.tolist()}
+
+
+def _answer_chunks(answer: range, csz: int) -> list[int]:
+    """The chunks (by position in memory) that hold part of the answer."""
+    return sorted({p // csz for p in answer})
 
 
 def _summary(per_item: list[dict], top: int) -> dict:
@@ -131,7 +135,7 @@ def probe_model(model: LongMemModel, items: list[RecallItem], log=print) -> dict
         k = row.k[:, : row.n].reshape(row.k.shape[0], -1, row.k.shape[-1])  # (Hkv, n * csz, d)
         per_item.append(answer_ranks(q, k, csz, answer, row.starts[: row.n].any(dim=1), model.max_sinks, top))
         retrieved = torch.cat(step.chunk_ids, dim=2)[0, :, qpos]  # (Hq, n_chunks) chunk serials
-        found.append(bool(torch.isin(retrieved, torch.tensor(sorted({p // csz for p in answer}))).any()))
+        found.append(bool(torch.isin(retrieved, torch.tensor(_answer_chunks(answer, csz))).any()))
         log(f"item {i + 1}/{len(items)}: ranks per head {per_item[-1]['rank']}, retrieved: {found[-1]}")
     return {"layer": f"memory layer (cached layer {model.cached_layer})", **_summary(per_item, top),
             "retrieved": float(np.mean(found))}
