@@ -81,7 +81,7 @@ class SegmentLM(nn.Module):
     segment_len: int
     csz: int = 4
     capacity: int | None = 65536
-    max_sinks: int | None = 1  # attention-sink chunks a query may retrieve (see longmem.memory); None = no limit
+    max_sinks: int | None = 0  # attention-sink chunks a query may retrieve (see longmem.memory); None = no limit
     cached_layer: int | None = None  # backbone layer whose K/V go into memory; None = model has no memory
 
     # -- to implement ---------------------------------------------------------------------------------------------

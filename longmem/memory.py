@@ -14,8 +14,10 @@ sink: its key scores high against almost every query. Stored as it is, the first
 slot for nearly every query and head (measured with ``python -m training.probe``: with 8k tokens in memory, on
 average 6 of a head's 16 retrieved chunks are first chunks of the 8 segments), and with 64 segments in memory they
 could fill all of them. ``add`` is told which tokens began a forward pass (``starts``); the chunks holding one are *sink
-chunks*, and at most ``max_sinks`` of them (default 1, so memory attention can still rest on one) are returned
-among a query's top chunks. The others' slots go to the next best chunks.
+chunks*, and at most ``max_sinks`` of them are returned among a query's top chunks; the others' slots go to the next
+best chunks. The default is none: a sink takes the attention that the retrieved passage's tokens should get. Reading
+memory through the backbone's copying heads (layer 18, heads 6 and 7 of SmolLM2, untrained), the answer tokens' NLL
+was 4.24 nats with one sink allowed and 3.29 with none.
 """
 
 from __future__ import annotations
@@ -204,7 +206,7 @@ class MemoryBank:
 
     def __init__(self, n_kv_heads: int, head_dim: int, *, csz: int = 4, capacity: int | None = 65536,
                  batch_size: int = 1, dtype: torch.dtype = torch.bfloat16, use_gpu: bool | None = None,
-                 max_sinks: int | None = 1):
+                 max_sinks: int | None = 0):
         if csz < 1:
             raise ValueError(f"chunk size must be >= 1, got {csz}")
         if capacity is not None and capacity < csz:
@@ -224,7 +226,7 @@ class MemoryBank:
     def from_chunks(cls, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, indexes: list | None = None, *,
                     n: int | None = None, first_serial: int = 0, capacity: int | None = None,
                     use_gpu: bool | None = None, starts: torch.Tensor | None = None,
-                    max_sinks: int | None = 1) -> "MemoryBank":
+                    max_sinks: int | None = 0) -> "MemoryBank":
         """A one-row bank that adopts memory already cut into chunks, without copying it: k, v (Hkv, N, csz, d) and
         tokens (N, csz) of which the first ``n`` (default N) are filled (the rest is room to grow), and optionally
         one faiss index per KV head holding the n mean-pooled chunk keys (built here when None) and which tokens

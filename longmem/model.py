@@ -48,14 +48,15 @@ class LongMemConfig:
     backbone: str = DEFAULT_BACKBONE  # "default" = embedded SmolLM2-135M-Instruct, or a local HF model directory
     dtype: str = "auto"  # backbone/SideNet weights: "auto" (bf16 where the hardware has it, else fp32), or a name
     reduction: int = 2  # r: the SideNet has L'/r layers, layer l copied from backbone layer r*l
-    memory_layer: int | None = None  # SideNet layer (0-based) with memory; None = 3/4 depth, round(0.75 L) - 1
+    memory_layer: int | None = None  # SideNet layer (0-based) with memory; None = cached_layer // r when that is
+    #                                  given, else 3/4 depth, round(0.75 L) - 1
     cached_layer: int | None = None  # backbone layer m (0-based) cached in memory; None = r * memory_layer, the
     #                                  layer whose input H_llm[r*l] the memory layer reads at init, so its queries
     #                                  are exactly that layer's (see ``training.probe`` for why this matters)
     csz: int = 4  # tokens per memory chunk
     topk: int = 64  # K: memory tokens each query token attends to (K/csz chunks per head)
     capacity: int | None = 65536  # M: memory tokens per stream (FIFO beyond); None = unbounded
-    max_sinks: int | None = 1  # segment-start (attention sink) chunks a query may retrieve; None = no limit
+    max_sinks: int | None = 0  # segment-start (attention sink) chunks a query may retrieve; None = no limit
     segment_len: int = 1024  # local context window
     side_init: str = "rezero"  # "rezero": zero-scaled branches, reproduces the backbone; "plain": paper's copy-init
     gate_init: float = 0.0  # head-wise memory gate g at init (sigmoid(0) = 50/50)
@@ -66,7 +67,12 @@ class LongMemConfig:
     def resolved(self, spec: BackboneSpec) -> "LongMemConfig":
         """Fill the depth-dependent defaults for a backbone and check everything fits it."""
         n_side = spec.n_layers // self.reduction
-        mem = self.memory_layer if self.memory_layer is not None else max(0, round(0.75 * n_side) - 1)
+        if self.memory_layer is not None:
+            mem = self.memory_layer
+        elif self.cached_layer is not None:  # the side layer whose input lines up with the cached layer's
+            mem = min(n_side - 1, self.cached_layer // self.reduction)
+        else:
+            mem = max(0, round(0.75 * n_side) - 1)
         cached = self.cached_layer if self.cached_layer is not None else self.reduction * mem
         if not 0 <= cached < spec.n_layers:
             raise ValueError(f"cached layer {cached} outside the backbone's {spec.n_layers} layers")

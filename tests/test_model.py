@@ -29,6 +29,11 @@ def test_default_depths():
     whose input H_llm[16] the memory layer reads at init (the paper: layer 18, 1-based; see training.probe)."""
     cfg = LongMemConfig(segment_len=256).resolved(tiny_llama(n_layers=24).spec)
     assert (cfg.memory_layer, cfg.cached_layer) == (8, 16)
+    spec = tiny_llama(n_layers=24).spec
+    mem = lambda **kw: LongMemConfig(segment_len=256, **kw).resolved(spec).memory_layer  # noqa: E731
+    assert mem(cached_layer=14) == mem(cached_layer=15) == 7  # the side layer whose input lines up with it
+    assert mem(cached_layer=23) == 11  # the last side layer at most
+    assert mem(cached_layer=14, memory_layer=3) == 3  # an explicit memory layer wins
 
 
 def test_untrained_sidenet_reproduces_backbone(backbone):

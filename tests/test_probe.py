@@ -1,11 +1,12 @@
 """The retrieval probe: chunk ranks by hand, and the untrained memory layer searching exactly as its cached layer."""
 
 import numpy as np
+import pytest
 import torch
 
 from tiny import small_config, tiny_llama
 from longmem.model import LongMemModel
-from training.probe import answer_ranks, markdown, probe_backbone, probe_model
+from training.probe import answer_ranks, copy_heads, copy_heads_markdown, markdown, probe_backbone, probe_model
 from training.recall import recall_documents
 
 TEXT = ("The rain had stopped by the time they reached the harbour. Nobody spoke. A gull cried twice! "
@@ -46,3 +47,41 @@ def test_untrained_memory_layer_queries_match_its_cached_layer():
     assert 0 <= mine["retrieved"] <= 1
     table = markdown(layers, 2)
     assert table.count("\n") == 5 and "| 2 |" in table
+
+
+def test_copy_heads_match_the_backbones_own_attention():
+    """The copy-head probe's attention is the backbone's causal attention from the query onto the answer token."""
+    backbone = tiny_llama(n_layers=2)
+    tok = backbone.tokenizer
+    filler = np.asarray(tok(TEXT * 12, add_special_tokens=False)["input_ids"], dtype=np.int32)
+    items = recall_documents(tok, [filler], n=2, distance=60, total=256, seed=0)
+    result = copy_heads(backbone, items)
+    backbone.model.config._attn_implementation = "eager"  # Hugging Face returns attention weights only in eager
+    expected = np.zeros((2, backbone.spec.n_heads))
+    with torch.no_grad():
+        for item in items:
+            out = backbone.model(torch.as_tensor(item.ids, dtype=torch.long)[None], output_attentions=True)
+            for layer in range(2):
+                expected[layer] += out.attentions[layer][0, :, item.answer_start - 1, item.answer_pos].float().numpy()
+    # the tiny model attends almost uniformly, so only a tight tolerance tells positions apart
+    assert np.allclose(np.array(result["attention"]), expected / len(items), rtol=1e-3, atol=1e-7)
+    ranks = np.array(result["rank"])
+    assert ranks.shape == (2, backbone.spec.n_heads) and (ranks >= 0).all() and (ranks < 256).all()
+    assert copy_heads_markdown(result, n=3).count("\n") == 6
+
+
+def test_readout_heads_read_memory_and_no_heads_is_the_backbone():
+    from longmem.baselines import BackboneLM
+    from training.evaluate import recalled
+    from training.probe import readout
+
+    backbone = tiny_llama(n_layers=2)
+    tok = backbone.tokenizer
+    filler = np.asarray(tok(TEXT * 12, add_special_tokens=False)["input_ids"], dtype=np.int32)
+    items = recall_documents(tok, [filler], n=2, distance=300, total=512, seed=0)
+    plain = readout(backbone, items, layer=1, heads=[], segment_len=128, csz=4, topk=8, max_sinks=0)
+    ref = [recalled(BackboneLM(backbone, 128), item) for item in items]
+    assert plain["answer_nll"] == pytest.approx(sum(r[1] for r in ref) / sum(r[2] for r in ref), rel=1e-4)
+    reading = readout(backbone, items, layer=1, heads=[0, 3], segment_len=128, csz=4, topk=8, max_sinks=0)
+    assert reading["answer_nll"] != pytest.approx(plain["answer_nll"], rel=1e-4)  # memory reached the answer
+    assert reading["heads"] == [0, 3] and len(reading["recalled"]) == 2

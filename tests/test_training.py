@@ -147,7 +147,9 @@ def test_evaluation_table_on_a_tiny_model():
     filler = np.asarray(tok(text, add_special_tokens=False).input_ids, dtype=np.int32)
     items = recall_documents(tok, [filler], n=3, distance=64, total=320, seed=0)
     m = tiny_model("llama", segment_len=64, capacity=None)
-    result = evaluate(m, [Document("book", filler[:200])], items, long_context=128, log=lambda _: None)
+    in_window = recall_documents(tok, [filler], n=2, distance=30, total=260, seed=0)  # char tokens: long
+    result = evaluate(m, [Document("book", filler[:200])], items, long_context=128, log=lambda _: None,
+                      in_window=in_window)
     assert set(result["perplexity"]) == {"longmem", "longmem_no_memory", "backbone_local", "backbone_long"}
     assert result["recall"]["longmem"]["items"] == 3 and 0 <= result["recall"]["longmem"]["accuracy"] <= 1
     # untrained: memory changes nothing, so the answer tokens are exactly as (un)likely as for the 1k backbone
@@ -156,7 +158,14 @@ def test_evaluation_table_on_a_tiny_model():
     assert result["recall"]["longmem"]["answer_nll"] > 0
     # the untrained SideNet reproduces the backbone: same perplexity as the backbone with the same local window
     assert result["ppl_ratio_vs_local"] == pytest.approx(1.0, abs=1e-4)
-    assert "LongMem (1k local + memory)" in markdown(result, 128, 64)
+    assert result["recall"]["backbone_in_window"]["items"] == 2
+    table = markdown(result, 128, 64)
+    assert "LongMem (1k local + memory)" in table and "fact inside its 1k window" in table
+    recall_only = evaluate(m, [], items, long_context=128, log=lambda _: None)  # --tokens 0
+    assert recall_only["perplexity"] == {} and "ppl_ratio_vs_local" not in recall_only
+    assert recall_only["recall"]["longmem"] == result["recall"]["longmem"]
+    assert "perplexity:" not in markdown(recall_only, 128, 64) and "| LongMem (1k local + memory) |  |" in markdown(
+        recall_only, 128, 64)
 
 
 def test_ship_writes_a_small_checkpoint_with_a_model_card(tmp_path):

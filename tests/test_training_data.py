@@ -242,7 +242,9 @@ def test_recall_item_char_tokenizer():
         assert len(item.ids) == 800 and item.ids.dtype == np.int32
         assert tok.decode(item.ids[item.answer_start:]) == " " + item.answer
         text = tok.decode(item.ids)
-        assert text.endswith(f"? Answer: {item.answer}") and "\n\nQuestion: " in text
+        restated = tok.decode(item.ids[item.fact_pos:item.answer_pos]).strip()  # "The code to the old safe is"
+        assert restated.startswith("The ") and text.endswith(f"? Answer: {restated} {item.answer}")
+        assert "\n\nQuestion: " in text
         before = tok.decode(item.ids[:item.answer_start - 500])  # the fact lies at least `distance` tokens back
         assert item.answer in before and tok.decode(item.ids[item.fact_pos:]).startswith(" The ")
         assert tok.decode(item.ids[:item.fact_pos]).rstrip().endswith((".", "!", "?", '"'))  # a sentence's end

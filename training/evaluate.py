@@ -13,6 +13,10 @@ Two measurements, each on the test split of the shared books (never trained on):
   or a name) once and asking about it at least ``--distance`` tokens later. Everything before the question's
   local window goes into memory; an item counts as recalled when every answer token is the model's top prediction.
   The mean negative log-likelihood of the answer tokens is reported too: it moves long before exact matches do.
+  For scale, the backbone also answers items of the same kind whose fact lies inside its 1k window (what reading
+  the fact can give at best, for this backbone).
+
+``--tokens 0`` skips perplexity (a quick recall check).
 """
 
 from __future__ import annotations
@@ -68,12 +72,14 @@ def recalled(lm: SegmentLM, item: RecallItem, use_memory: bool = True) -> tuple[
 
 
 def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem], long_context: int,
-             log=print) -> dict:
+             log=print, in_window: list[RecallItem] = ()) -> dict:
+    """Perplexity of ``books`` and recall of ``items`` for LongMem and the baselines; ``in_window`` items (fact and
+    question inside one local window) are answered by the backbone alone, as a reference."""
     bb = model.backbone
     lms = {"longmem": model, "longmem_no_memory": model, "backbone_local": BackboneLM(bb, model.segment_len),
            "backbone_long": BackboneLM(bb, min(long_context, bb.spec.max_positions))}
     out: dict = {"perplexity": {}, "recall": {}}
-    for name, lm in lms.items():
+    for name, lm in lms.items() if books else ():
         t0, nll, count, per_book = time.perf_counter(), 0.0, 0, {}
         for doc in books:
             n, c = perplexity(lm, doc.ids, use_memory=name != "longmem_no_memory")
@@ -82,8 +88,9 @@ def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem]
         out["perplexity"][name] = {"ppl": math.exp(nll / count) if count else float("nan"), "tokens": count,
                                    "per_book": per_book, "s": time.perf_counter() - t0}
         log(f"perplexity {name}: {out['perplexity'][name]['ppl']:.3f} ({count:,} tokens)")
-    for name in ("longmem", "longmem_no_memory", "backbone_local"):
-        res = [recalled(lms[name], it, use_memory=name != "longmem_no_memory") for it in items]
+    runs = [(name, lms[name], items) for name in ("longmem", "longmem_no_memory", "backbone_local")]
+    for name, lm, its in runs + ([("backbone_in_window", lms["backbone_local"], in_window)] if in_window else []):
+        res = [recalled(lm, it, use_memory=name != "longmem_no_memory") for it in its]
         n_tok = sum(r[2] for r in res)
         out["recall"][name] = {"accuracy": float(np.mean([r[0] for r in res])) if res else float("nan"),
                                "answer_nll": sum(r[1] for r in res) / n_tok if n_tok else float("nan"),
@@ -91,26 +98,33 @@ def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem]
         log(f"recall {name}: {out['recall'][name]['accuracy']:.3f} of {len(res)}, answer NLL "
             f"{out['recall'][name]['answer_nll']:.3f} per token")
     p = out["perplexity"]
-    out["ppl_ratio_vs_local"] = p["longmem"]["ppl"] / p["backbone_local"]["ppl"]
-    out["ppl_ratio_vs_long"] = p["longmem"]["ppl"] / p["backbone_long"]["ppl"]
+    if p:
+        out["ppl_ratio_vs_local"] = p["longmem"]["ppl"] / p["backbone_local"]["ppl"]
+        out["ppl_ratio_vs_long"] = p["longmem"]["ppl"] / p["backbone_long"]["ppl"]
     return out
 
 
 def markdown(r: dict, long_context: int, distance: int) -> str:
     p, rc = r["perplexity"], r["recall"]
-    rows = [("LongMem (1k local + memory)", p["longmem"]["ppl"], rc["longmem"]),
-            ("LongMem without memory (1k local; the SideNet alone)", p["longmem_no_memory"]["ppl"],
-             rc.get("longmem_no_memory")),  # absent in older JSON
-            ("backbone, 1k local context", p["backbone_local"]["ppl"], rc["backbone_local"]),
-            (f"backbone, {long_context // 1024}k context", p["backbone_long"]["ppl"], None)]
+    ppl = lambda name: p[name]["ppl"] if name in p else None  # noqa: E731 (absent with --tokens 0 or older JSON)
+    rows = [("LongMem (1k local + memory)", ppl("longmem"), rc["longmem"]),
+            ("LongMem without memory (1k local; the SideNet alone)", ppl("longmem_no_memory"),
+             rc.get("longmem_no_memory")),
+            ("backbone, 1k local context", ppl("backbone_local"), rc["backbone_local"]),
+            (f"backbone, {long_context // 1024}k context", ppl("backbone_long"), None)]
     lines = [f"| model | held-out perplexity | recall at >= {distance:,} tokens | answer NLL per token |",
              "|---|---:|---:|---:|"]
-    for name, ppl, rec in rows:
+    for name, value, rec in rows:
         acc = "" if rec is None else f"{100 * rec['accuracy']:.0f}%"
-        nll = "" if rec is None or "answer_nll" not in rec else f"{rec['answer_nll']:.3f}"  # absent in older JSON
-        lines.append(f"| {name} | {ppl:.3f} | {acc} | {nll} |")
-    lines += ["", f"LongMem / backbone-1k perplexity: {r['ppl_ratio_vs_local']:.4f}; "
-                  f"LongMem / backbone-{long_context // 1024}k: {r['ppl_ratio_vs_long']:.4f}"]
+        nll = "" if rec is None or "answer_nll" not in rec else f"{rec['answer_nll']:.3f}"
+        lines.append(f"| {name} | {'' if value is None else f'{value:.3f}'} | {acc} | {nll} |")
+    if "backbone_in_window" in rc:
+        rec = rc["backbone_in_window"]
+        lines.append(f"| backbone, fact inside its 1k window (reference) | | {100 * rec['accuracy']:.0f}% | "
+                     f"{rec['answer_nll']:.3f} |")
+    if "ppl_ratio_vs_local" in r:
+        lines += ["", f"LongMem / backbone-1k perplexity: {r['ppl_ratio_vs_local']:.4f}; "
+                      f"LongMem / backbone-{long_context // 1024}k: {r['ppl_ratio_vs_long']:.4f}"]
     return "\n".join(lines)
 
 
@@ -120,12 +134,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--untrained", action="store_true", help="evaluate the untrained SideNet (default config)")
     p.add_argument("--data", default=str(DEFAULT_DATA), help="shared data directory (books/, MANIFEST.md)")
     p.add_argument("--books", type=int, default=8, help="held-out books to score (test split)")
-    p.add_argument("--tokens", type=int, default=16384, help="tokens scored per book (from its start)")
+    p.add_argument("--tokens", type=int, default=16384,
+                   help="tokens scored per book (from its start); 0 = no perplexity, recall only")
     p.add_argument("--long-context", type=int, default=8192, help="context of the long backbone baseline")
     p.add_argument("--recall", type=int, default=40, help="recall items")
     p.add_argument("--distance", type=int, default=8192, help="minimum tokens between a fact and its question")
     p.add_argument("--seed", type=int, default=1234, help="recall items seed")
-    p.add_argument("--max-sinks", type=int, default=1,
+    p.add_argument("--max-sinks", type=int, default=0,
                    help="segment-start (attention sink) chunks a memory search may return (-1 = no limit)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=None, help="also write the JSON here")
@@ -143,11 +158,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     _, test_files = book_split(Path(args.data))
     books = tokenize_files(test_files[: args.books], tok, cache_root() / "tokens")
-    scored = [Document(d.name, d.ids[: args.tokens]) for d in books]
-    total = args.distance + model.segment_len
-    items = recall_documents(tok, [d.ids for d in books], args.recall, args.distance, total, seed=args.seed)
+    scored = [Document(d.name, d.ids[: args.tokens]) for d in books] if args.tokens > 0 else []
+    fillers, L = [d.ids for d in books], model.segment_len
+    items = recall_documents(tok, fillers, args.recall, args.distance, args.distance + L, seed=args.seed)
+    in_window = recall_documents(tok, fillers, args.recall, L // 2, L, seed=args.seed)  # fact inside the window
     log = lambda m: print(f"[eval {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
-    result = evaluate(model, scored, items, args.long_context, log)
+    result = evaluate(model, scored, items, args.long_context, log, in_window=in_window)
     result["args"] = vars(args)
     result["provenance"] = model.provenance
     print(json.dumps(result, indent=2))

@@ -3,22 +3,34 @@
     python -m training.probe                            # every backbone layer: which one to cache in memory
     python -m training.probe --checkpoint runs/x/checkpoint   # a SideNet's memory layer, searching as it does
     python -m training.probe --untrained                # the untrained SideNet (the default config)
+    python -m training.probe --copy-heads               # which heads copy a fact that lies inside the window
+    python -m training.probe --readout 18 --heads 6,7   # those heads reading memory, untrained: recall and NLL
 
 Recall items (``training.recall``) are built in held-out book text; everything before the question's local window
 goes into memory segment by segment, each encoded from position 0, exactly as evaluation does. The query is that of
-the token just before the answer (the ':' of "Answer:"). Every memory chunk is scored the way the memory search
-scores it: the un-rotated query against the chunk's mean-pooled key, each query head against its KV head.
+the token just before the answer (the last word of the restated fact, "... is"). Every memory chunk is scored the
+way the memory search scores it: the un-rotated query against the chunk's mean-pooled key, each query head against
+its KV head.
 
 Reported per layer: the rank of the best chunk holding any of the answer's tokens (how many chunks score higher;
 0 = first) for the best head, the share of items where that rank is inside the K/csz chunks the model retrieves, and
 how many of a head's top chunks are segments' first chunks (attention sinks, ``longmem.memory``). "limited" ranks
 count at most ``max_sinks`` sink chunks ahead of the answer, as the search does by default.
+
+Finding the answer is half of recall; the other half is a head that copies what it finds. ``--copy-heads`` puts
+fact and question inside one window and reports, per layer and head, the attention the backbone itself gives from
+the query to the answer's first token (its copying heads), and that token's rank under un-rotated scores (how the
+memory layer scores it). ``--readout LAYER --heads H,H`` then asks whether those heads, reading memory instead of
+their window, make the frozen backbone recall the fact without any training: backbone layer LAYER becomes a
+memory layer (the MemTRM baseline's, untrained) whose listed heads attend to their retrieved memory tokens only and
+whose other heads keep their local attention.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -107,6 +119,61 @@ def probe_backbone(backbone, items: list[RecallItem], segment_len: int, csz: int
     return [{"layer": layer, **_summary(per_layer[layer], top)} for layer in range(n_layers)]
 
 
+@torch.no_grad()
+def copy_heads(backbone, items: list[RecallItem]) -> dict:
+    """Per layer and query head, over items whose fact is inside the window: the mean attention from the query (the
+    token before the answer) onto the fact's first answer token, and that token's median rank among all earlier
+    tokens under un-rotated q.k (0 = highest). Returns {"attention": (L, Hq) list, "rank": (L, Hq) list}."""
+    spec, ops = backbone.spec, backbone.ops
+    attn = np.zeros((len(items), spec.n_layers, spec.n_heads))
+    rank = np.zeros_like(attn)
+    for i, item in enumerate(items):
+        ids = torch.as_tensor(item.ids, dtype=torch.long)[None]
+        qpos, apos = item.answer_start - 1, item.answer_pos
+        hidden = backbone(ids).hidden
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        for layer in range(spec.n_layers):
+            q, k, _ = ops.qkv(backbone.layers[layer], ops.attn_norm(backbone.layers[layer], hidden[layer]))
+            qr, kr = backbone.rope(q, k, positions)
+            group = spec.n_heads // k.shape[1]
+            for name, (qq, kk) in (("rot", (qr, kr)), ("raw", (q, k))):
+                kk = kk[0, :, : qpos + 1].repeat_interleave(group, dim=0)  # (Hq, qpos + 1, d)
+                scores = torch.einsum("hd,htd->ht", qq[0, :, qpos].float(), kk.float()) / math.sqrt(q.shape[-1])
+                if name == "rot":  # what the backbone's causal attention gives the answer token
+                    attn[i, layer] = torch.softmax(scores, dim=-1)[:, apos].cpu().numpy()
+                else:
+                    rank[i, layer] = (scores > scores[:, apos:apos + 1]).sum(dim=-1).cpu().numpy()
+    return {"attention": attn.mean(axis=0).tolist(), "rank": np.median(rank, axis=0).tolist()}
+
+
+def copy_heads_markdown(result: dict, n: int = 12) -> str:
+    attn, rank = np.array(result["attention"]), np.array(result["rank"])
+    best = sorted(((attn[li, h], li, h) for li in range(attn.shape[0]) for h in range(attn.shape[1])), reverse=True)
+    lines = ["| layer | head | attention on the answer token | median un-rotated rank |", "|---:|---:|---:|---:|"]
+    lines += [f"| {li} | {h} | {a:.3f} | {rank[li, h]:.0f} |" for a, li, h in best[:n]]
+    lines += ["", "strongest head per layer: " + ", ".join(f"{li}: {attn[li].max():.2f}" for li in range(len(attn)))]
+    return "\n".join(lines)
+
+
+@torch.no_grad()
+def readout(backbone, items: list[RecallItem], layer: int, heads: list[int], segment_len: int, csz: int, topk: int,
+            max_sinks: int | None) -> dict:
+    """Recall of ``items`` by the frozen backbone whose layer ``layer`` reads memory through ``heads`` only
+    (the others keep their local attention): exact-match accuracy and the answer tokens' mean NLL."""
+    from longmem.baselines import MemTRM
+
+    from .evaluate import recalled
+
+    lm = MemTRM(backbone, cached_layer=layer, csz=csz, topk=topk, capacity=None, segment_len=segment_len,
+                gate_init=30.0).eval()  # sigmoid(30) = 1: local attention only...
+    lm.max_sinks = max_sinks
+    lm.memory_layer.gate[heads] = -30.0  # ...except these heads, which read memory only
+    res = [recalled(lm, item) for item in items]
+    n_tok = sum(r[2] for r in res)
+    return {"layer": layer, "heads": heads, "accuracy": float(np.mean([r[0] for r in res])),
+            "answer_nll": sum(r[1] for r in res) / n_tok, "recalled": [r[0] for r in res]}
+
+
 class _Recorder(MemoryView):
     """Keeps the queries the memory layer searches with."""
 
@@ -157,8 +224,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--checkpoint", default=None, help="probe this SideNet checkpoint's memory layer")
     p.add_argument("--untrained", action="store_true", help="probe the untrained SideNet's memory layer")
     p.add_argument("--backbone", default="default", help="backbone for the per-layer probe")
+    p.add_argument("--copy-heads", action="store_true",
+                   help="fact inside the window: which backbone heads attend from the question to the answer")
     p.add_argument("--cached-layer", type=int, default=None,
                    help="with --untrained: the backbone layer in memory (default: the model's default)")
+    p.add_argument("--readout", type=int, default=None, metavar="LAYER",
+                   help="recall through backbone layer LAYER's --heads reading memory, untrained")
+    p.add_argument("--heads", default="", help="with --readout: comma-separated query heads that read memory")
     p.add_argument("--data", default=str(DEFAULT_DATA), help="shared data directory (books/, MANIFEST.md)")
     p.add_argument("--books", type=int, default=2, help="held-out books the recall items are drawn from")
     p.add_argument("--items", type=int, default=8, help="recall items")
@@ -166,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--segment-len", type=int, default=1024, help="segment length (per-layer probe)")
     p.add_argument("--csz", type=int, default=4, help="chunk size (per-layer probe)")
     p.add_argument("--topk", type=int, default=64, help="memory tokens retrieved per query, K (per-layer probe)")
-    p.add_argument("--max-sinks", type=int, default=1, help="sink chunks a search may return (-1 = no limit)")
+    p.add_argument("--max-sinks", type=int, default=0, help="sink chunks a search may return (-1 = no limit)")
     p.add_argument("--seed", type=int, default=1234, help="recall items seed")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=None, help="also write the JSON here")
@@ -185,8 +257,26 @@ def main(argv: list[str] | None = None) -> dict:
     segment_len = model.segment_len if model is not None else args.segment_len
     _, test_files = book_split(Path(args.data))
     books = tokenize_files(test_files[: args.books], backbone.tokenizer, cache_root() / "tokens")
+    if args.copy_heads:
+        items = recall_documents(backbone.tokenizer, [d.ids for d in books], args.items, segment_len // 2,
+                                 segment_len, seed=args.seed)
+        result = {**copy_heads(backbone, items), "args": vars(args)}
+        print(json.dumps(result))
+        print()
+        print(copy_heads_markdown(result))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result) + "\n")
+        return result
     items = recall_documents(backbone.tokenizer, [d.ids for d in books], args.items, args.distance,
                              args.distance + segment_len, seed=args.seed)
+    if args.readout is not None:
+        heads = [int(h) for h in args.heads.split(",") if h.strip()]
+        result = {**readout(backbone, items, args.readout, heads, segment_len, args.csz, args.topk, max_sinks),
+                  "args": vars(args)}
+        print(json.dumps(result, indent=2))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        return result
     if model is not None:
         model.eval()
         rows, top = [probe_model(model, items, log)], model.config.topk // model.csz

@@ -1,9 +1,13 @@
 """Synthetic long-range recall documents: a fact stated once inside book text, asked about much later.
 
 An item reads like a book with one extra sentence ("The code to the old safe is 4817.") spliced in early, at least
-``distance`` tokens of the book after it, then a question ("\\n\\nQuestion: What is the code to the old safe?
-Answer:") and the answer (" 4817"). With ``distance`` beyond the local context window, only a model that reads its
-memory can answer: used in moderation as training documents, and as an evaluation of long-range recall.
+``distance`` tokens of the book after it, then a question whose answer restates the fact up to its value, as in the
+passkey-retrieval tests ("\\n\\nQuestion: What is the code to the old safe? Answer: The code to the old safe is"),
+and the value (" 4817"). The restated prefix makes the item a test of recall, not of question answering: with the
+fact inside its window, the 135M backbone completes most such items (``training.evaluate`` reports it), but next to
+none when the value must follow "Answer:" directly. With ``distance`` beyond the local context window, only a model
+that reads its memory can answer: used in moderation as training documents, and as an evaluation of long-range
+recall.
 
 The book text is never re-tokenized: the sentence, question and answer are tokenized on their own
 (add_special_tokens=False) and their ids spliced into the filler ids, so ``answer_start`` is exact.
@@ -47,7 +51,7 @@ FIRST_NAMES = ["Marguerite", "Tobias", "Ingrid", "Obadiah", "Rosalind", "Casimir
 LAST_NAMES = ["Okafor", "Pennington", "Vasquez", "Thornbury", "Lindqvist", "Abernathy", "Castellano", "Fairweather",
               "Nakamura", "Blackwood", "Delacroix", "Hargreaves", "Kowalski", "Ashdown", "Montague", "Quenby"]
 SENTENCE_ENDS = (".", "!", "?")  # not closing quotes: speech often goes on ('..." he said')
-QUESTION = "\n\nQuestion: {} Answer:"
+QUESTION = "\n\nQuestion: {} Answer: {}"  # the question, then the fact sentence up to its value
 
 
 @dataclass
@@ -96,7 +100,7 @@ def make_recall_item(tokenizer, filler: np.ndarray, rng: np.random.Generator, di
     sentence, question = facts[rng.integers(len(facts))]
     answer = _value(rng, kind)
     fact = _encode(tokenizer, sentence.format(answer))  # (F,)
-    ask = _encode(tokenizer, QUESTION.format(question))  # (Q,)
+    ask = _encode(tokenizer, _question(sentence, question))  # (Q,)
     ans = _encode(tokenizer, " " + answer)  # (A,)
     extra = len(fact) + len(ask) + len(ans)
     if total is None:
@@ -119,6 +123,11 @@ def make_recall_item(tokenizer, filler: np.ndarray, rng: np.random.Generator, di
                       answer_pos=pre + _find(fact, ans), kind=kind)
 
 
+def _question(sentence: str, question: str) -> str:
+    """The question and the start of its answer: the fact sentence up to the value, without its leading space."""
+    return QUESTION.format(question, sentence.split("{}")[0].strip())
+
+
 def _value(rng: np.random.Generator, kind: str) -> str:
     if kind == "number":
         return str(rng.integers(1000, 10000))
@@ -129,18 +138,18 @@ def make_multi_recall_document(tokenizer, filler: np.ndarray, rng: np.random.Gen
                                total: int) -> np.ndarray:
     """A training document of exactly ``total`` tokens (int32 ids) that teaches ``n_facts`` recalls at once: that
     many facts (distinct templates, so every question has one answer) spliced in at sentence ends of a random
-    filler window, and for each, later in the text, its question and answer ("\n\nQuestion: ... Answer: 4817\n\n")
-    at a sentence end at least ``distance`` tokens after the fact. A single-fact item spends a whole long document
-    on one answer; this one gives the loss ``n_facts`` answers that only memory can supply, spread over its
-    segments."""
+    filler window, and for each, later in the text, its question and answer ("\n\nQuestion: ... Answer: The code
+    ... is 4817\n\n") at a sentence end at least ``distance`` tokens after the fact. A single-fact item spends a
+    whole long document on one answer; this one gives the loss ``n_facts`` answers that only memory can supply,
+    spread over its segments."""
     templates = [(s, q, "number") for s, q in NUMBER_FACTS] + [(s, q, "name") for s, q in NAME_FACTS]
     if not 1 <= n_facts <= len(templates):
         raise ValueError(f"n_facts must be in [1, {len(templates)}], got {n_facts}")
     chosen = [templates[i] for i in rng.choice(len(templates), size=n_facts, replace=False)]
     values = [_value(rng, kind) for _, _, kind in chosen]
     facts = [_encode(tokenizer, s.format(v)) for (s, _, _), v in zip(chosen, values)]
-    qa = [np.concatenate([_encode(tokenizer, QUESTION.format(q)), _encode(tokenizer, " " + v),
-                          _encode(tokenizer, "\n\n")]) for (_, q, _), v in zip(chosen, values)]
+    qa = [np.concatenate([_encode(tokenizer, _question(s, q)), _encode(tokenizer, " " + v),
+                          _encode(tokenizer, "\n\n")]) for (s, q, _), v in zip(chosen, values)]
     n_filler = total - sum(len(x) for x in facts + qa)
     most = n_filler - distance  # a fact may start at most here and still have `distance` filler tokens after it
     if most < n_facts:
