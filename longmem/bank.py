@@ -33,7 +33,7 @@ import sqlite_utils
 import torch
 
 from .indexfiles import IndexRecord, read_index, write_index
-from .memory import INDEX_BLOCK, MemoryBank, chunk_keys
+from .memory import INDEX_BLOCK, MAX_SINKS, MemoryBank, chunk_keys
 
 log = logging.getLogger(__name__)
 
@@ -676,7 +676,7 @@ class Bank:
         self.layout = _Layout(epoch, seg_ids, np.concatenate([[0], np.cumsum(seg_chunks)]))
         return MemoryBank.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
                                       use_gpu=use_gpu, starts=starts,
-                                      max_sinks=0 if model is None else model.max_sinks)
+                                      max_sinks=MAX_SINKS if model is None else model.max_sinks)
 
     def passage(self, serial: int, context_chunks: int = 8) -> Passage:
         """The text of chunk ``serial`` of the last loaded memory, with up to ``context_chunks`` chunks each side."""

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .backbone import Backbone
-from .memory import MemoryBank
+from .memory import MAX_SINKS, MemoryBank
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens total)
 LOGIT_CHUNK = 1024  # positions per LM-head call when scoring long inputs (bounds the (T, V) logits in memory)
@@ -81,7 +81,7 @@ class SegmentLM(nn.Module):
     segment_len: int
     csz: int = 4
     capacity: int | None = 65536
-    max_sinks: int | None = 0  # attention-sink chunks a query may retrieve (see longmem.memory); None = no limit
+    max_sinks: int | None = MAX_SINKS  # sink chunks a query may retrieve (see longmem.memory); None = no limit
     cached_layer: int | None = None  # backbone layer whose K/V go into memory; None = model has no memory
 
     # -- to implement ---------------------------------------------------------------------------------------------

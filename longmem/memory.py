@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 INDEX_BLOCK = 65536  # chunks per faiss add when building an index from stored keys
+MAX_SINKS = 0  # default: sink chunks a query may retrieve (see the module doc for the measurement)
 
 
 @dataclass
@@ -206,7 +207,7 @@ class MemoryBank:
 
     def __init__(self, n_kv_heads: int, head_dim: int, *, csz: int = 4, capacity: int | None = 65536,
                  batch_size: int = 1, dtype: torch.dtype = torch.bfloat16, use_gpu: bool | None = None,
-                 max_sinks: int | None = 0):
+                 max_sinks: int | None = MAX_SINKS):
         if csz < 1:
             raise ValueError(f"chunk size must be >= 1, got {csz}")
         if capacity is not None and capacity < csz:
@@ -226,7 +227,7 @@ class MemoryBank:
     def from_chunks(cls, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, indexes: list | None = None, *,
                     n: int | None = None, first_serial: int = 0, capacity: int | None = None,
                     use_gpu: bool | None = None, starts: torch.Tensor | None = None,
-                    max_sinks: int | None = 0) -> "MemoryBank":
+                    max_sinks: int | None = MAX_SINKS) -> "MemoryBank":
         """A one-row bank that adopts memory already cut into chunks, without copying it: k, v (Hkv, N, csz, d) and
         tokens (N, csz) of which the first ``n`` (default N) are filled (the rest is room to grow), and optionally
         one faiss index per KV head holding the n mean-pooled chunk keys (built here when None) and which tokens

@@ -23,7 +23,7 @@ from .backbone import DEFAULT_BACKBONE, DTYPES, Backbone, BackboneSpec, load_bac
 from .files import atomic_directory
 from .lora import add_lora
 from .lm import SegmentLM, Step, Window
-from .memory import MemoryBank
+from .memory import MAX_SINKS, MemoryBank
 from .sidenet import LayerCache, SideNet
 
 CHECKPOINT_FORMAT = 1
@@ -56,7 +56,7 @@ class LongMemConfig:
     csz: int = 4  # tokens per memory chunk
     topk: int = 64  # K: memory tokens each query token attends to (K/csz chunks per head)
     capacity: int | None = 65536  # M: memory tokens per stream (FIFO beyond); None = unbounded
-    max_sinks: int | None = 0  # segment-start (attention sink) chunks a query may retrieve; None = no limit
+    max_sinks: int | None = MAX_SINKS  # segment-start (attention sink) chunks a query may retrieve; None = no limit
     segment_len: int = 1024  # local context window
     side_init: str = "rezero"  # "rezero": zero-scaled branches, reproduces the backbone; "plain": paper's copy-init
     gate_init: float = 0.0  # head-wise memory gate g at init (sigmoid(0) = 50/50)

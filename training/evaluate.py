@@ -33,6 +33,7 @@ import torch
 
 from longmem.baselines import BackboneLM
 from longmem.lm import SegmentLM
+from longmem.memory import MAX_SINKS
 from longmem.model import LongMemConfig, LongMemModel
 
 from .data import Document, book_split, tokenize_files
@@ -71,6 +72,13 @@ def recalled(lm: SegmentLM, item: RecallItem, use_memory: bool = True) -> tuple[
     return bool((logits.argmax(-1)[0] == answer).all()), nll, n_ans
 
 
+def recall_summary(results: list[tuple[bool, float, int]]) -> dict:
+    """Exact-match accuracy and mean answer-token NLL of ``recalled`` results."""
+    n_tok = sum(r[2] for r in results)
+    return {"accuracy": float(np.mean([r[0] for r in results])) if results else float("nan"),
+            "answer_nll": sum(r[1] for r in results) / n_tok if n_tok else float("nan"), "items": len(results)}
+
+
 def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem], long_context: int,
              log=print, in_window: list[RecallItem] = ()) -> dict:
     """Perplexity of ``books`` and recall of ``items`` for LongMem and the baselines; ``in_window`` items (fact and
@@ -91,10 +99,7 @@ def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem]
     runs = [(name, lms[name], items) for name in ("longmem", "longmem_no_memory", "backbone_local")]
     for name, lm, its in runs + ([("backbone_in_window", lms["backbone_local"], in_window)] if in_window else []):
         res = [recalled(lm, it, use_memory=name != "longmem_no_memory") for it in its]
-        n_tok = sum(r[2] for r in res)
-        out["recall"][name] = {"accuracy": float(np.mean([r[0] for r in res])) if res else float("nan"),
-                               "answer_nll": sum(r[1] for r in res) / n_tok if n_tok else float("nan"),
-                               "items": len(res)}
+        out["recall"][name] = recall_summary(res)
         log(f"recall {name}: {out['recall'][name]['accuracy']:.3f} of {len(res)}, answer NLL "
             f"{out['recall'][name]['answer_nll']:.3f} per token")
     p = out["perplexity"]
@@ -140,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--recall", type=int, default=40, help="recall items")
     p.add_argument("--distance", type=int, default=8192, help="minimum tokens between a fact and its question")
     p.add_argument("--seed", type=int, default=1234, help="recall items seed")
-    p.add_argument("--max-sinks", type=int, default=0,
+    p.add_argument("--max-sinks", type=int, default=MAX_SINKS,
                    help="segment-start (attention sink) chunks a memory search may return (-1 = no limit)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=None, help="also write the JSON here")

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from longmem.backbone import cache_root, load_backbone
-from longmem.memory import MemoryView
+from longmem.memory import MAX_SINKS, MemoryView
 from longmem.model import LongMemConfig, LongMemModel
 
 from .data import book_split, tokenize_files
@@ -136,13 +136,14 @@ def copy_heads(backbone, items: list[RecallItem]) -> dict:
             q, k, _ = ops.qkv(backbone.layers[layer], ops.attn_norm(backbone.layers[layer], hidden[layer]))
             qr, kr = backbone.rope(q, k, positions)
             group = spec.n_heads // k.shape[1]
-            for name, (qq, kk) in (("rot", (qr, kr)), ("raw", (q, k))):
+
+            def scores(qq, kk):  # (Hq, qpos + 1): the query against every token up to itself
                 kk = kk[0, :, : qpos + 1].repeat_interleave(group, dim=0)  # (Hq, qpos + 1, d)
-                scores = torch.einsum("hd,htd->ht", qq[0, :, qpos].float(), kk.float()) / math.sqrt(q.shape[-1])
-                if name == "rot":  # what the backbone's causal attention gives the answer token
-                    attn[i, layer] = torch.softmax(scores, dim=-1)[:, apos].cpu().numpy()
-                else:
-                    rank[i, layer] = (scores > scores[:, apos:apos + 1]).sum(dim=-1).cpu().numpy()
+                return torch.einsum("hd,htd->ht", qq[0, :, qpos].float(), kk.float()) / math.sqrt(q.shape[-1])
+
+            attn[i, layer] = torch.softmax(scores(qr, kr), dim=-1)[:, apos].cpu().numpy()  # the backbone's own
+            raw = scores(q, k)  # un-rotated, as memory scores
+            rank[i, layer] = (raw > raw[:, apos:apos + 1]).sum(dim=-1).cpu().numpy()
     return {"attention": attn.mean(axis=0).tolist(), "rank": np.median(rank, axis=0).tolist()}
 
 
@@ -162,16 +163,14 @@ def readout(backbone, items: list[RecallItem], layer: int, heads: list[int], seg
     (the others keep their local attention): exact-match accuracy and the answer tokens' mean NLL."""
     from longmem.baselines import MemTRM
 
-    from .evaluate import recalled
+    from .evaluate import recall_summary, recalled
 
     lm = MemTRM(backbone, cached_layer=layer, csz=csz, topk=topk, capacity=None, segment_len=segment_len,
                 gate_init=30.0).eval()  # sigmoid(30) = 1: local attention only...
     lm.max_sinks = max_sinks
     lm.memory_layer.gate[heads] = -30.0  # ...except these heads, which read memory only
     res = [recalled(lm, item) for item in items]
-    n_tok = sum(r[2] for r in res)
-    return {"layer": layer, "heads": heads, "accuracy": float(np.mean([r[0] for r in res])),
-            "answer_nll": sum(r[1] for r in res) / n_tok, "recalled": [r[0] for r in res]}
+    return {"layer": layer, "heads": heads, **recall_summary(res), "recalled": [r[0] for r in res]}
 
 
 class _Recorder(MemoryView):
@@ -238,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--segment-len", type=int, default=1024, help="segment length (per-layer probe)")
     p.add_argument("--csz", type=int, default=4, help="chunk size (per-layer probe)")
     p.add_argument("--topk", type=int, default=64, help="memory tokens retrieved per query, K (per-layer probe)")
-    p.add_argument("--max-sinks", type=int, default=0, help="sink chunks a search may return (-1 = no limit)")
+    p.add_argument("--max-sinks", type=int, default=MAX_SINKS, help="sink chunks a search may return (-1 = no limit)")
     p.add_argument("--seed", type=int, default=1234, help="recall items seed")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=None, help="also write the JSON here")
@@ -261,34 +260,31 @@ def main(argv: list[str] | None = None) -> dict:
         items = recall_documents(backbone.tokenizer, [d.ids for d in books], args.items, segment_len // 2,
                                  segment_len, seed=args.seed)
         result = {**copy_heads(backbone, items), "args": vars(args)}
-        print(json.dumps(result))
-        print()
-        print(copy_heads_markdown(result))
-        if args.out:
-            Path(args.out).write_text(json.dumps(result) + "\n")
-        return result
+        return _report(result, copy_heads_markdown(result), args.out)
     items = recall_documents(backbone.tokenizer, [d.ids for d in books], args.items, args.distance,
                              args.distance + segment_len, seed=args.seed)
     if args.readout is not None:
         heads = [int(h) for h in args.heads.split(",") if h.strip()]
         result = {**readout(backbone, items, args.readout, heads, segment_len, args.csz, args.topk, max_sinks),
                   "args": vars(args)}
-        print(json.dumps(result, indent=2))
-        if args.out:
-            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-        return result
+        return _report(result, None, args.out)
     if model is not None:
         model.eval()
         rows, top = [probe_model(model, items, log)], model.config.topk // model.csz
     else:
         top = args.topk // args.csz
         rows = probe_backbone(backbone, items, segment_len, args.csz, top, max_sinks, log)
-    result = {"rows": rows, "args": vars(args)}
+    return _report({"rows": rows, "args": vars(args)}, markdown(rows, top), args.out)
+
+
+def _report(result: dict, table: str | None, out: str | None) -> dict:
+    """Print the JSON (and the table after it), and write the JSON to ``out`` when given."""
     print(json.dumps(result, indent=2))
-    print()
-    print(markdown(rows, top))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    if table is not None:
+        print()
+        print(table)
+    if out:
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
