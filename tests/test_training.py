@@ -78,6 +78,29 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, scope):
         assert ckpt < 0.8 * full  # only what training changes is saved
 
 
+def test_answer_tokens_weigh_more_in_the_objective(tmp_path):
+    from training.train import SegmentLoss
+
+    m = model()
+    ids = torch.as_tensor(documents()[1].ids[:32], dtype=torch.long).view(2, 16)
+    answers = torch.zeros_like(ids, dtype=torch.bool)
+    answers[0, 5:8] = answers[1, 12] = True
+    objectives = {}
+    for w in (1.0, 10.0):
+        objectives[w], nll = SegmentLoss(m, answer_weight=w)(ids, m.new_memory(batch_size=2), answers)
+    assert nll.shape == (2, 15) and not nll.requires_grad
+    assert objectives[1.0].item() == pytest.approx(nll.mean().item(), rel=1e-5)
+    # targets are the next tokens: the answer mark of token t+1 weighs the prediction made at t
+    extra = 9.0 * nll[answers[:, 1:]].sum() / nll.numel()
+    assert objectives[10.0].item() == pytest.approx((objectives[1.0] + extra).item(), rel=1e-5)
+    docs = documents()
+    docs[0].answers = np.arange(len(docs[0].ids)) % 4 == 0
+    hist = Trainer(config(tmp_path, steps=3, answer_weight=5.0), docs, model=m).fit(progress=False)
+    marked = [h for h in hist if "answer_nll" in h]
+    assert marked and all(h["answer_tokens"] > 0 and h["answer_nll"] > 0 for h in marked)
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 0  # with the answers' panel
+
+
 def test_scales_get_their_own_learning_rate(tmp_path):
     from training.train import param_groups
 

@@ -155,6 +155,20 @@ def test_batchfier_rows_follow_documents():
     assert all(k != 6 for k, _ in seen)  # shorter than a segment: dropped
 
 
+def test_batchfier_answer_marks_travel_with_their_tokens():
+    docs = _docs(LENGTHS)
+    for d in docs[::2]:  # every other document has recall answers: here, the tokens whose position is a multiple of 3
+        d.answers = d.ids % 1000 % 3 == 0
+    for cut in (None, 3):  # whole documents, and documents cut into parts of 3 segments
+        bf = Batchfier(docs, batch_size=3, segment_len=4, seed=2, max_doc_segments=cut)
+        for step in range(bf.steps_per_epoch):
+            b = bf.batch(step)
+            assert b.answers.shape == b.ids.shape and b.answers.dtype == torch.bool
+            k = (b.ids // 1000).numpy()  # (B, L) the document each token came from
+            want = (k % 2 == 0) & (b.ids.numpy() % 1000 % 3 == 0)
+            assert (b.answers.numpy() == want).all()
+
+
 def test_batchfier_groups_balanced_and_truncated():
     bf = Batchfier(_docs(LENGTHS), batch_size=3, segment_len=4)
     sizes = sorted(sum(int(bf.n_segments[i]) for i in g) for g in bf.groups)
@@ -279,6 +293,7 @@ def test_recall_documents_seeds_and_limits():
     assert all(len(x.ids) == 512 and x.fact_pos + 300 <= x.answer_start for x in a)
     docs = recall_as_documents(a)
     assert docs[2].name == "recall-2" and (docs[2].ids == a[2].ids).all()
+    assert tok.decode(docs[2].ids[docs[2].answers]) == " " + a[2].answer
     with pytest.raises(ValueError, match="cannot hold"):
         make_recall_item(tok, fillers[0], np.random.default_rng(0), distance=500, total=510)
     with pytest.raises(ValueError, match="no filler document"):
@@ -290,19 +305,27 @@ def test_recall_documents_seeds_and_limits():
 def test_multi_recall_document_states_every_fact_long_before_its_question():
     tok = char_tokenizer()
     filler = np.asarray(tok(TEXT * 40, add_special_tokens=False)["input_ids"], dtype=np.int32)
-    ids = make_multi_recall_document(tok, filler, np.random.default_rng(3), n_facts=4, distance=900, total=2048)
-    assert len(ids) == 2048 and ids.dtype == np.int32
+    ids, answers = make_multi_recall_document(tok, filler, np.random.default_rng(3), n_facts=4, distance=900,
+                                              total=2048)
+    assert len(ids) == 2048 and ids.dtype == np.int32 and answers.shape == ids.shape and answers.dtype == bool
     text = tok.decode(ids)
     qa = list(re.finditer(r"\n\nQuestion: ([^?]*)\? Answer: ([^\n]*)\n\n", text))
     assert len(qa) == 4 and len({m.group(1) for m in qa}) == 4  # four different questions, one answer each
-    for m in qa:  # each answer was stated at least `distance` tokens (one char, one token) before its question
-        assert m.group(2) in text[: m.start() - 900]
+    # the answer marks: one run of tokens per question, the value that ends its answer line (with its space)
+    runs = [ids[s:e] for s, e in zip(*[np.flatnonzero(np.diff(np.r_[0, answers.astype(int), 0]) == d)
+                                       for d in (1, -1)])]
+    assert len(runs) == 4
+    for m, run in zip(qa, runs):
+        value = tok.decode(run)
+        assert value.startswith(" ") and m.group(2).endswith(value)
+        assert value.strip() in text[: m.start() - 900]  # stated at least `distance` tokens (1 char = 1 token) back
     starts = [m.start() for m in qa]
     assert max(starts) - min(starts) > 100  # spread over the document, not one block
-    again = make_multi_recall_document(tok, filler, np.random.default_rng(3), n_facts=4, distance=900, total=2048)
+    again, _ = make_multi_recall_document(tok, filler, np.random.default_rng(3), n_facts=4, distance=900, total=2048)
     assert (again == ids).all()
     docs = multi_recall_documents(tok, [filler], n=3, n_facts=2, distance=500, total=1024, seed=0)
     assert [d.name for d in docs] == ["recall-0", "recall-1", "recall-2"] and all(len(d.ids) == 1024 for d in docs)
+    assert all(d.answers.sum() > 0 for d in docs)
     with pytest.raises(ValueError, match="cannot hold"):
         make_multi_recall_document(tok, filler, np.random.default_rng(0), n_facts=4, distance=1000, total=1100)
     with pytest.raises(ValueError, match="n_facts"):

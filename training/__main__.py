@@ -37,6 +37,8 @@ HELP = {
     "warmup_steps": "linear warm-up steps (paper: 0)",
     "weight_decay": "AdamW decoupled weight decay (paper: 0.01)",
     "grad_clip": "gradient norm clipping (paper: 2.0)",
+    "answer_weight": "loss weight of the recall documents' answer tokens, the only tokens that need memory "
+                     "(1 = the plain LM loss)",
     "scale_lr": "LR multiplier, without weight decay, for the ReZero branch scales and the memory gate (1 = none)",
     "amp": "autocast: auto (bf16 on GPU or CPUs with native bf16), bfloat16, float16, none",
     "seed": "data order seed",

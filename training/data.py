@@ -42,6 +42,11 @@ _MANIFEST_ROW = re.compile(r"^\|\s*(train|test)\s*\|\s*([^|\s]+)\s*\|")  # "| tr
 class Document:
     name: str  # e.g. file name, or "recall-17"
     ids: np.ndarray  # (T,) int32 token ids
+    answers: np.ndarray | None = None  # (T,) bool: tokens only memory can supply (recall answers); None = none
+
+    def answer_mask(self) -> np.ndarray:
+        """(T,) bool, all False for a document without recall answers."""
+        return np.zeros(len(self.ids), dtype=bool) if self.answers is None else self.answers
 
 
 # -----------------------------------------------------------------------------
@@ -159,6 +164,7 @@ class Batch:
     ids: torch.Tensor  # (B, L) int64 token ids, B = rows of THIS process
     reset: torch.Tensor  # (B,) bool: True where this row starts a new document at this step (clear its memory first)
     doc: list[str]  # (B,) name of the document each row is in
+    answers: torch.Tensor  # (B, L) bool: recall-answer tokens (``Document.answers``), which the loss may weight up
     epoch: int = 0  # step // steps_per_epoch
 
 
@@ -207,7 +213,9 @@ class Batchfier:
                 continue
             for part, s in enumerate(range(0, n, max_doc_segments)):
                 e = min(n, s + max_doc_segments)
-                self.documents.append(Document(f"{d.name}#{part}", d.ids[s * segment_len:e * segment_len]))
+                cut = slice(s * segment_len, e * segment_len)
+                self.documents.append(Document(f"{d.name}#{part}", d.ids[cut],
+                                               None if d.answers is None else d.answers[cut]))
         self.n_segments = np.array([len(d.ids) // segment_len for d in self.documents], dtype=np.int64)  # (D,)
         total = int(self.n_segments.sum())
         if total < self.n_rows:
@@ -254,12 +262,15 @@ class Batchfier:
         lay = self.layout(epoch)
         rows = range(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
         L = self.segment_len
-        ids = np.stack([self.documents[lay.doc[r, t]].ids[lay.seg[r, t] * L:(lay.seg[r, t] + 1) * L]
-                        for r in rows])  # (B, L)
+        docs = [self.documents[lay.doc[r, t]] for r in rows]
+        cuts = [slice(lay.seg[r, t] * L, (lay.seg[r, t] + 1) * L) for r in rows]
+        ids = np.stack([d.ids[c] for d, c in zip(docs, cuts)])  # (B, L)
+        answers = np.stack([d.answer_mask()[c] for d, c in zip(docs, cuts)])  # (B, L)
         return Batch(step=step,
                      ids=torch.from_numpy(ids.astype(np.int64)),
                      reset=torch.from_numpy(lay.seg[rows.start:rows.stop, t] == 0),
-                     doc=[self.documents[lay.doc[r, t]].name for r in rows],
+                     doc=[d.name for d in docs],
+                     answers=torch.from_numpy(answers),
                      epoch=epoch)
 
     def iterate(self, start_step: int = 0) -> Iterator[Batch]:

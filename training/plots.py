@@ -1,4 +1,5 @@
-"""Training curves: metrics.jsonl (one JSON object per step) -> a PNG of train loss and held-out perplexity ratios."""
+"""Training curves: metrics.jsonl (one JSON object per step) -> a PNG of train loss, recall answers' NLL and held-out
+perplexity ratios."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def plot_metrics(metrics: Path, out: Path, smooth: int = 20) -> Path | None:
-    """Plot the training loss (raw and a moving average) and, when evaluated, held-out perplexity of LongMem (with
-    and without memory) relative to the backbone with the same local window. Returns the PNG path, or None when
-    there is nothing to plot."""
+    """Plot the training loss (raw and a moving average); when the run has recall answers (``answer_nll``), their NLL
+    (a token-weighted moving average); and, when evaluated, held-out perplexity of LongMem (with and without memory)
+    relative to the backbone with the same local window. Returns the PNG path, or None when there is nothing to
+    plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,17 +31,32 @@ def plot_metrics(metrics: Path, out: Path, smooth: int = 20) -> Path | None:
     steps = [r["step"] for r in rows]
     loss = [r["loss"] for r in rows]
     avg = [sum(loss[max(0, i - smooth + 1):i + 1]) / len(loss[max(0, i - smooth + 1):i + 1]) for i in range(len(loss))]
+    answered = [r for r in rows if r.get("answer_tokens")]
     evals = [(r["step"], r["eval"]) for r in rows if r.get("eval", {}).get("tokens")]
-    fig, axes = plt.subplots(1, 2 if evals else 1, figsize=(11 if evals else 6, 4), squeeze=False)
-    ax = axes[0][0]
+    n = 1 + bool(answered) + bool(evals)
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4), squeeze=False)
+    panels = iter(axes[0])
+    ax = next(panels)
     ax.plot(steps, loss, alpha=0.3, label="train loss")
     ax.plot(steps, avg, label=f"moving average ({smooth})")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.legend()
     ax.grid(alpha=0.3)
+    if answered:
+        ax = next(panels)
+        nll = [r["answer_nll"] * r["answer_tokens"] for r in answered]
+        count = [r["answer_tokens"] for r in answered]
+        window = [slice(max(0, i - smooth + 1), i + 1) for i in range(len(answered))]
+        ax.plot([r["step"] for r in answered], [r["answer_nll"] for r in answered], alpha=0.3, label="per step")
+        ax.plot([r["step"] for r in answered], [sum(nll[w]) / sum(count[w]) for w in window],
+                label=f"moving average ({smooth} steps with answers)")
+        ax.set_xlabel("step")
+        ax.set_ylabel("recall answers' NLL (nats/token)")
+        ax.legend()
+        ax.grid(alpha=0.3)
     if evals:
-        ax = axes[0][1]
+        ax = next(panels)
         at = [st for st, _ in evals]  # as ratios to the backbone: comparable across differently sized evaluations
         ax.plot(at, [e["longmem_ppl"] / e["backbone_ppl"] for _, e in evals], marker="o",
                 label="LongMem (local + memory)")

@@ -135,21 +135,24 @@ def _value(rng: np.random.Generator, kind: str) -> str:
 
 
 def make_multi_recall_document(tokenizer, filler: np.ndarray, rng: np.random.Generator, n_facts: int, distance: int,
-                               total: int) -> np.ndarray:
-    """A training document of exactly ``total`` tokens (int32 ids) that teaches ``n_facts`` recalls at once: that
-    many facts (distinct templates, so every question has one answer) spliced in at sentence ends of a random
-    filler window, and for each, later in the text, its question and answer ("\n\nQuestion: ... Answer: The code
-    ... is 4817\n\n") at a sentence end at least ``distance`` tokens after the fact. A single-fact item spends a
-    whole long document on one answer; this one gives the loss ``n_facts`` answers that only memory can supply,
-    spread over its segments."""
+                               total: int) -> tuple[np.ndarray, np.ndarray]:
+    """A training document of exactly ``total`` tokens, as (ids int32, answers bool marking the answer tokens),
+    that teaches ``n_facts`` recalls at once: that many facts (distinct templates, so every question has one
+    answer) spliced in at sentence ends of a random filler window, and for each, later in the text, its question
+    and answer ("\n\nQuestion: ... Answer: The code ... is 4817\n\n") at a sentence end at least ``distance``
+    tokens after the fact. A single-fact item spends a whole long document on one answer; this one gives the loss
+    ``n_facts`` answers that only memory can supply, spread over its segments."""
     templates = [(s, q, "number") for s, q in NUMBER_FACTS] + [(s, q, "name") for s, q in NAME_FACTS]
     if not 1 <= n_facts <= len(templates):
         raise ValueError(f"n_facts must be in [1, {len(templates)}], got {n_facts}")
     chosen = [templates[i] for i in rng.choice(len(templates), size=n_facts, replace=False)]
     values = [_value(rng, kind) for _, _, kind in chosen]
     facts = [_encode(tokenizer, s.format(v)) for (s, _, _), v in zip(chosen, values)]
-    qa = [np.concatenate([_encode(tokenizer, _question(s, q)), _encode(tokenizer, " " + v),
-                          _encode(tokenizer, "\n\n")]) for (s, q, _), v in zip(chosen, values)]
+    parts = [(_encode(tokenizer, _question(s, q)), _encode(tokenizer, " " + v), _encode(tokenizer, "\n\n"))
+             for (s, q, _), v in zip(chosen, values)]
+    qa = [np.concatenate(p) for p in parts]
+    qa_answers = [np.concatenate([np.zeros(len(a), bool), np.ones(len(v), bool), np.zeros(len(e), bool)])
+                  for a, v, e in parts]
     n_filler = total - sum(len(x) for x in facts + qa)
     most = n_filler - distance  # a fact may start at most here and still have `distance` filler tokens after it
     if most < n_facts:
@@ -159,17 +162,20 @@ def make_multi_recall_document(tokenizer, filler: np.ndarray, rng: np.random.Gen
         raise ValueError(f"the filler has {len(filler)} tokens, the document needs {n_filler}")
     start = int(rng.integers(0, len(filler) - n_filler + 1))
     window = np.asarray(filler[start:start + n_filler], dtype=np.int32)
-    events = []  # (position in the filler, kind, tokens): facts (0) sort before questions (1) at one position
-    for fact, ask in zip(facts, qa):
+    events = []  # (position in the filler, kind, tokens, answers): facts (0) sort before questions (1) at one place
+    for fact, ask, ask_answers in zip(facts, qa, qa_answers):
         at = _boundary(tokenizer, window, int(rng.integers(0, most + 1)), 0, most)
-        events.append((at, 0, fact))
+        events.append((at, 0, fact, np.zeros(len(fact), bool)))
         later = at + distance
-        events.append((_boundary(tokenizer, window, int(rng.integers(later, n_filler + 1)), later, n_filler), 1, ask))
-    pieces, prev = [], 0
-    for at, _, tokens in sorted(events, key=lambda e: (e[0], e[1])):
+        at_q = _boundary(tokenizer, window, int(rng.integers(later, n_filler + 1)), later, n_filler)
+        events.append((at_q, 1, ask, ask_answers))
+    pieces, marks, prev = [], [], 0
+    for at, _, tokens, answers in sorted(events, key=lambda e: (e[0], e[1])):
         pieces += [window[prev:at], tokens]
+        marks += [np.zeros(at - prev, bool), answers]
         prev = at
-    return np.concatenate(pieces + [window[prev:]]).astype(np.int32)
+    ids = np.concatenate(pieces + [window[prev:]]).astype(np.int32)
+    return ids, np.concatenate(marks + [np.zeros(len(window) - prev, bool)])
 
 
 def multi_recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, n_facts: int, distance: int,
@@ -180,8 +186,8 @@ def multi_recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, n_f
     usable = [d for d in filler_docs if len(d) >= total]
     if not usable:
         raise ValueError(f"no filler document has the {total} tokens a recall document needs")
-    return [Document(f"{prefix}-{i}", make_multi_recall_document(tokenizer, usable[rng.integers(len(usable))], rng,
-                                                                 n_facts, distance, total)) for i in range(n)]
+    return [Document(f"{prefix}-{i}", *make_multi_recall_document(tokenizer, usable[rng.integers(len(usable))], rng,
+                                                                  n_facts, distance, total)) for i in range(n)]
 
 
 def _find(haystack: np.ndarray, needle: np.ndarray) -> int:
@@ -209,5 +215,6 @@ def recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, distance:
 
 
 def recall_as_documents(items: list[RecallItem], prefix: str = "recall") -> list[Document]:
-    """Recall items as training documents named "<prefix>-<i>"."""
-    return [Document(f"{prefix}-{i}", item.ids) for i, item in enumerate(items)]
+    """Recall items as training documents named "<prefix>-<i>", their answer tokens marked."""
+    return [Document(f"{prefix}-{i}", item.ids, np.arange(len(item.ids)) >= item.answer_start)
+            for i, item in enumerate(items)]

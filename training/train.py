@@ -60,6 +60,7 @@ class TrainConfig:
     lr_power: float = 1.0  # polynomial decay power (1 = linear)
     warmup_steps: int = 0  # linear warm-up (the paper: none)
     weight_decay: float = 0.01
+    answer_weight: float = 1.0  # loss weight of recall-answer tokens (the only tokens that need memory; 1 = plain LM)
     scale_lr: float = 1.0  # LR multiplier (and no weight decay) for the ReZero scales and the memory gate: scalars
     #                        that start at 0 and must travel O(1) before memory can matter; 1 = one plain group
     grad_clip: float = 2.0
@@ -81,30 +82,31 @@ class TrainConfig:
 # The loss
 
 
-def lm_loss(model: LongMemModel, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of hidden (B, T, E) against targets (B, T), the LM head applied in chunks under
+def token_nll(model: LongMemModel, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy (B, T) of hidden (B, T, E) against targets (B, T), the LM head applied in chunks under
     activation checkpointing, so the (B, T, 49k) logits never exist at once."""
-    def chunk_loss(h, t):
-        return F.cross_entropy(model.backbone.logits(h).float().flatten(0, 1), t.flatten(), reduction="sum")
+    def chunk_nll(h, t):
+        logits = model.backbone.logits(h).float()  # (B, t, V)
+        return F.cross_entropy(logits.flatten(0, 1), t.flatten(), reduction="none").view(t.shape)
 
-    total = hidden.new_zeros((), dtype=torch.float32)
-    for s in range(0, hidden.shape[1], LOSS_CHUNK):
-        total = total + checkpoint(chunk_loss, hidden[:, s:s + LOSS_CHUNK], targets[:, s:s + LOSS_CHUNK],
-                                   use_reentrant=False)
-    return total / targets.numel()
+    return torch.cat([checkpoint(chunk_nll, hidden[:, s:s + LOSS_CHUNK], targets[:, s:s + LOSS_CHUNK],
+                                 use_reentrant=False) for s in range(0, hidden.shape[1], LOSS_CHUNK)], dim=1)
 
 
 class SegmentLoss(nn.Module):
     """One training step's forward as a module (what DistributedDataParallel wraps): read memory, predict the
-    segment, append its keys/values to memory, return the loss."""
+    segment, append its keys/values to memory. Returns the objective (mean next-token NLL, recall-answer tokens
+    weighted by ``answer_weight``) and the per-token NLL (B, T-1), detached, for the metrics."""
 
-    def __init__(self, model: LongMemModel):
+    def __init__(self, model: LongMemModel, answer_weight: float = 1.0):
         super().__init__()
-        self.model = model
+        self.model, self.answer_weight = model, answer_weight
 
-    def forward(self, ids: torch.Tensor, memory) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, memory, answers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.model._step_then_remember(ids, memory)
-        return lm_loss(self.model, out.hidden[:, :-1], ids[:, 1:])
+        nll = token_nll(self.model, out.hidden[:, :-1], ids[:, 1:])  # (B, T-1)
+        weight = 1.0 + (self.answer_weight - 1.0) * answers[:, 1:].to(nll.dtype)  # (B, T-1)
+        return (nll * weight).sum() / nll.numel(), nll.detach()
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
@@ -229,7 +231,7 @@ class Trainer:
             _load_optimizer(self.opt, load_file(str(ckpt / "optimizer.safetensors")), state["optimizer"])
         elif self.step:  # e.g. a checkpoint committed without its optimizer state: Adam's moments start afresh
             log("no optimizer.safetensors in the checkpoint: resuming with fresh optimizer state (not bit-exact)")
-        self.loss_module: nn.Module = SegmentLoss(self.model)
+        self.loss_module: nn.Module = SegmentLoss(self.model, cfg.answer_weight)
         if self.world > 1:
             on_gpu = self.device.startswith("cuda")
             self.loss_module = nn.parallel.DistributedDataParallel(
@@ -279,7 +281,7 @@ class Trainer:
             self.memory.add(k, v, tokens=ids, starts=segment_starts(*ids.shape, ids.device))
             return None
         with self._autocast():
-            return self.loss_module(ids, self.memory)
+            return self.loss_module(ids, self.memory, batch.answers.to(ids.device))
 
     def train_step(self) -> dict:
         cfg = self.cfg
@@ -288,15 +290,19 @@ class Trainer:
             g["lr"] = lr * g.get("lr_mult", 1.0)
         batch = self.data.batch(self.step)
         t0 = time.perf_counter()
-        loss = self._memory_step(batch)
+        objective, nll = self._memory_step(batch)
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         self.opt.step()
         self.step += 1
         tokens = batch.ids.numel() * self.world
-        return {"step": self.step, "loss": loss.item(), "lr": lr, "grad_norm": float(grad_norm), "tokens": tokens,
-                "s": time.perf_counter() - t0, "gate": torch.sigmoid(self.model.sidenet.gate).mean().item()}
+        row = {"step": self.step, "loss": nll.mean().item(), "lr": lr, "grad_norm": float(grad_norm), "tokens": tokens,
+               "s": time.perf_counter() - t0, "gate": torch.sigmoid(self.model.sidenet.gate).mean().item()}
+        answers = batch.answers[:, 1:].to(nll.device)
+        if answers.any():  # this process's recall answers: the tokens memory must supply
+            row["answer_nll"], row["answer_tokens"] = nll[answers].mean().item(), int(answers.sum())
+        return row
 
     @torch.no_grad()
     def evaluate(self) -> dict:
