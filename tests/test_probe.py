@@ -6,7 +6,7 @@ import torch
 
 from tiny import small_config, tiny_llama
 from longmem.model import LongMemModel
-from training.probe import answer_ranks, copy_heads, copy_heads_markdown, markdown, probe_backbone, probe_model
+from training.probe import answer_ranks, copy_heads, copy_heads_markdown, main, markdown, probe_backbone, probe_model
 from training.recall import recall_documents
 
 TEXT = ("The rain had stopped by the time they reached the harbour. Nobody spoke. A gull cried twice! "
@@ -85,3 +85,11 @@ def test_readout_heads_read_memory_and_no_heads_is_the_backbone():
     reading = readout(backbone, items, layer=1, heads=[0, 3], segment_len=128, csz=4, topk=8, max_sinks=0)
     assert reading["answer_nll"] != pytest.approx(plain["answer_nll"], rel=1e-4)  # memory reached the answer
     assert reading["heads"] == [0, 3] and len(reading["recalled"]) == 2
+
+
+@pytest.mark.parametrize("argv, message", [(["--copy-heads", "--readout", "18", "--heads", "6"], "separate probes"),
+                                           (["--readout", "18"], "needs --heads")])
+def test_probe_refuses_options_that_do_not_go_together(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err

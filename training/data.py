@@ -44,10 +44,6 @@ class Document:
     ids: np.ndarray  # (T,) int32 token ids
     answers: np.ndarray | None = None  # (T,) bool: tokens only memory can supply (recall answers); None = none
 
-    def answer_mask(self) -> np.ndarray:
-        """(T,) bool, all False for a document without recall answers."""
-        return np.zeros(len(self.ids), dtype=bool) if self.answers is None else self.answers
-
 
 # -----------------------------------------------------------------------------
 # the book split
@@ -265,7 +261,8 @@ class Batchfier:
         docs = [self.documents[lay.doc[r, t]] for r in rows]
         cuts = [slice(lay.seg[r, t] * L, (lay.seg[r, t] + 1) * L) for r in rows]
         ids = np.stack([d.ids[c] for d, c in zip(docs, cuts)])  # (B, L)
-        answers = np.stack([d.answer_mask()[c] for d, c in zip(docs, cuts)])  # (B, L)
+        answers = np.stack([np.zeros(L, bool) if d.answers is None else d.answers[c]
+                            for d, c in zip(docs, cuts)])  # (B, L)
         return Batch(step=step,
                      ids=torch.from_numpy(ids.astype(np.int64)),
                      reset=torch.from_numpy(lay.seg[rows.start:rows.stop, t] == 0),

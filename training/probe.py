@@ -242,6 +242,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
+    if args.copy_heads and args.readout is not None:
+        p.error("--copy-heads and --readout are separate probes: give one")
+    if args.readout is not None and not args.heads.strip():
+        p.error("--readout needs --heads (the query heads that read memory, e.g. --heads 6,7)")
     if args.threads:
         torch.set_num_threads(args.threads)
     max_sinks = None if args.max_sinks < 0 else args.max_sinks
