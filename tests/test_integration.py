@@ -147,3 +147,25 @@ def test_two_compact_training_steps_on_the_real_backbone(tmp_path, book_text):
     again = Trainer(cfg, [], model=first.model, resume=True, defer_data=True)
     again.set_data([Document("gatsby", ids)])
     assert again.step == 2 and len(again.fit(progress=False)) == 1
+
+
+def test_the_shipped_sidenet_is_the_default_and_reads_memory(book_text):
+    """The default model is the trained SideNet in longmem/checkpoints, and memory carries facts to it: a fact stated
+    2k tokens before its question (outside the 1k window) makes the answer far likelier than with memory empty."""
+    import numpy as np
+
+    from longmem.model import shipped_checkpoint
+    from training.evaluate import recall_summary, recalled
+    from training.recall import make_recall_item
+
+    assert shipped_checkpoint("default") is not None, "no trained SideNet ships for the embedded backbone"
+    model = LongMemModel.from_config(LongMemConfig())
+    assert model.provenance and model.config.train_scope == "compact"
+    filler = np.asarray(model.backbone.tokenizer(book_text, add_special_tokens=False).input_ids, dtype=np.int32)
+    rng = np.random.default_rng(0)
+    items = [make_recall_item(model.backbone.tokenizer, filler, rng, 2048, 2048 + model.segment_len, kind=kind)
+             for kind in ("number", "name", "number", "name")]
+    with_memory = recall_summary([recalled(model, it) for it in items])
+    empty = recall_summary([recalled(model, it, use_memory=False) for it in items])
+    assert with_memory["answer_nll"] < 0.5 * empty["answer_nll"], (with_memory, empty)
+    assert with_memory["accuracy"] > empty["accuracy"], (with_memory, empty)

@@ -211,6 +211,27 @@ def test_ship_writes_a_small_checkpoint_with_a_model_card(tmp_path):
     assert all(torch.equal(loaded[k], v.bfloat16().float()) for k, v in m.trainable_state().items())
 
 
+def test_ship_counts_the_runs_a_checkpoint_continues(tmp_path):
+    import shutil
+
+    from training.ship import ship
+
+    m = model("compact")
+    Trainer(config(tmp_path, steps=3, train_scope="compact"), documents(), model=m).fit(progress=False)
+    record = tmp_path / "first"  # a committed run record: trainer.json beside the metrics, no checkpoint/
+    record.mkdir()
+    for f in ("checkpoint/trainer.json", "metrics.jsonl"):
+        shutil.copy2(tmp_path / "run" / f, record)
+    Trainer(config(tmp_path, out=str(tmp_path / "second"), steps=2, train_scope="compact"), documents(),
+            model=m).fit(progress=False)
+    out = ship(tmp_path / "second", None, name="tiny", dest_root=tmp_path / "shipped", parents=[record])
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "steps: 5;" in card and "tokens seen: 160;" in card, card
+    assert "`first` (3 steps, 96 tokens" in card and "`second` (2 steps, 64 tokens" in card
+    with pytest.raises(SystemExit, match="no trainer.json"):
+        ship(tmp_path / "second", None, name="x", dest_root=tmp_path / "shipped", parents=[tmp_path / "none"])
+
+
 def test_held_out_evaluation_during_training(tmp_path):
     trainer = Trainer(config(tmp_path, eval_segments=2), documents(), held_out=documents(2, 96), model=model())
     ev = trainer.evaluate()

@@ -31,49 +31,71 @@ MAX_BYTES = 32 * 2**20  # the shipped checkpoint's budget
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def training_facts(run: Path) -> dict:
-    state = json.loads((run / "checkpoint" / "trainer.json").read_text())
+def _trainer_state(run: Path) -> dict:
+    """A run's ``trainer.json``: in its ``checkpoint/`` (a live run) or beside its metrics (a committed record)."""
+    for path in (run / "checkpoint" / "trainer.json", run / "trainer.json"):
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise SystemExit(f"{run}: no trainer.json (in checkpoint/ or the run directory)")
+
+
+def training_facts(run: Path, parents: list[Path] = ()) -> dict:
+    """Steps, tokens, hours and the last losses of ``run``, plus ``totals`` over the ``parents`` it continues (runs
+    whose final SideNet it started from with ``--init``, oldest first) and itself."""
+    state = _trainer_state(run)
     rows = read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
     rows = [r for r in rows if r["step"] <= state["step"]]  # a resumed run may have logged steps twice
     last = {r["step"]: r for r in rows}  # the last record of every step
     evals = [r for r in last.values() if r.get("eval", {}).get("tokens")]
     tail = list(last.values())[-50:]
-    return {"steps": state["step"], "config": state["config"], "data": state.get("data", {}),
-            "tokens_seen": sum(r["tokens"] for r in last.values()),
-            "train_hours": sum(r["s"] for r in last.values()) / 3600,
-            "final_train_loss": sum(r["loss"] for r in tail) / max(1, len(tail)),
-            "last_eval": evals[-1]["eval"] if evals else None}
+    facts = {"run": run.name, "steps": state["step"], "config": state["config"], "data": state.get("data", {}),
+             "tokens_seen": sum(r["tokens"] for r in last.values()),
+             "train_hours": sum(r["s"] for r in last.values()) / 3600,
+             "final_train_loss": sum(r["loss"] for r in tail) / max(1, len(tail)),
+             "last_eval": evals[-1]["eval"] if evals else None}
+    lineage = [training_facts(p) for p in parents] + [facts]
+    facts["lineage"] = [{k: f[k] for k in ("run", "steps", "tokens_seen", "train_hours")} for f in lineage]
+    facts["totals"] = {k: sum(f[k] for f in lineage) for k in ("steps", "tokens_seen", "train_hours")}
+    return facts
 
 
 def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str) -> str:
-    c, d = facts["config"], facts["data"]
+    c, d, t, lineage = facts["config"], facts["data"], facts["totals"], facts["lineage"]
+    runs = "; ".join(f"`{r['run']}` ({r['steps']:,} steps, {r['tokens_seen']:,} tokens, {r['train_hours']:.1f} h)"
+                     for r in lineage)
     lines = [f"# LongMem SideNet for SmolLM2-135M-Instruct ({name})", "",
              "A residual SideNet trained by memory-augmented adaptation (the LongMem paper, section 3.1) on top of the "
              "frozen SmolLM2-135M-Instruct. `LongMemModel.from_config()` loads it by default for the embedded backbone;"
              " `--untrained` gives the untrained SideNet (which reproduces the backbone).", "",
              "## Training", "",
-             f"- data: books of the `train` split of `shared/data/books` (Project Gutenberg, 2020-2022; the 8 `test` "
+             f"- data{' (of the last run)' if len(lineage) > 1 else ''}: books of the `train` split of "
+             f"`shared/data/books` (Project Gutenberg, 2020-2022; the 8 `test` "
              f"books are held out) and synthetic long-range recall documents: {d.get('documents', '?')} documents "
              f"({d.get('recall_documents', '?')} recall), {d.get('tokens', 0):,} tokens",
              f"- scope: `{c['train_scope']}` (LoRA rank {c['lora_rank']}), {c['batch_size']} rows x "
              f"{c['segment_len']} tokens per step, memory {c['memory_tokens']:,} tokens per row",
              f"- optimizer: AdamW (0.9, 0.98), eps 1e-6, weight decay {c['weight_decay']}, lr {c['lr']} "
              f"(warm-up {c['warmup_steps']}, polynomial power {c['lr_power']}), clipping {c['grad_clip']}",
-             f"- steps: {facts['steps']:,}; tokens seen: {facts['tokens_seen']:,}; training time: "
-             f"{facts['train_hours']:.1f} h; hardware: {hardware}",
-             f"- final training loss (mean of the last 50 steps): {facts['final_train_loss']:.3f}", ""]
+             f"- steps: {t['steps']:,}; tokens seen: {t['tokens_seen']:,}; training time: {t['train_hours']:.1f} h; "
+             f"hardware: {hardware}",
+             *([f"- runs: {runs}; each started from the SideNet the one before it ended with"]
+               if len(lineage) > 1 else []),
+             f"- final training loss (mean of the last 50 steps): {facts['final_train_loss']:.3f}",
+             "- commands: each run's are in `training/runs/<run>/README.md`", ""]
     if evaluation is not None:
         from .evaluate import markdown
 
         a = evaluation["args"]
+        command = (f"python -m training.evaluate --checkpoint CHECKPOINT --books {a['books']} --tokens {a['tokens']} "
+                   f"--recall {a['recall']} --distance {a['distance']} --seed {a['seed']}")
         lines += ["## Held-out results", "",
-                  f"`python -m training.evaluate` on {a['books']} held-out books ({a['tokens']:,} tokens each) and "
-                  f"{a['recall']} recall items:", "", markdown(evaluation, a["long_context"], a["distance"]), ""]
+                  f"On {a['books']} held-out books ({a['tokens']:,} tokens each) and {a['recall']} recall items, with",
+                  "", "```bash", command, "```", "", markdown(evaluation, a["long_context"], a["distance"]), ""]
     return "\n".join(lines) + "\n"
 
 
 def ship(run: Path, evaluation: Path | None, name: str | None = None, dest_root: Path = SHIPPED_DIR,
-         hardware: str | None = None, dtype: str = "float32") -> Path:
+         hardware: str | None = None, dtype: str = "float32", parents: list[Path] = ()) -> Path:
     ckpt = run / "checkpoint"
     name = name or SHIPPED["default"]
     if dtype not in DTYPES:
@@ -84,7 +106,7 @@ def ship(run: Path, evaluation: Path | None, name: str | None = None, dest_root:
     if size > MAX_BYTES:
         raise SystemExit(f"{ckpt}: {size / 2**20:.1f} MiB is over the {MAX_BYTES // 2**20} MiB budget; train with "
                          "--train-scope compact or a smaller --lora-rank")
-    facts = training_facts(run)
+    facts = training_facts(run, parents)
     result = json.loads(evaluation.read_text()) if evaluation else None
     hardware = hardware or f"{platform.processor() or platform.machine()}, {platform.system()}"
     dest = dest_root / name
@@ -104,9 +126,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hardware", default=None, help="what it was trained on, for the model card")
     p.add_argument("--dest", default=str(SHIPPED_DIR), help="where shipped checkpoints live")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="dtype of the shipped weights")
+    p.add_argument("--parent", action="append", default=[],
+                   help="an earlier run this one continues (--init from its final SideNet), counted in the model "
+                        "card's steps, tokens and time; repeat oldest first")
     args = p.parse_args(argv)
     out = ship(Path(args.run), Path(args.eval) if args.eval else None, args.name, Path(args.dest), args.hardware,
-               args.dtype)
+               args.dtype, [Path(x) for x in args.parent])
     print(f"shipped {out} ({sum(f.stat().st_size for f in out.iterdir()) / 2**20:.1f} MiB)")
 
 
