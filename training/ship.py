@@ -81,7 +81,7 @@ def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str) -
              *([f"- runs: {runs}; each started from the SideNet the one before it ended with"]
                if len(lineage) > 1 else []),
              f"- final training loss (mean of the last 50 steps): {facts['final_train_loss']:.3f}",
-             "- commands: each run's are in `training/runs/<run>/README.md`", ""]
+             "- commands: in each run's README (`training/runs/<run>/README.md` for the runs this project ships)", ""]
     if evaluation is not None:
         from .evaluate import markdown
 
