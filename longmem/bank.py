@@ -1,4 +1,4 @@
-"""One persistent memory bank: its SQLite schema and the ``Bank`` that reads and writes it.
+"""One persistent memory bank: the ``Bank`` that reads and writes it (its SQLite schema: ``bank_schema``).
 
     <bank dir>/bank.db                            metadata, documents, segments (token ids, text, chunk spans, CRC-32),
                                                   layer-m K/V blobs (one row per segment)
@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import sqlite3
-import time
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ import numpy as np
 import sqlite_utils
 import torch
 
+from .bank_schema import SchemaTooNew, migrate, now, pending_migrations
 from .indexfiles import IndexRecord, read_index, write_index
 from .memory import INDEX_BLOCK, MAX_SINKS, MemoryBank, chunk_keys
 
@@ -41,88 +41,6 @@ DB_NAME = "bank.db"
 LOCK_NAME = "write.lock"
 KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HEADROOM_CHUNKS = 2048  # room left in a restored memory for what a chat adds (8k tokens at csz 4)
-
-# Append-only: a released migration is never edited; a new one is added at the end.
-MIGRATIONS: list[tuple[str, str]] = [
-    ("0001 create", """
-        CREATE TABLE bank (
-            id INTEGER PRIMARY KEY CHECK (id = 1),
-            name TEXT NOT NULL,
-            backbone_name TEXT NOT NULL,
-            backbone_sha256 TEXT NOT NULL,
-            cached_layer INTEGER NOT NULL,
-            csz INTEGER NOT NULL,
-            n_kv_heads INTEGER NOT NULL,
-            head_dim INTEGER NOT NULL,
-            segment_len INTEGER NOT NULL,
-            kv_dtype TEXT NOT NULL,
-            epoch INTEGER NOT NULL DEFAULT 0,
-            created TEXT NOT NULL,
-            updated TEXT NOT NULL
-        );
-        CREATE TABLE documents (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            title TEXT NOT NULL,
-            source TEXT NOT NULL,
-            kind TEXT NOT NULL,
-            sha256 TEXT NOT NULL,
-            options TEXT NOT NULL,
-            meta TEXT NOT NULL,
-            status TEXT NOT NULL,
-            n_tokens INTEGER NOT NULL DEFAULT 0,
-            n_segments INTEGER NOT NULL DEFAULT 0,
-            resume_offset INTEGER NOT NULL DEFAULT 0,
-            resume_skip INTEGER NOT NULL DEFAULT 0,
-            created TEXT NOT NULL,
-            updated TEXT NOT NULL
-        );
-        CREATE INDEX documents_sha256 ON documents(sha256);
-        CREATE TABLE segments (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            document_id INTEGER NOT NULL REFERENCES documents(id),
-            seq INTEGER NOT NULL,
-            n_tokens INTEGER NOT NULL,
-            n_chunks INTEGER NOT NULL,
-            tokens BLOB NOT NULL,
-            text TEXT NOT NULL,
-            chunk_chars BLOB NOT NULL,
-            crc32 INTEGER NOT NULL,
-            UNIQUE (document_id, seq)
-        );
-        CREATE TABLE kv (
-            segment_id INTEGER PRIMARY KEY REFERENCES segments(id),
-            k BLOB NOT NULL,
-            v BLOB NOT NULL,
-            crc32 INTEGER NOT NULL
-        );
-        CREATE TABLE index_files (
-            head INTEGER PRIMARY KEY,
-            file TEXT NOT NULL,
-            epoch INTEGER NOT NULL,
-            n_chunks INTEGER NOT NULL,
-            last_segment INTEGER NOT NULL,
-            checksum TEXT NOT NULL,
-            bytes INTEGER NOT NULL,
-            written TEXT NOT NULL
-        );
-    """),
-    ("0002 chat and classifiers", """
-        CREATE TABLE chat_turns (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
-            content TEXT NOT NULL,
-            passages TEXT NOT NULL DEFAULT '[]',
-            created TEXT NOT NULL
-        );
-        CREATE TABLE classifiers (
-            name TEXT PRIMARY KEY,
-            spec TEXT NOT NULL,
-            created TEXT NOT NULL,
-            updated TEXT NOT NULL
-        );
-    """),
-]
-
 
 class BankError(Exception):
     """A memory bank that cannot be used as asked; the message says why."""
@@ -154,10 +72,6 @@ def _file_id(path: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_dev, st.st_ino
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
 def _crc(*parts: bytes) -> int:
@@ -250,30 +164,6 @@ class VerifyReport:
         self.problems.append(msg)
 
 
-def _pending_migrations(db: sqlite_utils.Database) -> bool:
-    if "migrations" not in db.table_names():  # every bank has it from its creation on: this is another database
-        raise sqlite3.DatabaseError("not a database made by LongMem (no migrations table)")
-    return db.execute("SELECT count(*) FROM migrations").fetchone()[0] < len(MIGRATIONS)
-
-
-def _migrate(db: sqlite_utils.Database, path: Path) -> None:
-    """Apply the migrations this database lacks, each in its own transaction; refuse a newer schema."""
-    with db.atomic():
-        db.execute("CREATE TABLE IF NOT EXISTS migrations (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
-                   "applied TEXT NOT NULL)")
-    done = {r[0] for r in db.execute("SELECT id FROM migrations").fetchall()}
-    if done and max(done) > len(MIGRATIONS):
-        raise BankError(f"{path} was written by a newer LongMem (schema {max(done)}, this one knows "
-                        f"{len(MIGRATIONS)}); upgrade longmem")
-    for i, (name, sql) in enumerate(MIGRATIONS, start=1):
-        if i in done:
-            continue
-        with db.atomic():
-            for statement in filter(str.strip, sql.split(";")):
-                db.execute(statement)
-            db["migrations"].insert({"id": i, "name": name, "applied": _now()})
-
-
 class Bank:
     """One persistent bank. Reading needs no lock; writing happens inside ``writing()`` (one writer at a time)."""
 
@@ -293,12 +183,14 @@ class Bank:
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA secure_delete = ON")  # a deleted document's text and K/V are overwritten
             self.db = sqlite_utils.Database(conn)
-            if _pending_migrations(self.db):
+            if pending_migrations(self.db):
                 with self.writing():
-                    _migrate(self.db, path / DB_NAME)
+                    migrate(self.db)
             self.info  # noqa: B018  (reads the bank row: a corrupt file fails here, not later)
         except BaseException as e:
             conn.close()
+            if isinstance(e, SchemaTooNew):
+                raise BankError(f"{path / DB_NAME} {e}; upgrade longmem") from None
             if isinstance(e, sqlite3.DatabaseError) and any(
                     w in str(e) for w in ("not a database", "malformed", "encrypted", "no such table")):
                 raise BankCorrupt(f"bank {path.name!r}: {path / DB_NAME} is not a readable LongMem bank ({e}). It "
@@ -393,7 +285,7 @@ class Bank:
         with self.db.atomic():
             for t in turns:
                 self.db["chat_turns"].insert({"role": t["role"], "content": t["content"],
-                                              "passages": json.dumps(t.get("passages", [])), "created": _now()})
+                                              "passages": json.dumps(t.get("passages", [])), "created": now()})
 
     def clear_chat(self) -> None:
         with self.db.atomic():
@@ -405,8 +297,8 @@ class Bank:
             raise BankError("a classifier needs a name")
         with self.db.atomic():
             old = list(self.db.query("SELECT created FROM classifiers WHERE name = ?", [name]))
-            self.db["classifiers"].upsert({"name": name, "spec": json.dumps(spec), "updated": _now(),
-                                           "created": old[0]["created"] if old else _now()}, pk="name")
+            self.db["classifiers"].upsert({"name": name, "spec": json.dumps(spec), "updated": now(),
+                                           "created": old[0]["created"] if old else now()}, pk="name")
 
     def classifiers(self) -> dict[str, dict]:
         """Saved classifiers by name."""
@@ -473,13 +365,13 @@ class Bank:
                              f"{info.n_kv_heads} heads of {info.head_dim}")
         if len(chunk_chars) != n_chunks + 1:
             raise ValueError(f"chunk_chars has {len(chunk_chars)} entries for {n_chunks} chunks")
-        now = _now()
+        stamp = now()
         with self.db.atomic():
             if isinstance(document, dict):
                 doc_id = self.db["documents"].insert({
                     **document, "options": json.dumps(document["options"], sort_keys=True),
-                    "meta": json.dumps(document.get("meta", {})), "status": "ingesting", "created": now,
-                    "updated": now}).last_pk
+                    "meta": json.dumps(document.get("meta", {})), "status": "ingesting", "created": stamp,
+                    "updated": stamp}).last_pk
             else:
                 doc_id = document
             tok_b = tokens.to(torch.int32).numpy().tobytes()
@@ -492,14 +384,14 @@ class Bank:
             self.db["kv"].insert({"segment_id": seg_id, "k": k_b, "v": v_b, "crc32": _crc(k_b, v_b)})
             self.db.execute("UPDATE documents SET n_tokens = n_tokens + ?, n_segments = n_segments + 1, "
                             "resume_offset = ?, resume_skip = ?, updated = ? WHERE id = ?",
-                            [tokens.numel(), resume[0], resume[1], now, doc_id])
-            self.db.execute("UPDATE bank SET updated = ? WHERE id = 1", [now])
+                            [tokens.numel(), resume[0], resume[1], stamp, doc_id])
+            self.db.execute("UPDATE bank SET updated = ? WHERE id = 1", [stamp])
         return doc_id
 
     def finish_document(self, doc_id: int) -> None:
         self._require_lock()
         with self.db.atomic():
-            self.db.execute("UPDATE documents SET status = 'complete', updated = ? WHERE id = ?", [_now(), doc_id])
+            self.db.execute("UPDATE documents SET status = 'complete', updated = ? WHERE id = ?", [now(), doc_id])
 
     def delete_document(self, doc_id: int) -> Document:
         """Remove a document and its memory (one transaction), then rewrite the index files."""
@@ -510,7 +402,7 @@ class Bank:
                                 [doc_id])
                 self.db.execute("DELETE FROM segments WHERE document_id = ?", [doc_id])
                 self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id])
-                self.db.execute("UPDATE bank SET epoch = epoch + 1, updated = ? WHERE id = 1", [_now()])
+                self.db.execute("UPDATE bank SET epoch = epoch + 1, updated = ? WHERE id = 1", [now()])
             self.sync_index()
             with contextlib.suppress(sqlite3.OperationalError):  # give the freed pages back to the file system
                 self.db.execute("PRAGMA incremental_vacuum")
@@ -564,7 +456,7 @@ class Bank:
             path = self._index_path(h, epoch, n_chunks)
             digest, size = write_index(index, path)
             records.append({"head": h, "file": path.name, "epoch": epoch, "n_chunks": n_chunks,
-                            "last_segment": last_segment, "checksum": digest, "bytes": size, "written": _now()})
+                            "last_segment": last_segment, "checksum": digest, "bytes": size, "written": now()})
         with self.db.atomic():
             self.db["index_files"].upsert_all(records, pk="head")
         keep = {r["file"] for r in records}

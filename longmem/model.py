@@ -29,6 +29,7 @@ from .sidenet import LayerCache, SideNet
 CHECKPOINT_FORMAT = 1
 SHIPPED_DIR = Path(__file__).parent / "checkpoints"  # trained SideNets that come with the package
 SHIPPED = {DEFAULT_BACKBONE: "smollm2-135m-instruct"}  # backbone -> its shipped checkpoint directory
+DEFAULT_TOPK = 64  # K when neither the config nor a checkpoint sets it (the paper's)
 RUNTIME_FIELDS = ("dtype", "segment_len", "capacity", "topk", "max_sinks")  # settings a checkpoint's weights do not fix
 
 
@@ -54,7 +55,8 @@ class LongMemConfig:
     #                                  layer whose input H_llm[r*l] the memory layer reads at init, so its queries
     #                                  are exactly that layer's (see ``training.probe`` for why this matters)
     csz: int = 4  # tokens per memory chunk
-    topk: int = 64  # K: memory tokens each query token attends to (K/csz chunks per head)
+    topk: int | None = None  # K: memory tokens each query token attends to (K/csz chunks per head); None = the
+    #                          loaded checkpoint's (what it was trained with), else DEFAULT_TOPK
     capacity: int | None = 65536  # M: memory tokens per stream (FIFO beyond); None = unbounded
     max_sinks: int | None = MAX_SINKS  # segment-start (attention sink) chunks a query may retrieve; None = no limit
     segment_len: int = 1024  # local context window
@@ -82,7 +84,8 @@ class LongMemConfig:
             raise ValueError(f"train_scope must be 'full' or 'compact', got {self.train_scope!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
-        return replace(self, memory_layer=mem, cached_layer=cached)
+        return replace(self, memory_layer=mem, cached_layer=cached,
+                       topk=self.topk if self.topk is not None else DEFAULT_TOPK)
 
     @classmethod
     def from_dict(cls, d: dict) -> "LongMemConfig":
@@ -112,13 +115,15 @@ class LongMemModel(SegmentLM):
     def from_config(cls, config: LongMemConfig | None = None, device: str = "cpu",
                     pretrained: bool = True) -> "LongMemModel":
         """The backbone of ``config`` with its shipped trained SideNet when there is one (``pretrained``; the
-        checkpoint then decides the SideNet's structure, ``config`` the run-time settings), else untrained."""
+        checkpoint then decides the SideNet's structure and, unless ``config`` sets it, K; ``config`` the other run-time
+        settings), else untrained."""
         config = config or LongMemConfig()
         backbone = load_backbone(config.backbone, resolve_dtype(config.dtype, device), device)
         ckpt = shipped_checkpoint(config.backbone) if pretrained else None
         if ckpt is None:
             return cls(backbone, config)
-        return cls.load(ckpt, backbone, device, runtime={f: getattr(config, f) for f in RUNTIME_FIELDS})
+        runtime = {f: getattr(config, f) for f in RUNTIME_FIELDS if f != "topk" or config.topk is not None}
+        return cls.load(ckpt, backbone, device, runtime=runtime)
 
     def step(self, ids: torch.Tensor, memory: MemoryBank | None, window: Window | None = None) -> Step:
         start = window.length if window is not None else 0

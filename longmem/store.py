@@ -20,7 +20,8 @@ import sqlite_utils
 
 from .bank import (  # noqa: F401  (re-exported: the store is where users look for banks and their errors)
     DB_NAME, KV_DTYPES, LOCK_NAME, Bank, BankBusy, BankCorrupt, BankError, BankExists, BankInfo, BankMismatch,
-    Document, Passage, UnknownBank, VerifyReport, _migrate, _now)
+    Document, Passage, UnknownBank, VerifyReport)
+from .bank_schema import migrate, now
 
 BANKS_ENV = "LONGMEM_BANKS_DIR"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -101,13 +102,13 @@ class Store:
             conn.execute("PRAGMA page_size = 65536")  # big pages: K/V blobs are ~1 MB per segment
             conn.execute("PRAGMA journal_mode = WAL")
             db = sqlite_utils.Database(conn)
-            _migrate(db, tmp)
+            migrate(db)
             with db.atomic():
                 db["bank"].insert({"id": 1, "name": name, "backbone_name": bb.name,
                                    "backbone_sha256": bb.fingerprint(), "cached_layer": model.cached_layer,
                                    "csz": model.csz, "n_kv_heads": spec.n_kv_heads, "head_dim": spec.head_dim,
                                    "segment_len": model.segment_len, "kv_dtype": kv_dtype, "epoch": 0,
-                                   "created": _now(), "updated": _now()})
+                                   "created": now(), "updated": now()})
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             conn.close()
             (tmp / LOCK_NAME).touch()
@@ -154,7 +155,7 @@ class Store:
                         raise BankExists(f"bank {new!r} already exists ({target})") from None
                     raise
                 with bank.db.atomic():
-                    bank.db["bank"].update(1, {"name": new, "updated": _now()})
+                    bank.db["bank"].update(1, {"name": new, "updated": now()})
         finally:
             bank.close()
 

@@ -290,3 +290,9 @@ def test_from_config_uses_the_shipped_checkpoint_unless_untrained(tmp_path, llam
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     plain = LongMemModel.from_config(cfg, pretrained=False)
     assert plain.config.train_scope == "full" and plain.sidenet.layers[0].alpha_attn.detach().item() == 0.0
+    # K is what the checkpoint was trained with, unless the config asks for another
+    LongMemModel(llama, small_config(backbone=str(tmp_path / "bb"), topk=4)).save(tmp_path / "shipped")
+    assert LongMemModel.from_config(small_config(backbone=str(tmp_path / "bb"), topk=None)).config.topk == 4
+    assert LongMemModel.from_config(small_config(backbone=str(tmp_path / "bb"), topk=2)).config.topk == 2
+    assert LongMemModel.from_config(small_config(backbone=str(tmp_path / "bb"), topk=None),
+                                    pretrained=False).config.topk == 64

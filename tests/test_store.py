@@ -306,6 +306,23 @@ def test_corrupt_sqlite_is_reported_not_recreated(store, model, text_file):
     assert db.read_bytes() == garbage
 
 
+def test_schemas_migrate_forward_and_a_newer_one_is_refused(store, model):
+    from longmem.bank_schema import MIGRATIONS
+
+    store.create("b", model).close()
+    db = store.path("b") / "bank.db"
+    with sqlite3.connect(db) as conn:  # as if written before the last migration: opening applies it
+        conn.execute("DELETE FROM migrations WHERE id = ?", [len(MIGRATIONS)])
+        conn.executescript("DROP TABLE classifiers; DROP TABLE chat_turns")
+    with store.open("b") as bank:
+        assert bank.classifiers() == {}
+        assert [r[0] for r in bank.db.execute("SELECT id FROM migrations")] == list(range(1, len(MIGRATIONS) + 1))
+    with sqlite3.connect(db) as conn:  # a later LongMem added a migration this one does not know
+        conn.execute("INSERT INTO migrations VALUES (?, 'from the future', 'later')", [len(MIGRATIONS) + 1])
+    with pytest.raises(BankError, match="newer LongMem .*upgrade longmem"):
+        store.open("b")
+
+
 def test_damaged_blob_fails_verification_and_loading(store, model, text_file):
     bank = store.create("b", model)
     ingest(bank, model, text_file)

@@ -182,6 +182,10 @@ def test_evaluation_table_on_a_tiny_model():
     # the untrained SideNet reproduces the backbone: same perplexity as the backbone with the same local window
     assert result["ppl_ratio_vs_local"] == pytest.approx(1.0, abs=1e-4)
     assert result["recall"]["backbone_in_window"]["items"] == 2
+    rec = result["recall"]["longmem"]  # per item and per kind, adding up to the whole
+    assert len(rec["recalled"]) == 3 and rec["accuracy"] == pytest.approx(np.mean(rec["recalled"]))
+    assert sum(v["items"] for v in rec["by_kind"].values()) == 3 and set(rec["by_kind"]) <= {"number", "name"}
+    assert all(f"{k}s " in markdown(result, 128, 64) for k in rec["by_kind"])
     table = markdown(result, 128, 64)
     assert "LongMem (1k local + memory)" in table and "fact inside its 1k window" in table
     recall_only = evaluate(m, [], items, long_context=128, log=lambda _: None)  # --tokens 0
@@ -245,3 +249,29 @@ def test_resume_with_other_data_is_refused(tmp_path):
     Trainer(config(tmp_path), documents(), model=model()).fit(progress=False, until=2)
     with pytest.raises(ValueError, match="cannot resume with other data"):
         Trainer(config(tmp_path), documents(6), model=model(), resume=True)
+
+
+def test_a_run_starts_untrained_or_from_init_with_its_own_top_k(tmp_path, monkeypatch):
+    import longmem.model as lm_model
+    from longmem.model import LongMemModel
+
+    bb = model("compact").backbone
+    bb.model.save_pretrained(tmp_path / "bb")
+    bb.tokenizer.save_pretrained(tmp_path / "bb")
+    shipped = LongMemModel(bb, tiny_model("llama", backbone=str(tmp_path / "bb"), train_scope="compact",
+                                          lora_rank=4).config)
+    with torch.no_grad():
+        for p in shipped.trainable_state().values():
+            p.add_(0.01)  # "trained": differs from an untrained SideNet
+    shipped.save(tmp_path / "shipped")
+    monkeypatch.setattr(lm_model, "SHIPPED", {str(tmp_path / "bb"): "shipped"})  # this backbone has a default
+    monkeypatch.setattr(lm_model, "SHIPPED_DIR", tmp_path)
+    fresh = Trainer(config(tmp_path, backbone=str(tmp_path / "bb"), train_scope="compact", lora_rank=4),
+                    documents()).model
+    assert all(p.abs().sum() == 0 for n, p in fresh.sidenet.named_parameters() if "alpha" in n)  # not the shipped
+    assert fresh.config.topk == 64
+    init = Trainer(config(tmp_path, out=str(tmp_path / "run2"), backbone=str(tmp_path / "bb"),
+                          init=str(tmp_path / "shipped"), topk=4), documents()).model
+    assert init.config.topk == 4 and init.sidenet.layers[init.config.memory_layer].topk == 4
+    got, want = init.trainable_state(), shipped.trainable_state()
+    assert all(torch.equal(got[k], want[k]) for k in want)

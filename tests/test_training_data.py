@@ -11,7 +11,7 @@ import torch
 from tiny import char_tokenizer
 
 from training.data import Batchfier, Document, book_split, tokenize_files
-from training.recall import (make_multi_recall_document, make_recall_item, multi_recall_documents,
+from training.recall import (NAMES, make_multi_recall_document, make_recall_item, multi_recall_documents,
                              recall_as_documents, recall_documents)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -300,6 +300,28 @@ def test_recall_documents_seeds_and_limits():
         recall_documents(tok, fillers, n=1, distance=10, total=10_000, seed=0)
     item = make_recall_item(tok, fillers[0], np.random.default_rng(0), distance=200)  # total=None: just long enough
     assert item.answer_start - item.fact_pos >= 200 and item.fact_pos <= 0.25 * len(item.ids) and len(item.ids) < 600
+
+
+def test_training_and_evaluation_draw_names_from_disjoint_pools():
+    tok = char_tokenizer()
+    filler = np.asarray(tok(TEXT * 40, add_special_tokens=False)["input_ids"], dtype=np.int32)
+    (train_first, train_last), (eval_first, eval_last) = NAMES["train"], NAMES["eval"]
+    assert not set(train_first + train_last) & set(eval_first + eval_last)
+    evaluated = [make_recall_item(tok, filler, np.random.default_rng(s), 300, 500, "name").answer for s in range(12)]
+    assert all(a.split()[0] in eval_first and a.split()[1] in eval_last for a in evaluated)
+    assert len(set(evaluated)) > 6
+    trained = [make_recall_item(tok, filler, np.random.default_rng(s), 300, 600, "name", names="train").answer
+               for s in range(12)]
+    docs = multi_recall_documents(tok, [filler], n=4, n_facts=8, distance=300, total=2048, seed=0)
+    trained += [tok.decode(d.ids[s:e]).strip() for d in docs
+                for s, e in zip(*[np.flatnonzero(np.diff(np.r_[0, d.answers.astype(int), 0]) == k) for k in (1, -1)])]
+    names = [v.split() for v in trained if not v.isdigit()]
+    listed = [n for n in names if n[0] in train_first and n[1] in train_last]
+    made_up = [n for n in names if n[0] not in train_first and n[1] not in train_last]
+    assert listed and made_up and len(listed) + len(made_up) == len(names)  # from the list, or made up whole
+    assert all(len(n) == 2 and n[0] not in eval_first and n[1] not in eval_last for n in names)
+    with pytest.raises(ValueError, match="names must be"):
+        make_recall_item(tok, filler, np.random.default_rng(0), 300, 500, "name", names="test")
 
 
 def test_multi_recall_document_states_every_fact_long_before_its_question():

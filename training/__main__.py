@@ -30,6 +30,8 @@ HELP = {
     "batch_size": "rows per process (each row a document stream with its own memory)",
     "segment_len": "tokens per row per step (the local context)",
     "memory_tokens": "memory bank size M per row, in tokens",
+    "topk": "memory tokens K each query attends to, topk/csz chunks per head (default: the --init checkpoint's, "
+            "else 64)",
     "steps": "optimizer steps in all (the LR schedule spans them)",
     "lr": "peak learning rate (paper: 2e-4)",
     "end_lr": "learning rate reached at the last step",
@@ -91,7 +93,8 @@ def build_data(args, tokenizer, segment_len: int):
                                         total, seed=args.seed)
     elif args.recall_docs:
         total = -(-(args.recall_distance + 256) // segment_len) * segment_len  # whole segments
-        items = recall_documents(tokenizer, fillers, args.recall_docs, args.recall_distance, total, seed=args.seed)
+        items = recall_documents(tokenizer, fillers, args.recall_docs, args.recall_distance, total, seed=args.seed,
+                                 names="train")
         train += recall_as_documents(items)
     return train, held_out
 

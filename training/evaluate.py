@@ -99,14 +99,23 @@ def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem]
     runs = [(name, lms[name], items) for name in ("longmem", "longmem_no_memory", "backbone_local")]
     for name, lm, its in runs + ([("backbone_in_window", lms["backbone_local"], in_window)] if in_window else []):
         res = [recalled(lm, it, use_memory=name != "longmem_no_memory") for it in its]
-        out["recall"][name] = recall_summary(res)
-        log(f"recall {name}: {out['recall'][name]['accuracy']:.3f} of {len(res)}, answer NLL "
+        out["recall"][name] = {**recall_summary(res), "recalled": [r[0] for r in res]}  # per item, in order
+        out["recall"][name]["by_kind"] = {kind: recall_summary([r for r, it in zip(res, its) if it.kind == kind])
+                                          for kind in sorted({it.kind for it in its})}  # numbers, names
+        kinds = ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in out["recall"][name]["by_kind"].items())
+        log(f"recall {name}: {out['recall'][name]['accuracy']:.3f} of {len(res)} ({kinds}), answer NLL "
             f"{out['recall'][name]['answer_nll']:.3f} per token")
     p = out["perplexity"]
     if p:
         out["ppl_ratio_vs_local"] = p["longmem"]["ppl"] / p["backbone_local"]["ppl"]
         out["ppl_ratio_vs_long"] = p["longmem"]["ppl"] / p["backbone_long"]["ppl"]
     return out
+
+
+def _by_kind(rec: dict) -> str:
+    """' (numbers 60%, names 40%)' from a recall summary's ``by_kind`` (absent in older JSON)."""
+    kinds = [f"{kind}s {100 * v['accuracy']:.0f}%" for kind, v in rec.get("by_kind", {}).items()]
+    return f" ({', '.join(kinds)})" if kinds else ""
 
 
 def markdown(r: dict, long_context: int, distance: int) -> str:
@@ -120,13 +129,13 @@ def markdown(r: dict, long_context: int, distance: int) -> str:
     lines = [f"| model | held-out perplexity | recall at >= {distance:,} tokens | answer NLL per token |",
              "|---|---:|---:|---:|"]
     for name, value, rec in rows:
-        acc = "" if rec is None else f"{100 * rec['accuracy']:.0f}%"
+        acc = "" if rec is None else f"{100 * rec['accuracy']:.0f}%" + _by_kind(rec)
         nll = "" if rec is None or "answer_nll" not in rec else f"{rec['answer_nll']:.3f}"
         lines.append(f"| {name} | {'' if value is None else f'{value:.3f}'} | {acc} | {nll} |")
     if "backbone_in_window" in rc:
         rec = rc["backbone_in_window"]
-        lines.append(f"| backbone, fact inside its 1k window (reference) | | {100 * rec['accuracy']:.0f}% | "
-                     f"{rec['answer_nll']:.3f} |")
+        lines.append(f"| backbone, fact inside its 1k window (reference) | | {100 * rec['accuracy']:.0f}%"
+                     f"{_by_kind(rec)} | {rec['answer_nll']:.3f} |")
     if "ppl_ratio_vs_local" in r:
         lines += ["", f"LongMem / backbone-1k perplexity: {r['ppl_ratio_vs_local']:.4f}; "
                       f"LongMem / backbone-{long_context // 1024}k: {r['ppl_ratio_vs_long']:.4f}"]
@@ -147,6 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=1234, help="recall items seed")
     p.add_argument("--max-sinks", type=int, default=MAX_SINKS,
                    help="segment-start (attention sink) chunks a memory search may return (-1 = no limit)")
+    p.add_argument("--topk", type=int, default=None,
+                   help="memory tokens each query attends to, K (default: the checkpoint's)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
@@ -155,6 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
     if (args.checkpoint is None) == (not args.untrained):
         p.error("give --checkpoint DIR or --untrained")
     runtime = {"max_sinks": None if args.max_sinks < 0 else args.max_sinks}
+    if args.topk is not None:
+        runtime["topk"] = args.topk
     model = (LongMemModel.load(args.checkpoint, runtime=runtime) if args.checkpoint
              else LongMemModel.from_config(LongMemConfig(**runtime), pretrained=False))
     model.eval()

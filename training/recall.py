@@ -46,10 +46,34 @@ NAME_FACTS = [
     (" The stranger at the station gave his name as {}.", "What name did the stranger at the station give?"),
     (" The painter of the portrait in the hall was {}.", "Who painted the portrait in the hall?"),
 ]
-FIRST_NAMES = ["Marguerite", "Tobias", "Ingrid", "Obadiah", "Rosalind", "Casimir", "Wilhelmina", "Ezekiel",
-               "Philippa", "Lucian", "Henrietta", "Barnaby", "Ottoline", "Cornelius", "Genevieve", "Ambrose"]
-LAST_NAMES = ["Okafor", "Pennington", "Vasquez", "Thornbury", "Lindqvist", "Abernathy", "Castellano", "Fairweather",
-              "Nakamura", "Blackwood", "Delacroix", "Hargreaves", "Kowalski", "Ashdown", "Montague", "Quenby"]
+# Names come from two disjoint pools: training documents draw from "train", evaluation items from "eval", so a
+# recalled name was copied from memory, never learnt as a likely answer (a SideNet trained on a 16 x 16 pool
+# answered chat questions with its names). Each pool pairs a random first name with a random last name; half the
+# "train" names are made up from syllables instead (``_made_up``), so no list of names is small enough to learn.
+NAMES = {
+    "train": (
+        ["Marguerite", "Tobias", "Ingrid", "Obadiah", "Rosalind", "Casimir", "Wilhelmina", "Ezekiel", "Philippa",
+         "Lucian", "Henrietta", "Barnaby", "Ottoline", "Cornelius", "Genevieve", "Ambrose", "Adelaide", "Bartholomew",
+         "Clementine", "Desmond", "Eleanora", "Fitzgerald", "Gwendolyn", "Horatio", "Isadora", "Jasper", "Katarina",
+         "Leopold", "Magdalena", "Nathaniel", "Octavia", "Percival", "Quentin", "Rowena", "Sebastian", "Theodora",
+         "Ulysses", "Valentina", "Winifred", "Xavier", "Yolanda", "Zachariah", "Anselm", "Beatrix", "Crispin",
+         "Dorothea", "Emmeline", "Florian"],
+        ["Okafor", "Pennington", "Vasquez", "Thornbury", "Lindqvist", "Abernathy", "Castellano", "Fairweather",
+         "Nakamura", "Blackwood", "Delacroix", "Hargreaves", "Kowalski", "Ashdown", "Montague", "Quenby", "Achterberg",
+         "Bellweather", "Carrington", "Dunmore", "Eastwick", "Falconer", "Gallagher", "Hollingsworth", "Iverson",
+         "Jablonski", "Kensington", "Lockhart", "Merriweather", "Northcott", "Oyelaran", "Prendergast", "Quillfeather",
+         "Ravensworth", "Sandoval", "Tregarthen", "Underhill", "Valdivia", "Whitlock", "Yamamoto", "Zielinski",
+         "Armitage", "Brannigan", "Cortazar", "Drummond", "Ellsworth", "Fenwick", "Granger"]),
+    "eval": (
+        ["Agatha", "Benedict", "Cordelia", "Dominic", "Evangeline", "Frederick", "Georgiana", "Hugo", "Imogen",
+         "Julian", "Lavinia", "Mortimer", "Neville", "Ophelia", "Peregrine", "Rupert", "Seraphina", "Thaddeus",
+         "Ursula", "Vivian", "Wendell", "Araminta", "Bertram", "Celestine", "Drusilla", "Edmund", "Felicity", "Gideon",
+         "Honoria", "Ignatius", "Juliana", "Lysander"],
+        ["Aldridge", "Brightwater", "Calloway", "Dervish", "Everhart", "Fontaine", "Goldsworthy", "Halloran",
+         "Ishikawa", "Jarrow", "Kincaid", "Loxley", "Marchetti", "Nightingale", "Ostrowski", "Pemberton", "Radcliffe",
+         "Silvermane", "Tanaka", "Umberfield", "Vanderberg", "Winterbourne", "Abberley", "Blakemore", "Crawshaw",
+         "Dellacourt", "Elphinstone", "Featherstone", "Gwynedd", "Hawthorne", "Ingleby", "Jessop"]),
+}
 SENTENCE_ENDS = (".", "!", "?")  # not closing quotes: speech often goes on ('..." he said')
 QUESTION = "\n\nQuestion: {} Answer: {}"  # the question, then the fact sentence up to its value
 
@@ -85,20 +109,20 @@ def _boundary(tokenizer, window: np.ndarray, target: int, lo: int, hi: int) -> i
 
 
 def make_recall_item(tokenizer, filler: np.ndarray, rng: np.random.Generator, distance: int, total: int | None = None,
-                     kind: str | None = None) -> RecallItem:
+                     kind: str | None = None, names: str = "eval") -> RecallItem:
     """One recall item of exactly ``total`` tokens from a random window of ``filler`` (book token ids).
 
     The fact sentence goes at a sentence end (a filler token ending in . ! or ?, followed by a space) near a random
     point 5-20% into the item, with at least ``distance`` filler tokens after it; the question and answer
-    close the item. Facts are 4-digit numbers or names (first and last name drawn at random), ``kind`` "number"
-    or "name" (None: either, at random). With total=None the item is just long enough for ``distance`` plus
-    about a fifth of itself before the fact."""
+    close the item. Facts are 4-digit numbers or names (first and last name drawn at random from the ``names``
+    pool, "eval" or "train"), ``kind`` "number" or "name" (None: either, at random). With total=None the item is
+    just long enough for ``distance`` plus about a fifth of itself before the fact."""
     kind = kind if kind is not None else str(rng.choice(["number", "name"]))
     if kind not in ("number", "name"):
         raise ValueError(f"kind must be 'number', 'name' or None, got {kind!r}")
     facts = NUMBER_FACTS if kind == "number" else NAME_FACTS
     sentence, question = facts[rng.integers(len(facts))]
-    answer = _value(rng, kind)
+    answer = _value(rng, kind, names)
     fact = _encode(tokenizer, sentence.format(answer))  # (F,)
     ask = _encode(tokenizer, _question(sentence, question))  # (Q,)
     ans = _encode(tokenizer, " " + answer)  # (A,)
@@ -128,14 +152,32 @@ def _question(sentence: str, question: str) -> str:
     return QUESTION.format(question, sentence.split("{}")[0].strip())
 
 
-def _value(rng: np.random.Generator, kind: str) -> str:
+ONSETS = ["b", "br", "c", "ch", "d", "dr", "f", "g", "gr", "h", "j", "k", "l", "m", "n", "p", "pr", "r", "s", "sh",
+          "st", "t", "th", "tr", "v", "w", "z"]
+VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "ou", "y"]
+CODAS = ["", "", "", "n", "r", "l", "s", "m", "nd", "rt", "ck", "th"]
+
+
+def _made_up(rng: np.random.Generator) -> str:
+    """A pronounceable made-up name of 2-3 syllables, e.g. "Dravemon"."""
+    n = int(rng.integers(2, 4))
+    return "".join(ONSETS[rng.integers(len(ONSETS))] + VOWELS[rng.integers(len(VOWELS))] + CODAS[rng.integers(
+        len(CODAS))] for _ in range(n)).capitalize()
+
+
+def _value(rng: np.random.Generator, kind: str, names: str) -> str:
     if kind == "number":
         return str(rng.integers(1000, 10000))
-    return f"{FIRST_NAMES[rng.integers(len(FIRST_NAMES))]} {LAST_NAMES[rng.integers(len(LAST_NAMES))]}"
+    if names not in NAMES:
+        raise ValueError(f"names must be one of {sorted(NAMES)}, got {names!r}")
+    if names == "train" and rng.random() < 0.5:
+        return f"{_made_up(rng)} {_made_up(rng)}"
+    first, last = NAMES[names]
+    return f"{first[rng.integers(len(first))]} {last[rng.integers(len(last))]}"
 
 
 def make_multi_recall_document(tokenizer, filler: np.ndarray, rng: np.random.Generator, n_facts: int, distance: int,
-                               total: int) -> tuple[np.ndarray, np.ndarray]:
+                               total: int, names: str = "train") -> tuple[np.ndarray, np.ndarray]:
     """A training document of exactly ``total`` tokens, as (ids int32, answers bool marking the answer tokens),
     that teaches ``n_facts`` recalls at once: that many facts (distinct templates, so every question has one
     answer) spliced in at sentence ends of a random filler window, and for each, later in the text, its question
@@ -146,7 +188,7 @@ def make_multi_recall_document(tokenizer, filler: np.ndarray, rng: np.random.Gen
     if not 1 <= n_facts <= len(templates):
         raise ValueError(f"n_facts must be in [1, {len(templates)}], got {n_facts}")
     chosen = [templates[i] for i in rng.choice(len(templates), size=n_facts, replace=False)]
-    values = [_value(rng, kind) for _, _, kind in chosen]
+    values = [_value(rng, kind, names) for _, _, kind in chosen]
     facts = [_encode(tokenizer, s.format(v)) for (s, _, _), v in zip(chosen, values)]
     parts = [(_encode(tokenizer, _question(s, q)), _encode(tokenizer, " " + v), _encode(tokenizer, "\n\n"))
              for (s, q, _), v in zip(chosen, values)]
@@ -179,7 +221,7 @@ def make_multi_recall_document(tokenizer, filler: np.ndarray, rng: np.random.Gen
 
 
 def multi_recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, n_facts: int, distance: int,
-                           total: int, seed: int, prefix: str = "recall") -> list[Document]:
+                           total: int, seed: int, prefix: str = "recall", names: str = "train") -> list[Document]:
     """``n`` multi-fact training documents (``make_multi_recall_document``) named "<prefix>-<i>", reproducible from
     ``seed``, from random filler documents of at least ``total`` tokens."""
     rng = np.random.default_rng(seed)
@@ -187,7 +229,8 @@ def multi_recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, n_f
     if not usable:
         raise ValueError(f"no filler document has the {total} tokens a recall document needs")
     return [Document(f"{prefix}-{i}", *make_multi_recall_document(tokenizer, usable[rng.integers(len(usable))], rng,
-                                                                  n_facts, distance, total)) for i in range(n)]
+                                                                  n_facts, distance, total, names))
+            for i in range(n)]
 
 
 def _find(haystack: np.ndarray, needle: np.ndarray) -> int:
@@ -202,7 +245,7 @@ def _find(haystack: np.ndarray, needle: np.ndarray) -> int:
 
 
 def recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, distance: int, total: int,
-                     seed: int) -> list[RecallItem]:
+                     seed: int, names: str = "eval") -> list[RecallItem]:
     """``n`` recall items of ``total`` tokens, each from a random window of a random filler document (one with at
     least ``total`` tokens), reproducible from ``seed``. For training, make ``total`` a multiple of the segment
     length: the batchfier drops a document's last partial segment, which would hold the question and answer."""
@@ -211,7 +254,8 @@ def recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, distance:
     if not usable:
         raise ValueError(f"no filler document has the {total} tokens a recall item needs "
                          f"(longest: {max((len(d) for d in filler_docs), default=0)})")
-    return [make_recall_item(tokenizer, usable[rng.integers(len(usable))], rng, distance, total) for _ in range(n)]
+    return [make_recall_item(tokenizer, usable[rng.integers(len(usable))], rng, distance, total, names=names)
+            for _ in range(n)]
 
 
 def recall_as_documents(items: list[RecallItem], prefix: str = "recall") -> list[Document]:

@@ -54,6 +54,7 @@ class TrainConfig:
     batch_size: int = 2  # rows per process (the paper: 256 in all)
     segment_len: int = 1024  # tokens per row per step
     memory_tokens: int = 16384  # M: memory per row (the paper: 65k)
+    topk: int | None = None  # K: memory tokens each query attends to (None: the --init checkpoint's, else 64)
     steps: int = 1000  # optimizer steps in all
     lr: float = 2e-4  # peak learning rate
     end_lr: float = 0.0  # learning rate at the last step
@@ -220,9 +221,10 @@ class Trainer:
             # float32 weights (the trained ones need full-precision updates); autocast gives the bf16 speed
             mcfg = LongMemConfig(backbone=cfg.backbone, dtype="float32", segment_len=cfg.segment_len,
                                  capacity=cfg.memory_tokens, train_scope=cfg.train_scope, lora_rank=cfg.lora_rank,
-                                 cached_layer=cfg.cached_layer)
-            self.model = (LongMemModel.load(cfg.init, device=self.device) if cfg.init
-                          else LongMemModel.from_config(mcfg, device=self.device))
+                                 cached_layer=cfg.cached_layer, topk=cfg.topk)
+            self.model = (LongMemModel.load(cfg.init, device=self.device,
+                                            runtime={"topk": cfg.topk} if cfg.topk else None) if cfg.init
+                          else LongMemModel.from_config(mcfg, device=self.device, pretrained=False))
         self.model.capacity = cfg.memory_tokens
         self.params = [p for p in self.model.sidenet.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(param_groups(self.model, cfg), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6,
