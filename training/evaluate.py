@@ -99,12 +99,12 @@ def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem]
     runs = [(name, lms[name], items) for name in ("longmem", "longmem_no_memory", "backbone_local")]
     for name, lm, its in runs + ([("backbone_in_window", lms["backbone_local"], in_window)] if in_window else []):
         res = [recalled(lm, it, use_memory=name != "longmem_no_memory") for it in its]
-        out["recall"][name] = {**recall_summary(res), "recalled": [r[0] for r in res]}  # per item, in order
-        out["recall"][name]["by_kind"] = {kind: recall_summary([r for r, it in zip(res, its) if it.kind == kind])
-                                          for kind in sorted({it.kind for it in its})}  # numbers, names
-        kinds = ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in out["recall"][name]["by_kind"].items())
-        log(f"recall {name}: {out['recall'][name]['accuracy']:.3f} of {len(res)} ({kinds}), answer NLL "
-            f"{out['recall'][name]['answer_nll']:.3f} per token")
+        by_kind = {kind: recall_summary([r for r, it in zip(res, its) if it.kind == kind])
+                   for kind in sorted({it.kind for it in its})}  # numbers, names
+        rec = out["recall"][name] = {**recall_summary(res), "recalled": [r[0] for r in res], "by_kind": by_kind}
+        kinds = ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in by_kind.items())
+        log(f"recall {name}: {rec['accuracy']:.3f} of {len(res)} ({kinds}), answer NLL {rec['answer_nll']:.3f} "
+            "per token")
     p = out["perplexity"]
     if p:
         out["ppl_ratio_vs_local"] = p["longmem"]["ppl"] / p["backbone_local"]["ppl"]

@@ -160,16 +160,15 @@ CODAS = ["", "", "", "n", "r", "l", "s", "m", "nd", "rt", "ck", "th"]
 
 def _made_up(rng: np.random.Generator) -> str:
     """A pronounceable made-up name of 2-3 syllables, e.g. "Dravemon"."""
-    n = int(rng.integers(2, 4))
-    return "".join(ONSETS[rng.integers(len(ONSETS))] + VOWELS[rng.integers(len(VOWELS))] + CODAS[rng.integers(
-        len(CODAS))] for _ in range(n)).capitalize()
+    pick = lambda options: options[rng.integers(len(options))]  # noqa: E731
+    return "".join(pick(ONSETS) + pick(VOWELS) + pick(CODAS) for _ in range(int(rng.integers(2, 4)))).capitalize()
 
 
 def _value(rng: np.random.Generator, kind: str, names: str) -> str:
-    if kind == "number":
-        return str(rng.integers(1000, 10000))
     if names not in NAMES:
         raise ValueError(f"names must be one of {sorted(NAMES)}, got {names!r}")
+    if kind == "number":
+        return str(rng.integers(1000, 10000))
     if names == "train" and rng.random() < 0.5:
         return f"{_made_up(rng)} {_made_up(rng)}"
     first, last = NAMES[names]
