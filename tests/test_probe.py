@@ -88,8 +88,42 @@ def test_readout_heads_read_memory_and_no_heads_is_the_backbone():
 
 
 @pytest.mark.parametrize("argv, message", [(["--copy-heads", "--readout", "18", "--heads", "6"], "separate probes"),
-                                           (["--readout", "18"], "needs --heads")])
+                                           (["--readout", "18"], "needs --heads"),
+                                           (["--answers"], "give --checkpoint DIR or --untrained")])
 def test_probe_refuses_options_that_do_not_go_together(argv, message, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_answer_probe_attention_is_the_memory_layers_softmax_over_memory():
+    """With K covering all of memory, each head's attention on the token to copy is a softmax of its query against
+    every stored key, computed here from the bank's own rows; predictions and NLL are those of ``recalled``."""
+    from training.evaluate import recalled
+    from training.probe import _Recorder, _split, answers_markdown, probe_answers
+
+    backbone = tiny_llama(n_layers=2)
+    model = LongMemModel(backbone, small_config(segment_len=128, csz=4, topk=384, memory_layer=0, max_sinks=None))
+    tok = backbone.tokenizer
+    filler = np.asarray(tok(TEXT * 12, add_special_tokens=False)["input_ids"], dtype=np.int32)
+    items = recall_documents(tok, [filler], n=2, distance=300, total=512, seed=0)
+    result = probe_answers(model.eval(), items, log=lambda m: None)
+    hq, hkv, d = backbone.spec.n_heads, backbone.spec.n_kv_heads, backbone.spec.head_dim
+    for item, got in zip(items, result["items"]):
+        past, window, qpos, answer = _split(item, 128)
+        memory = model.new_memory(capacity=None)
+        model.memorize(past, memory)
+        rec = _Recorder(memory)
+        model.step(window[None], rec)
+        q = torch.cat(rec.queries, dim=2)[0].float()  # (Hq, T, d)
+        row = memory.rows[0]
+        keys = row.k[:, : row.n].reshape(hkv, -1, d).float()[torch.arange(hq) // (hq // hkv)]  # (Hq, 384, d)
+        for j, pos in enumerate(answer):
+            probs = torch.softmax(torch.einsum("hd,hnd->hn", q[:, qpos + j], keys) / d ** 0.5, dim=-1)
+            assert got["copy_attention"][j] == pytest.approx(probs[:, pos].tolist(), abs=1e-4)
+        ok, nll, n = recalled(model, item)
+        assert sum(got["nll"]) == pytest.approx(nll, rel=1e-4) and len(got["tokens"]) == n
+        assert ok == (got["predicted"] == got["tokens"])
+    assert result["tokens"] == sum(len(it["tokens"]) for it in result["items"])
+    assert 0 <= result["attended_but_wrong"] <= result["attended"] <= result["tokens"]
+    assert answers_markdown(result).count("\n") == len(items) + 3

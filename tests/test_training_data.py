@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 from tiny import char_tokenizer
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
 
 from training.data import Batchfier, Document, book_split, tokenize_files
-from training.recall import (NAMES, make_multi_recall_document, make_recall_item, multi_recall_documents,
-                             recall_as_documents, recall_documents)
+from training.recall import (EVAL_NAMES, make_multi_recall_document, make_recall_item, multi_recall_documents,
+                             name_words, recall_as_documents, recall_documents)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith slipped quickly "
@@ -305,23 +307,35 @@ def test_recall_documents_seeds_and_limits():
 def test_training_and_evaluation_draw_names_from_disjoint_pools():
     tok = char_tokenizer()
     filler = np.asarray(tok(TEXT * 40, add_special_tokens=False)["input_ids"], dtype=np.int32)
-    (train_first, train_last), (eval_first, eval_last) = NAMES["train"], NAMES["eval"]
-    assert not set(train_first + train_last) & set(eval_first + eval_last)
+    eval_first, eval_last = EVAL_NAMES
     evaluated = [make_recall_item(tok, filler, np.random.default_rng(s), 300, 500, "name").answer for s in range(12)]
     assert all(a.split()[0] in eval_first and a.split()[1] in eval_last for a in evaluated)
     assert len(set(evaluated)) > 6
-    trained = [make_recall_item(tok, filler, np.random.default_rng(s), 300, 600, "name", names="train").answer
-               for s in range(12)]
-    docs = multi_recall_documents(tok, [filler], n=4, n_facts=8, distance=300, total=2048, seed=0)
-    trained += [tok.decode(d.ids[s:e]).strip() for d in docs
-                for s, e in zip(*[np.flatnonzero(np.diff(np.r_[0, d.answers.astype(int), 0]) == k) for k in (1, -1)])]
-    names = [v.split() for v in trained if not v.isdigit()]
-    listed = [n for n in names if n[0] in train_first and n[1] in train_last]
-    made_up = [n for n in names if n[0] not in train_first and n[1] not in train_last]
-    assert listed and made_up and len(listed) + len(made_up) == len(names)  # from the list, or made up whole
-    assert all(len(n) == 2 and n[0] not in eval_first and n[1] not in eval_last for n in names)
+    words = ["Wolf", "National", "Harbour"]
+    trained = [make_recall_item(tok, filler, np.random.default_rng(s), 300, 600, "name", names="train",
+                                words=words).answer for s in range(16)]
+    docs = multi_recall_documents(tok, [filler], n=4, n_facts=8, distance=300, total=2048, seed=0)  # no words here
+    from_docs = [tok.decode(d.ids[s:e]).strip() for d in docs
+                 for s, e in zip(*[np.flatnonzero(np.diff(np.r_[0, d.answers.astype(int), 0]) == k) for k in (1, -1)])]
+    names = [v.split() for v in trained + from_docs if not v.isdigit()]
+    assert names and all(len(n) == 2 for n in names)
+    parts = [w for n in names for w in n]
+    assert not set(parts) & set(eval_first + eval_last)  # never an evaluation name
+    assert set(words) & set(parts) and set(parts) - set(words)  # vocabulary words and made-up words
+    made_up = [w for w in parts if w not in words]
+    assert len(set(made_up)) > 0.8 * len(made_up)  # no small list to learn
     with pytest.raises(ValueError, match="names must be"):
         make_recall_item(tok, filler, np.random.default_rng(0), 300, 500, "name", names="test")
+
+
+def test_name_words_are_capitalized_whole_word_tokens_and_never_evaluation_names():
+    pieces = ["<unk>", "\u0120Wolf", "\u0120National", "\u0120Edmund", "\u0120and", "\u0120Ab", "Harbour",
+              "\u2581Lantern", "\u0120McKay", "\u0120Wolf2"]
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(
+        {p: i for i, p in enumerate(pieces)}, unk_token="<unk>")), unk_token="<unk>")
+    # Edmund: an evaluation name; and: lower case; Ab: short; Harbour: no leading space; McKay, Wolf2: not a plain word
+    assert name_words(tok) == ["Lantern", "National", "Wolf"]
+    assert name_words(char_tokenizer()) == []
 
 
 def test_multi_recall_document_states_every_fact_long_before_its_question():

@@ -5,6 +5,7 @@
     python -m training.probe --untrained                # the untrained SideNet (the default config)
     python -m training.probe --copy-heads               # which heads copy a fact that lies inside the window
     python -m training.probe --readout 18 --heads 6,7   # those heads reading memory, untrained: recall and NLL
+    python -m training.probe --checkpoint CKPT --answers  # token by token: what memory attends to, what is said
 
 Recall items (``training.recall``) are built in held-out book text; everything before the question's local window
 goes into memory segment by segment, each encoded from position 0, exactly as evaluation does. The query is that of
@@ -24,6 +25,10 @@ memory layer scores it). ``--readout LAYER --heads H,H`` then asks whether those
 their window, make the frozen backbone recall the fact without any training: backbone layer LAYER becomes a
 memory layer (the MemTRM baseline's, untrained) whose listed heads attend to their retrieved memory tokens only and
 whose other heads keep their local attention.
+
+``--answers`` (with a checkpoint) follows every answer token: the model's greedy prediction and NLL, and for each
+query head the share of its memory attention on the fact's copy of that token. It tells a miss in retrieval (no
+head attends to the token) from a miss in read-out (a head attends to it, yet another token is predicted).
 """
 
 from __future__ import annotations
@@ -174,15 +179,23 @@ def readout(backbone, items: list[RecallItem], layer: int, heads: list[int], seg
 
 
 class _Recorder(MemoryView):
-    """Keeps the queries the memory layer searches with."""
+    """Keeps the queries the memory layer searches with and, for the query positions ``at`` of row 0, what the
+    search returned: {position: (keys (Hq, K, d), mask (Hq, K), chunk serials (Hq, n_chunks))}."""
 
-    def __init__(self, memory):
+    def __init__(self, memory, at: range = range(0)):
         super().__init__(memory)
         self.queries: list[torch.Tensor] = []
+        self.at, self.found, self._seen = at, {}, 0
 
     def search(self, queries, n_chunks):
         self.queries.append(queries.detach())
-        return super().search(queries, n_chunks)
+        r = super().search(queries, n_chunks)
+        for t in self.at:
+            if self._seen <= t < self._seen + queries.shape[2]:
+                j = t - self._seen
+                self.found[t] = (r.keys[0, :, j], r.mask[0, :, j], r.chunk_ids[0, :, j])
+        self._seen += queries.shape[2]
+        return r
 
 
 @torch.no_grad()
@@ -205,6 +218,58 @@ def probe_model(model: LongMemModel, items: list[RecallItem], log=print) -> dict
         log(f"item {i + 1}/{len(items)}: ranks per head {per_item[-1]['rank']}, retrieved: {found[-1]}")
     return {"layer": f"memory layer (cached layer {model.cached_layer})", **_summary(per_item, top),
             "retrieved": float(np.mean(found))}
+
+
+@torch.no_grad()
+def probe_answers(model: LongMemModel, items: list[RecallItem], log=print) -> dict:
+    """Every answer token of every item: greedy prediction, NLL, and per query head the memory attention on the
+    fact's copy of that token (the attention the memory layer computes: its un-rotated query against the retrieved
+    keys, one softmax over them; 0 when the token's chunk was not retrieved)."""
+    csz, tok = model.csz, model.backbone.tokenizer
+    memory_share = (1 - torch.sigmoid(model.sidenet.gate.float())).tolist()  # per head, where memory was found
+    per_item = []
+    for i, item in enumerate(items):
+        past, window, qpos, answer = _split(item, model.segment_len)
+        memory = model.new_memory(capacity=None)
+        model.memorize(past, memory)
+        rec = _Recorder(memory, at=range(qpos, qpos + len(answer)))
+        hidden = model.step(window[None], rec).hidden  # (1, T, E)
+        q = torch.cat(rec.queries, dim=2)[0]  # (Hq, T, d)
+        logp = torch.log_softmax(model.backbone.logits(hidden[:, qpos:qpos + len(answer)]).float()[0], dim=-1)
+        targets = window[qpos + 1:qpos + 1 + len(answer)]
+        copy = []  # (n_ans, Hq): attention on the token to copy
+        for j, t in enumerate(range(qpos, qpos + len(answer))):
+            keys, mask, chunks = rec.found[t]
+            scores = torch.einsum("hd,hkd->hk", q[:, t].float(), keys.float()) / math.sqrt(q.shape[-1])
+            probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)  # (Hq, K)
+            positions = (chunks[:, :, None] * csz + torch.arange(csz)).reshape(chunks.shape[0], -1)  # (Hq, K)
+            copy.append((probs * (positions == answer[j])).sum(dim=-1).tolist())
+        per_item.append({"answer": item.answer, "kind": item.kind,
+                         "tokens": [tok.decode([int(x)]) for x in targets],
+                         "predicted": [tok.decode([int(x)]) for x in logp.argmax(-1)],
+                         "nll": (-logp.gather(-1, targets[:, None])[:, 0]).tolist(), "copy_attention": copy})
+        log(f"item {i + 1}/{len(items)}: {item.answer!r} -> {''.join(per_item[-1]['predicted'])!r}")
+    return {"memory_share": memory_share, "items": per_item, **answers_summary(per_item)}
+
+
+def answers_summary(per_item: list[dict], attended: float = 0.5) -> dict:
+    """Token counts: answer tokens, those predicted right, those some head attends to (at least ``attended`` of
+    its memory attention on the token to copy), and those attended to and still predicted wrong (read-out misses)."""
+    rows = [(p == t, max(c)) for it in per_item for p, t, c in zip(it["predicted"], it["tokens"], it["copy_attention"])]
+    return {"tokens": len(rows), "correct": sum(ok for ok, _ in rows),
+            "attended": sum(a >= attended for _, a in rows),
+            "attended_but_wrong": sum(a >= attended and not ok for ok, a in rows)}
+
+
+def answers_markdown(result: dict) -> str:
+    lines = ["| answer | predicted | NLL per token | best head's attention on each token |", "|---|---|---|---|"]
+    for it in result["items"]:
+        nll = " ".join(f"{x:.2f}" for x in it["nll"])
+        att = " ".join(f"{max(c):.2f}" for c in it["copy_attention"])
+        lines.append(f"| {'|'.join(it['tokens'])!r} | {'|'.join(it['predicted'])!r} | {nll} | {att} |")
+    lines += ["", f"answer tokens {result['tokens']}: predicted right {result['correct']}, attended to by some head "
+                  f"{result['attended']}, attended to but predicted wrong {result['attended_but_wrong']}"]
+    return "\n".join(lines)
 
 
 def markdown(rows: list[dict], top: int) -> str:
@@ -230,6 +295,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--readout", type=int, default=None, metavar="LAYER",
                    help="recall through backbone layer LAYER's --heads reading memory, untrained")
     p.add_argument("--heads", default="", help="with --readout: comma-separated query heads that read memory")
+    p.add_argument("--answers", action="store_true",
+                   help="with --checkpoint/--untrained: each answer token's prediction, NLL and memory attention")
     p.add_argument("--data", default=str(DEFAULT_DATA), help="shared data directory (books/, MANIFEST.md)")
     p.add_argument("--books", type=int, default=2, help="held-out books the recall items are drawn from")
     p.add_argument("--items", type=int, default=8, help="recall items")
@@ -246,6 +313,8 @@ def main(argv: list[str] | None = None) -> dict:
         p.error("--copy-heads and --readout are separate probes: give one")
     if args.readout is not None and not args.heads.strip():
         p.error("--readout needs --heads (the query heads that read memory, e.g. --heads 6,7)")
+    if args.answers and not (args.checkpoint or args.untrained):
+        p.error("--answers follows a SideNet's memory layer: give --checkpoint DIR or --untrained")
     if args.threads:
         torch.set_num_threads(args.threads)
     max_sinks = None if args.max_sinks < 0 else args.max_sinks
@@ -272,6 +341,9 @@ def main(argv: list[str] | None = None) -> dict:
         result = {**readout(backbone, items, args.readout, heads, segment_len, args.csz, args.topk, max_sinks),
                   "args": vars(args)}
         return _report(result, None, args.out)
+    if model is not None and args.answers:
+        result = {**probe_answers(model.eval(), items, log), "args": vars(args)}
+        return _report(result, answers_markdown(result), args.out)
     if model is not None:
         model.eval()
         rows, top = [probe_model(model, items, log)], model.config.topk // model.csz

@@ -47,24 +47,15 @@ NAME_FACTS = [
     (" The painter of the portrait in the hall was {}.", "Who painted the portrait in the hall?"),
 ]
 # Names come from two disjoint pools: training documents draw from "train", evaluation items from "eval", so a
-# recalled name was copied from memory, never learnt as a likely answer (a SideNet trained on a 16 x 16 pool
-# answered chat questions with its names). Each pool pairs a random first name with a random last name; half the
-# "train" names are made up from syllables instead (``_made_up``), so no list of names is small enough to learn.
-NAMES = {
-    "train": (
-        ["Marguerite", "Tobias", "Ingrid", "Obadiah", "Rosalind", "Casimir", "Wilhelmina", "Ezekiel", "Philippa",
-         "Lucian", "Henrietta", "Barnaby", "Ottoline", "Cornelius", "Genevieve", "Ambrose", "Adelaide", "Bartholomew",
-         "Clementine", "Desmond", "Eleanora", "Fitzgerald", "Gwendolyn", "Horatio", "Isadora", "Jasper", "Katarina",
-         "Leopold", "Magdalena", "Nathaniel", "Octavia", "Percival", "Quentin", "Rowena", "Sebastian", "Theodora",
-         "Ulysses", "Valentina", "Winifred", "Xavier", "Yolanda", "Zachariah", "Anselm", "Beatrix", "Crispin",
-         "Dorothea", "Emmeline", "Florian"],
-        ["Okafor", "Pennington", "Vasquez", "Thornbury", "Lindqvist", "Abernathy", "Castellano", "Fairweather",
-         "Nakamura", "Blackwood", "Delacroix", "Hargreaves", "Kowalski", "Ashdown", "Montague", "Quenby", "Achterberg",
-         "Bellweather", "Carrington", "Dunmore", "Eastwick", "Falconer", "Gallagher", "Hollingsworth", "Iverson",
-         "Jablonski", "Kensington", "Lockhart", "Merriweather", "Northcott", "Oyelaran", "Prendergast", "Quillfeather",
-         "Ravensworth", "Sandoval", "Tregarthen", "Underhill", "Valdivia", "Whitlock", "Yamamoto", "Zielinski",
-         "Armitage", "Brannigan", "Cortazar", "Drummond", "Ellsworth", "Fenwick", "Granger"]),
-    "eval": (
+# recalled name was copied from memory, never learnt as a likely answer. Evaluation pairs a random first name with a
+# random last name from the lists below. Training names come from no list a model could learn: a SideNet trained on
+# a 16 x 16 list answered chat questions with its names, and one trained on a 48 x 48 list (half its names; the
+# other half made up) answered unseen-name questions with ' Cornelius', a name of that list, while its memory
+# attention sat on the right name (a check of its memory attention, 2026-11-23). So a training name is two words,
+# each made up from syllables (``_made_up``) or, half the time when the tokenizer has them, one of its thousands of
+# capitalized whole-word tokens (``name_words``): copying from memory is the only way to predict it.
+POOLS = ("train", "eval")
+EVAL_NAMES = (  # the evaluation pool: (first names, last names); "train" names are generated, see ``_value``
         ["Agatha", "Benedict", "Cordelia", "Dominic", "Evangeline", "Frederick", "Georgiana", "Hugo", "Imogen",
          "Julian", "Lavinia", "Mortimer", "Neville", "Ophelia", "Peregrine", "Rupert", "Seraphina", "Thaddeus",
          "Ursula", "Vivian", "Wendell", "Araminta", "Bertram", "Celestine", "Drusilla", "Edmund", "Felicity", "Gideon",
@@ -72,8 +63,7 @@ NAMES = {
         ["Aldridge", "Brightwater", "Calloway", "Dervish", "Everhart", "Fontaine", "Goldsworthy", "Halloran",
          "Ishikawa", "Jarrow", "Kincaid", "Loxley", "Marchetti", "Nightingale", "Ostrowski", "Pemberton", "Radcliffe",
          "Silvermane", "Tanaka", "Umberfield", "Vanderberg", "Winterbourne", "Abberley", "Blakemore", "Crawshaw",
-         "Dellacourt", "Elphinstone", "Featherstone", "Gwynedd", "Hawthorne", "Ingleby", "Jessop"]),
-}
+         "Dellacourt", "Elphinstone", "Featherstone", "Gwynedd", "Hawthorne", "Ingleby", "Jessop"])
 SENTENCE_ENDS = (".", "!", "?")  # not closing quotes: speech often goes on ('..." he said')
 QUESTION = "\n\nQuestion: {} Answer: {}"  # the question, then the fact sentence up to its value
 
@@ -109,7 +99,7 @@ def _boundary(tokenizer, window: np.ndarray, target: int, lo: int, hi: int) -> i
 
 
 def make_recall_item(tokenizer, filler: np.ndarray, rng: np.random.Generator, distance: int, total: int | None = None,
-                     kind: str | None = None, names: str = "eval") -> RecallItem:
+                     kind: str | None = None, names: str = "eval", words: list[str] = ()) -> RecallItem:
     """One recall item of exactly ``total`` tokens from a random window of ``filler`` (book token ids).
 
     The fact sentence goes at a sentence end (a filler token ending in . ! or ?, followed by a space) near a random
@@ -122,7 +112,7 @@ def make_recall_item(tokenizer, filler: np.ndarray, rng: np.random.Generator, di
         raise ValueError(f"kind must be 'number', 'name' or None, got {kind!r}")
     facts = NUMBER_FACTS if kind == "number" else NAME_FACTS
     sentence, question = facts[rng.integers(len(facts))]
-    answer = _value(rng, kind, names)
+    answer = _value(rng, kind, names, words)
     fact = _encode(tokenizer, sentence.format(answer))  # (F,)
     ask = _encode(tokenizer, _question(sentence, question))  # (Q,)
     ans = _encode(tokenizer, " " + answer)  # (A,)
@@ -164,30 +154,53 @@ def _made_up(rng: np.random.Generator) -> str:
     return "".join(pick(ONSETS) + pick(VOWELS) + pick(CODAS) for _ in range(int(rng.integers(2, 4)))).capitalize()
 
 
-def _value(rng: np.random.Generator, kind: str, names: str) -> str:
-    if names not in NAMES:
-        raise ValueError(f"names must be one of {sorted(NAMES)}, got {names!r}")
+def name_words(tokenizer, taboo: tuple[list[str], ...] = EVAL_NAMES) -> list[str]:
+    """Capitalized whole words that are single tokens of ``tokenizer`` with a leading space (" Wolf",
+    " National"...), at least 4 letters, none a name of the ``taboo`` lists nor the first token of one: training
+    name parts that no model can learn as a prior (thousands of them for a BPE vocabulary; none for a character
+    tokenizer)."""
+    banned = {w for names in taboo for w in names}
+    banned |= {tokenizer.decode(_encode(tokenizer, " " + w)[:1]).strip() for w in banned}
+    words = []
+    for piece in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))):
+        word = piece[1:] if piece[:1] in ("\u0120", "\u2581") else ""  # byte-level BPE / SentencePiece space marks
+        if len(word) >= 4 and word[0].isupper() and word[1:].isalpha() and word[1:].islower() and word not in banned:
+            words.append(word)
+    return sorted(set(words))
+
+
+def _value(rng: np.random.Generator, kind: str, names: str, words: list[str] = ()) -> str:
+    """A fact's value: a 4-digit number, or a name from the ``names`` pool ("eval": the evaluation lists; "train":
+    two words, each made up or, half the time when there are ``words``, one of them)."""
+    if names not in POOLS:
+        raise ValueError(f"names must be one of {POOLS}, got {names!r}")
     if kind == "number":
         return str(rng.integers(1000, 10000))
-    if names == "train" and rng.random() < 0.5:
-        return f"{_made_up(rng)} {_made_up(rng)}"
-    first, last = NAMES[names]
+    if names == "train":
+        return f"{_train_word(rng, words)} {_train_word(rng, words)}"
+    first, last = EVAL_NAMES
     return f"{first[rng.integers(len(first))]} {last[rng.integers(len(last))]}"
 
 
+def _train_word(rng: np.random.Generator, words: list[str]) -> str:
+    """Half of a training name: one of ``words`` half the time (when there are any), else made up."""
+    return words[rng.integers(len(words))] if len(words) and rng.random() < 0.5 else _made_up(rng)
+
+
 def make_multi_recall_document(tokenizer, filler: np.ndarray, rng: np.random.Generator, n_facts: int, distance: int,
-                               total: int, names: str = "train") -> tuple[np.ndarray, np.ndarray]:
+                               total: int, names: str = "train",
+                               words: list[str] = ()) -> tuple[np.ndarray, np.ndarray]:
     """A training document of exactly ``total`` tokens, as (ids int32, answers bool marking the answer tokens),
     that teaches ``n_facts`` recalls at once: that many facts (distinct templates, so every question has one
     answer) spliced in at sentence ends of a random filler window, and for each, later in the text, its question
     and answer ("\n\nQuestion: ... Answer: The code ... is 4817\n\n") at a sentence end at least ``distance``
     tokens after the fact. A single-fact item spends a whole long document on one answer; this one gives the loss
-    ``n_facts`` answers that only memory can supply, spread over its segments."""
+    ``n_facts`` answers that only memory can supply, spread over its segments. ``words``: see ``_value``."""
     templates = [(s, q, "number") for s, q in NUMBER_FACTS] + [(s, q, "name") for s, q in NAME_FACTS]
     if not 1 <= n_facts <= len(templates):
         raise ValueError(f"n_facts must be in [1, {len(templates)}], got {n_facts}")
     chosen = [templates[i] for i in rng.choice(len(templates), size=n_facts, replace=False)]
-    values = [_value(rng, kind, names) for _, _, kind in chosen]
+    values = [_value(rng, kind, names, words) for _, _, kind in chosen]
     facts = [_encode(tokenizer, s.format(v)) for (s, _, _), v in zip(chosen, values)]
     parts = [(_encode(tokenizer, _question(s, q)), _encode(tokenizer, " " + v), _encode(tokenizer, "\n\n"))
              for (s, q, _), v in zip(chosen, values)]
@@ -227,8 +240,9 @@ def multi_recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, n_f
     usable = [d for d in filler_docs if len(d) >= total]
     if not usable:
         raise ValueError(f"no filler document has the {total} tokens a recall document needs")
+    words = name_words(tokenizer) if names == "train" else []
     return [Document(f"{prefix}-{i}", *make_multi_recall_document(tokenizer, usable[rng.integers(len(usable))], rng,
-                                                                  n_facts, distance, total, names))
+                                                                  n_facts, distance, total, names, words))
             for i in range(n)]
 
 
@@ -253,8 +267,9 @@ def recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, distance:
     if not usable:
         raise ValueError(f"no filler document has the {total} tokens a recall item needs "
                          f"(longest: {max((len(d) for d in filler_docs), default=0)})")
-    return [make_recall_item(tokenizer, usable[rng.integers(len(usable))], rng, distance, total, names=names)
-            for _ in range(n)]
+    words = name_words(tokenizer) if names == "train" else []
+    return [make_recall_item(tokenizer, usable[rng.integers(len(usable))], rng, distance, total, names=names,
+                             words=words) for _ in range(n)]
 
 
 def recall_as_documents(items: list[RecallItem], prefix: str = "recall") -> list[Document]:
