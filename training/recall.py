@@ -51,7 +51,7 @@ NAME_FACTS = [
 # random last name from the lists below. Training names come from no list a model could learn: a SideNet trained on
 # a 16 x 16 list answered chat questions with its names, and one trained on a 48 x 48 list (half its names; the
 # other half made up) answered unseen-name questions with ' Cornelius', a name of that list, while its memory
-# attention sat on the right name (a check of its memory attention, 2026-11-23). So a training name is two words,
+# attention sat on the right name (``python -m training.probe --answers``). So a training name is two words,
 # each made up from syllables (``_made_up``) or, half the time when the tokenizer has them, one of its thousands of
 # capitalized whole-word tokens (``name_words``): copying from memory is the only way to predict it.
 POOLS = ("train", "eval")
