@@ -56,14 +56,14 @@ NAME_FACTS = [
 # capitalized whole-word tokens (``name_words``): copying from memory is the only way to predict it.
 POOLS = ("train", "eval")
 EVAL_NAMES = (  # the evaluation pool: (first names, last names); "train" names are generated, see ``_value``
-        ["Agatha", "Benedict", "Cordelia", "Dominic", "Evangeline", "Frederick", "Georgiana", "Hugo", "Imogen",
-         "Julian", "Lavinia", "Mortimer", "Neville", "Ophelia", "Peregrine", "Rupert", "Seraphina", "Thaddeus",
-         "Ursula", "Vivian", "Wendell", "Araminta", "Bertram", "Celestine", "Drusilla", "Edmund", "Felicity", "Gideon",
-         "Honoria", "Ignatius", "Juliana", "Lysander"],
-        ["Aldridge", "Brightwater", "Calloway", "Dervish", "Everhart", "Fontaine", "Goldsworthy", "Halloran",
-         "Ishikawa", "Jarrow", "Kincaid", "Loxley", "Marchetti", "Nightingale", "Ostrowski", "Pemberton", "Radcliffe",
-         "Silvermane", "Tanaka", "Umberfield", "Vanderberg", "Winterbourne", "Abberley", "Blakemore", "Crawshaw",
-         "Dellacourt", "Elphinstone", "Featherstone", "Gwynedd", "Hawthorne", "Ingleby", "Jessop"])
+    ["Agatha", "Benedict", "Cordelia", "Dominic", "Evangeline", "Frederick", "Georgiana", "Hugo", "Imogen",
+     "Julian", "Lavinia", "Mortimer", "Neville", "Ophelia", "Peregrine", "Rupert", "Seraphina", "Thaddeus",
+     "Ursula", "Vivian", "Wendell", "Araminta", "Bertram", "Celestine", "Drusilla", "Edmund", "Felicity", "Gideon",
+     "Honoria", "Ignatius", "Juliana", "Lysander"],
+    ["Aldridge", "Brightwater", "Calloway", "Dervish", "Everhart", "Fontaine", "Goldsworthy", "Halloran",
+     "Ishikawa", "Jarrow", "Kincaid", "Loxley", "Marchetti", "Nightingale", "Ostrowski", "Pemberton", "Radcliffe",
+     "Silvermane", "Tanaka", "Umberfield", "Vanderberg", "Winterbourne", "Abberley", "Blakemore", "Crawshaw",
+     "Dellacourt", "Elphinstone", "Featherstone", "Gwynedd", "Hawthorne", "Ingleby", "Jessop"])
 SENTENCE_ENDS = (".", "!", "?")  # not closing quotes: speech often goes on ('..." he said')
 QUESTION = "\n\nQuestion: {} Answer: {}"  # the question, then the fact sentence up to its value
 
