@@ -94,11 +94,29 @@ def test_answer_tokens_weigh_more_in_the_objective(tmp_path):
     extra = 9.0 * nll[answers[:, 1:]].sum() / nll.numel()
     assert objectives[10.0].item() == pytest.approx((objectives[1.0] + extra).item(), rel=1e-5)
     docs = documents()
-    docs[0].answers = np.arange(len(docs[0].ids)) % 4 == 0
+    for d in docs:  # docs 1-3 hold digit characters (numbers' answer tokens), every doc other characters
+        d.answers = np.arange(len(d.ids)) % 2 == 0
     hist = Trainer(config(tmp_path, steps=3, answer_weight=5.0), docs, model=m).fit(progress=False)
     marked = [h for h in hist if "answer_nll" in h]
     assert marked and all(h["answer_tokens"] > 0 and h["answer_nll"] > 0 for h in marked)
+    for h in marked:  # split by kind (digits and blanks: numbers), the parts make up the whole
+        parts = [(h[f"answer_nll_{k}"], h[f"answer_tokens_{k}"]) for k in ("numbers", "names")
+                 if f"answer_nll_{k}" in h]
+        assert sum(n for _, n in parts) == h["answer_tokens"]
+        assert sum(x * n for x, n in parts) / h["answer_tokens"] == pytest.approx(h["answer_nll"], rel=1e-5)
+    assert any("answer_nll_numbers" in h and "answer_nll_names" in h for h in marked)
     assert (tmp_path / "run" / "loss.png").stat().st_size > 0  # with the answers' panel
+
+
+def test_number_tokens_are_digits_and_blanks():
+    from tiny import char_tokenizer
+
+    from training.train import number_tokens
+
+    tok = char_tokenizer()
+    numbers = number_tokens(tok)
+    assert numbers.shape == (len(tok),)
+    assert sorted(tok.decode([i]) for i in numbers.nonzero().flatten().tolist()) == sorted("0123456789 \n")
 
 
 def test_scales_get_their_own_learning_rate(tmp_path):

@@ -15,11 +15,19 @@ def read_metrics(path: Path) -> list[dict]:
     return rows
 
 
+def _weighted_average(rows: list[dict], kind: str, smooth: int) -> tuple[list[int], list[float]]:
+    """(steps, NLL) of the answers (``answer_nll<kind>``), averaged over the last ``smooth`` rows by token count."""
+    nll = [r[f"answer_nll{kind}"] * r[f"answer_tokens{kind}"] for r in rows]
+    count = [r[f"answer_tokens{kind}"] for r in rows]
+    window = [slice(max(0, i - smooth + 1), i + 1) for i in range(len(rows))]
+    return [r["step"] for r in rows], [sum(nll[w]) / sum(count[w]) for w in window]
+
+
 def plot_metrics(metrics: Path, out: Path, smooth: int = 20) -> Path | None:
     """Plot the training loss (raw and a moving average); when the run has recall answers (``answer_nll``), their NLL
-    (a token-weighted moving average); and, when evaluated, held-out perplexity of LongMem (with and without memory)
-    relative to the backbone with the same local window. Returns the PNG path, or None when there is nothing to
-    plot."""
+    (token-weighted moving averages: all answers, and names and numbers apart when the metrics split them); and,
+    when evaluated, held-out perplexity of LongMem (with and without memory) relative to the backbone with the same
+    local window. Returns the PNG path, or None when there is nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,12 +53,12 @@ def plot_metrics(metrics: Path, out: Path, smooth: int = 20) -> Path | None:
     ax.grid(alpha=0.3)
     if answered:
         ax = next(panels)
-        nll = [r["answer_nll"] * r["answer_tokens"] for r in answered]
-        count = [r["answer_tokens"] for r in answered]
-        window = [slice(max(0, i - smooth + 1), i + 1) for i in range(len(answered))]
         ax.plot([r["step"] for r in answered], [r["answer_nll"] for r in answered], alpha=0.3, label="per step")
-        ax.plot([r["step"] for r in answered], [sum(nll[w]) / sum(count[w]) for w in window],
-                label=f"moving average ({smooth} steps with answers)")
+        ax.plot(*_weighted_average(answered, "", smooth), label=f"moving average ({smooth} steps with answers)")
+        for kind in ("_names", "_numbers"):  # the trainer splits them when the backbone has a tokenizer
+            some = [r for r in answered if r.get(f"answer_tokens{kind}")]
+            if some:
+                ax.plot(*_weighted_average(some, kind, smooth), linestyle="--", label=f"{kind[1:]}, moving average")
         ax.set_xlabel("step")
         ax.set_ylabel("recall answers' NLL (nats/token)")
         ax.legend()

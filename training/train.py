@@ -110,6 +110,14 @@ class SegmentLoss(nn.Module):
         return (nll * weight).sum() / nll.numel(), nll.detach()
 
 
+def number_tokens(tokenizer) -> torch.Tensor:
+    """(V,) bool: the tokens a recall number's answer is made of, those that read as digits or as nothing once
+    stripped (SmolLM2 writes " 4817" as " ", "4", "8", "1", "7"); a name's tokens are neither. The metrics use it to
+    tell the answer NLL of numbers from that of names."""
+    pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return torch.tensor([p.strip().isdigit() or not p.strip() for p in pieces], dtype=torch.bool)
+
+
 def learning_rate(cfg: TrainConfig, step: int) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
@@ -239,6 +247,8 @@ class Trainer:
             self.loss_module = nn.parallel.DistributedDataParallel(
                 self.loss_module, device_ids=[torch.device(self.device).index] if on_gpu else None)
         self.amp = autocast_dtype(cfg, self.model.backbone.device)
+        tokenizer = self.model.backbone.tokenizer
+        self.number_tokens = number_tokens(tokenizer) if tokenizer is not None else None  # (V,) bool, for metrics
         if not defer_data:
             self.set_data(documents, held_out)
 
@@ -304,6 +314,12 @@ class Trainer:
         answers = batch.answers[:, 1:].to(nll.device)
         if answers.any():  # this process's recall answers: the tokens memory must supply
             row["answer_nll"], row["answer_tokens"] = nll[answers].mean().item(), int(answers.sum())
+            if self.number_tokens is not None:  # split by kind (``number_tokens``)
+                number = self.number_tokens.to(nll.device)[batch.ids[:, 1:].to(nll.device)]  # (B, T-1)
+                for kind, mask in (("numbers", answers & number), ("names", answers & ~number)):
+                    if mask.any():
+                        row[f"answer_nll_{kind}"] = nll[mask].mean().item()
+                        row[f"answer_tokens_{kind}"] = int(mask.sum())
         return row
 
     @torch.no_grad()
