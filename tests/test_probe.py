@@ -89,7 +89,8 @@ def test_readout_heads_read_memory_and_no_heads_is_the_backbone():
 
 @pytest.mark.parametrize("argv, message", [(["--copy-heads", "--readout", "18", "--heads", "6"], "separate probes"),
                                            (["--readout", "18"], "needs --heads"),
-                                           (["--answers"], "give --checkpoint DIR or --untrained")])
+                                           (["--answers"], "give --checkpoint DIR or --untrained"),
+                                           (["--values", "1", "--copy-heads"], "separate probes")])
 def test_probe_refuses_options_that_do_not_go_together(argv, message, capsys):
     with pytest.raises(SystemExit):
         main(argv)
@@ -127,3 +128,35 @@ def test_answer_probe_attention_is_the_memory_layers_softmax_over_memory():
     assert result["tokens"] == sum(len(it["tokens"]) for it in result["items"])
     assert 0 <= result["attended_but_wrong"] <= result["attended"] <= result["tokens"]
     assert answers_markdown(result).count("\n") == len(items) + 3
+
+
+def test_linear_readout_names_unseen_tokens_only_when_the_features_carry_them():
+    from training.probe import fit_readout, readout_accuracy
+
+    g = torch.Generator().manual_seed(0)
+    vocab, width = 97, 24
+    unembed = 3 * torch.nn.functional.normalize(torch.randn(vocab, width, generator=g), dim=1)  # each row its own best
+    y = torch.randint(vocab, (3000,), generator=g)
+    fit_type = torch.arange(vocab) % 3 != 0  # a third of the token types are never fit on
+    fit, unseen = fit_type[y], ~fit_type[y]
+    carried = unembed[y] @ torch.randn(width, width, generator=g)  # identity in a rotated, mixed basis
+    noise = torch.randn(len(y), width, generator=g)  # nothing about the token
+    for x, lo, hi in ((carried, 0.9, 1.0), (noise, 0.0, 0.1)):
+        x = (x - x[fit].mean(0)) / x[fit].std(0)
+        w = fit_readout(x[fit], y[fit], unembed, steps=300, batch=256, lr=1e-2)
+        acc = readout_accuracy(w, x[unseen], y[unseen], unembed)
+        assert acc["tokens"] == int(unseen.sum()) and lo <= acc["top1"] <= hi, acc
+
+
+def test_value_probe_reads_every_kv_head_of_the_layer():
+    from training.probe import value_readout, values_markdown
+
+    backbone = tiny_llama()
+    ids = torch.as_tensor([[backbone.tokenizer.convert_tokens_to_ids(c) for c in TEXT[i:i + 32]] for i in (0, 40)])
+    result = value_readout(backbone, ids, layer=1, steps=20, log=lambda m: None)
+    assert [r["values"] for r in result["rows"]] == ["KV head 0", "KV head 1", "all KV heads"]
+    assert [r["dims"] for r in result["rows"]] == [8, 8, 16]
+    for r in result["rows"]:
+        assert r["fit"]["tokens"] + r["unseen"]["tokens"] == ids.numel() - 2  # every token but the segments' first
+        assert all(0.0 <= r[k][t] <= 1.0 for k in ("fit", "unseen", "unseen_words") for t in ("top1", "top5"))
+    assert values_markdown(result).count("\n") == 4

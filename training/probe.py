@@ -6,6 +6,7 @@
     python -m training.probe --copy-heads               # which heads copy a fact that lies inside the window
     python -m training.probe --readout 18 --heads 6,7   # those heads reading memory, untrained: recall and NLL
     python -m training.probe --checkpoint CKPT --answers  # token by token: what memory attends to, what is said
+    python -m training.probe --values 18                # can a linear read-out tell a token from its layer-18 values?
 
 Recall items (``training.recall``) are built in held-out book text; everything before the question's local window
 goes into memory segment by segment, each encoded from position 0, exactly as evaluation does. The query is that of
@@ -29,6 +30,12 @@ whose other heads keep their local attention.
 ``--answers`` (with a checkpoint) follows every answer token: the model's greedy prediction and NLL, and for each
 query head the share of its memory attention on the fact's copy of that token. It tells a miss in retrieval (no
 head attends to the token) from a miss in read-out (a head attends to it, yet another token is predicted).
+
+``--values LAYER`` asks whether a read-out can be learnt at all: a linear map from the values one KV head of backbone
+layer LAYER stores for a token (and from all its KV heads together) through the frozen LM head's rows, fit by
+cross-entropy to name the token the value sits on, on held-out book text. Token types are split in two: the map is
+fit on the occurrences of one part and tested on those of the other, so its test accuracy is how well it names a
+token it never saw, as a recalled name must be.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from longmem.backbone import cache_root, load_backbone
 from longmem.memory import MAX_SINKS, MemoryView
@@ -283,6 +292,72 @@ def markdown(rows: list[dict], top: int) -> str:
     return "\n".join(lines)
 
 
+def fit_readout(x: torch.Tensor, y: torch.Tensor, unembed: torch.Tensor, steps: int = 400, batch: int = 512,
+                lr: float = 3e-3, seed: int = 0) -> nn.Linear:
+    """A linear read-out ``logits = unembed @ W(x)`` from features x (N, d) to token ids y (N,), fit by Adam on
+    cross-entropy over the whole vocabulary (``unembed``: (V, E), the frozen LM head's rows). x is standardised."""
+    g = torch.Generator().manual_seed(seed)
+    w = nn.Linear(x.shape[1], unembed.shape[1])
+    with torch.no_grad():  # a reproducible start
+        w.weight.copy_(torch.randn(w.weight.shape, generator=g) / math.sqrt(x.shape[1]))
+        w.bias.zero_()
+    opt = torch.optim.Adam(w.parameters(), lr=lr)
+    for _ in range(steps):
+        b = torch.randint(len(x), (min(batch, len(x)),), generator=g)
+        loss = F.cross_entropy(w(x[b]) @ unembed.T, y[b])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return w
+
+
+def readout_accuracy(w: nn.Linear, x: torch.Tensor, y: torch.Tensor, unembed: torch.Tensor) -> dict:
+    """Top-1 and top-5 accuracy of ``fit_readout``'s map naming the tokens y (N,) from x (N, d)."""
+    with torch.no_grad():
+        top = torch.cat([(w(xb) @ unembed.T).topk(5, dim=1).indices for xb in x.split(1024)])
+    return {"tokens": len(y), "top1": float((top[:, 0] == y).float().mean()) if len(y) else 0.0,
+            "top5": float((top == y[:, None]).any(1).float().mean()) if len(y) else 0.0}
+
+
+def value_readout(backbone, ids: torch.Tensor, layer: int, steps: int = 400, seed: int = 0, log=print) -> dict:
+    """How well a linear read-out names a token from the values backbone ``layer`` stores for it (``--values``):
+    per KV head and all heads together, on token types it was fit on and on types it never saw (all of them, and
+    the capitalized whole words a name is made of). ids: (S, L) segments of text, each encoded from position 0."""
+    feats = []
+    with torch.no_grad():
+        for row in ids:  # (L,)
+            out = backbone(row[None].to(backbone.device), n_layers=layer + 1, keep={layer})
+            feats.append(backbone.layer_kv(layer, out.hidden[layer])[1][0].float().transpose(0, 1).cpu())  # (L, Hkv, d)
+    v, y = torch.cat(feats), ids.flatten()  # (N, Hkv, d), (N,)
+    first = (torch.arange(len(y)) % ids.shape[1]) == 0  # a segment's first token: an attention sink, not a token
+    pieces = backbone.tokenizer.convert_ids_to_tokens(list(range(len(backbone.tokenizer))))
+    word = torch.tensor([p[:1] in ("\u0120", "\u2581") and len(p) > 3 and p[1:].isalpha() and p[1].isupper()
+                         for p in pieces] + [False] * (backbone.spec.vocab_size - len(pieces)))
+    fit_type = torch.rand(backbone.spec.vocab_size, generator=torch.Generator().manual_seed(seed)) < 0.7
+    fit, unseen = ~first & fit_type[y], ~first & ~fit_type[y]
+    unembed = backbone.model.get_output_embeddings().weight.detach().float().cpu()  # (V, E)
+    rows = []
+    for name, x in [*[(f"KV head {h}", v[:, h]) for h in range(v.shape[1])], ("all KV heads", v.flatten(1))]:
+        x = (x - x[fit].mean(0)) / (x[fit].std(0) + 1e-6)
+        w = fit_readout(x[fit], y[fit], unembed, steps=steps, seed=seed)
+        rows.append({"values": name, "dims": x.shape[1], "fit": readout_accuracy(w, x[fit], y[fit], unembed),
+                     "unseen": readout_accuracy(w, x[unseen], y[unseen], unembed),
+                     "unseen_words": readout_accuracy(w, x[unseen & word[y]], y[unseen & word[y]], unembed)})
+        log(f"layer {layer}, {name}: unseen top-1 {rows[-1]['unseen']['top1']:.3f}")
+    return {"layer": layer, "rows": rows}
+
+
+def values_markdown(result: dict) -> str:
+    r0 = result["rows"][0]
+    lines = [f"| layer {result['layer']} values | dims | top-1 / top-5, types fit on ({r0['fit']['tokens']} tokens) | "
+             f"unseen types ({r0['unseen']['tokens']}) | unseen capitalized words ({r0['unseen_words']['tokens']}) |",
+             "|---|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        acc = [f"{r[k]['top1']:.3f} / {r[k]['top5']:.3f}" for k in ("fit", "unseen", "unseen_words")]
+        lines.append(f"| {r['values']} | {r['dims']} | " + " | ".join(acc) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m training.probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", default=None, help="probe this SideNet checkpoint's memory layer")
@@ -297,6 +372,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--heads", default="", help="with --readout: comma-separated query heads that read memory")
     p.add_argument("--answers", action="store_true",
                    help="with --checkpoint/--untrained: each answer token's prediction, NLL and memory attention")
+    p.add_argument("--values", type=int, default=None, metavar="LAYER",
+                   help="how well a linear read-out names a token from backbone layer LAYER's values")
+    p.add_argument("--segments", type=int, default=48, help="with --values: segments of held-out text to read")
     p.add_argument("--data", default=str(DEFAULT_DATA), help="shared data directory (books/, MANIFEST.md)")
     p.add_argument("--books", type=int, default=2, help="held-out books the recall items are drawn from")
     p.add_argument("--items", type=int, default=8, help="recall items")
@@ -309,8 +387,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
-    if args.copy_heads and args.readout is not None:
-        p.error("--copy-heads and --readout are separate probes: give one")
+    if sum([args.copy_heads, args.readout is not None, args.answers, args.values is not None]) > 1:
+        p.error("--copy-heads, --readout, --answers and --values are separate probes: give one")
     if args.readout is not None and not args.heads.strip():
         p.error("--readout needs --heads (the query heads that read memory, e.g. --heads 6,7)")
     if args.answers and not (args.checkpoint or args.untrained):
@@ -329,6 +407,15 @@ def main(argv: list[str] | None = None) -> dict:
     segment_len = model.segment_len if model is not None else args.segment_len
     _, test_files = book_split(Path(args.data))
     books = tokenize_files(test_files[: args.books], backbone.tokenizer, cache_root() / "tokens")
+    if args.values is not None:
+        if not 0 <= args.values < backbone.spec.n_layers:
+            p.error(f"--values {args.values}: the backbone has layers 0-{backbone.spec.n_layers - 1}")
+        text = np.concatenate([d.ids[: len(d.ids) // segment_len * segment_len] for d in books])
+        if len(text) < args.segments * segment_len:
+            p.error(f"the {args.books} held-out books hold {len(text) // segment_len} segments, not {args.segments}")
+        ids = torch.as_tensor(text[: args.segments * segment_len], dtype=torch.long).view(args.segments, segment_len)
+        result = {**value_readout(backbone, ids, args.values, log=log), "args": vars(args)}
+        return _report(result, values_markdown(result), args.out)
     if args.copy_heads:
         items = recall_documents(backbone.tokenizer, [d.ids for d in books], args.items, segment_len // 2,
                                  segment_len, seed=args.seed)
