@@ -13,8 +13,9 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from training.data import Batchfier, Document, book_split, tokenize_files
-from training.recall import (EVAL_NAMES, make_multi_recall_document, make_recall_item, multi_recall_documents,
-                             name_words, recall_as_documents, recall_documents)
+from training.recall import (EVAL_NAMES, make_multi_recall_document, make_quote_document, make_recall_item,
+                             multi_recall_documents, name_words, quote_documents, recall_as_documents,
+                             recall_documents)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith slipped quickly "
@@ -366,3 +367,28 @@ def test_multi_recall_document_states_every_fact_long_before_its_question():
         make_multi_recall_document(tok, filler, np.random.default_rng(0), n_facts=4, distance=1000, total=1100)
     with pytest.raises(ValueError, match="n_facts"):
         make_multi_recall_document(tok, filler, np.random.default_rng(0), n_facts=0, distance=10, total=1100)
+
+
+def test_quote_document_quotes_passages_of_its_own_text_long_after_them():
+    # every filler token unique, so a token seen before in the document is a quoted copy
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(
+        {f"t{i}": i for i in range(4000)}, unk_token="t0")))
+    filler = np.arange(4000, dtype=np.int32)
+    ids = make_quote_document(tok, filler, np.random.default_rng(1), n_quotes=5, quote_len=16, distance=300,
+                              total=1024)
+    assert len(ids) == 1024 and ids.dtype == np.int32
+    first, repeats = {}, []
+    for i, t in enumerate(ids.tolist()):
+        if t in first:
+            repeats.append(i - first[t])
+        else:
+            first[t] = i
+    assert len(repeats) == 5 * 16  # the quotes, and nothing else, repeat
+    assert min(repeats) >= 300 + 16  # each quoted token comes a passage and `distance` after its first occurrence
+    assert (np.diff(list(first)) == 1).all()  # without the quotes, the document is one window of the filler, in order
+    docs = quote_documents(tok, [filler], n=2, n_quotes=5, quote_len=16, distance=300, total=1024, seed=0)
+    assert [d.name for d in docs] == ["quote-0", "quote-1"] and all(len(d.ids) == 1024 for d in docs)
+    assert all(d.answers is None for d in docs)  # plain text to the loss
+    with pytest.raises(ValueError, match="cannot hold"):
+        make_quote_document(tok, filler, np.random.default_rng(0), n_quotes=5, quote_len=16, distance=1000,
+                            total=1024)

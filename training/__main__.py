@@ -69,6 +69,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--recall-facts", type=int, default=1,
                    help="facts per recall document, each asked about at least --recall-distance tokens later, "
                         "the questions spread over the document (1 = one fact, asked about at its end)")
+    p.add_argument("--quote-docs", type=int, default=0,
+                   help="synthetic quote documents mixed into training: book text whose passages are quoted again "
+                        "--quote-distance tokens later, to be copied from memory (plain text to the loss)")
+    p.add_argument("--quotes", type=int, default=8, help="passages quoted per quote document")
+    p.add_argument("--quote-len", type=int, default=64, help="tokens per quoted passage")
+    p.add_argument("--quote-distance", type=int, default=1024,
+                   help="tokens between a passage and its quote (>= the segment length puts it in memory)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     return p.parse_args(argv)
 
@@ -77,7 +84,7 @@ def build_data(args, tokenizer, segment_len: int):
     from longmem.backbone import cache_root
 
     from .data import book_split, tokenize_files
-    from .recall import multi_recall_documents, recall_as_documents, recall_documents
+    from .recall import multi_recall_documents, quote_documents, recall_as_documents, recall_documents
 
     train_files, test_files = book_split(Path(args.data))
     if args.max_books:
@@ -96,6 +103,10 @@ def build_data(args, tokenizer, segment_len: int):
         items = recall_documents(tokenizer, fillers, args.recall_docs, args.recall_distance, total, seed=args.seed,
                                  names="train")
         train += recall_as_documents(items)
+    if args.quote_docs:
+        total = -(-(2 * args.quote_distance + args.quotes * args.quote_len) // segment_len) * segment_len
+        train += quote_documents(tokenizer, fillers, args.quote_docs, args.quotes, args.quote_len,
+                                 args.quote_distance, total, seed=args.seed + 1)
     return train, held_out
 
 
