@@ -104,7 +104,8 @@ def build_data(args, tokenizer, segment_len: int):
                                  names="train")
         train += recall_as_documents(items)
     if args.quote_docs:
-        total = -(-(2 * args.quote_distance + args.quotes * args.quote_len) // segment_len) * segment_len
+        room = 2 * args.quote_distance + args.quotes * args.quote_len  # passages, their distance, their quotes
+        total = -(-room // segment_len) * segment_len  # whole segments
         train += quote_documents(tokenizer, fillers, args.quote_docs, args.quotes, args.quote_len,
                                  args.quote_distance, total, seed=args.seed + 1)
     return train, held_out
