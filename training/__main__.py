@@ -80,6 +80,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def whole_segments(tokens: int, segment_len: int) -> int:
+    """``tokens`` rounded up to whole segments: the batchfier drops a document's last partial segment."""
+    return -(-tokens // segment_len) * segment_len
+
+
 def build_data(args, tokenizer, segment_len: int):
     from longmem.backbone import cache_root
 
@@ -95,19 +100,18 @@ def build_data(args, tokenizer, segment_len: int):
     fillers = [d.ids for d in train]
     if args.recall_docs and args.recall_facts > 1:
         extra = 48 * args.recall_facts  # room for the facts, questions and answers, in tokens
-        total = -(-(2 * args.recall_distance + extra) // segment_len) * segment_len  # whole segments
+        total = whole_segments(2 * args.recall_distance + extra, segment_len)
         train += multi_recall_documents(tokenizer, fillers, args.recall_docs, args.recall_facts, args.recall_distance,
                                         total, seed=args.seed)
     elif args.recall_docs:
-        total = -(-(args.recall_distance + 256) // segment_len) * segment_len  # whole segments
+        total = whole_segments(args.recall_distance + 256, segment_len)
         items = recall_documents(tokenizer, fillers, args.recall_docs, args.recall_distance, total, seed=args.seed,
                                  names="train")
         train += recall_as_documents(items)
     if args.quote_docs:
         room = 2 * args.quote_distance + args.quotes * args.quote_len  # passages, their distance, their quotes
-        total = -(-room // segment_len) * segment_len  # whole segments
         train += quote_documents(tokenizer, fillers, args.quote_docs, args.quotes, args.quote_len,
-                                 args.quote_distance, total, seed=args.seed + 1)
+                                 args.quote_distance, whole_segments(room, segment_len), seed=args.seed + 1)
     return train, held_out
 
 
