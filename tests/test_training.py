@@ -233,6 +233,21 @@ def test_ship_writes_a_small_checkpoint_with_a_model_card(tmp_path):
     assert all(torch.equal(loaded[k], v.bfloat16().float()) for k, v in m.trainable_state().items())
 
 
+def test_ship_names_the_synthetic_documents_a_run_trained_on(tmp_path):
+    from training.ship import ship
+
+    docs = documents()
+    docs[1].name, docs[2].name, docs[3].name = "recall-0", "quote-0", "quote-1"
+    Trainer(config(tmp_path, steps=2, train_scope="compact"), docs, model=model("compact")).fit(progress=False)
+    card = (ship(tmp_path / "run", None, name="tiny", dest_root=tmp_path / "shipped") / "MODEL_CARD.md").read_text()
+    assert "4 documents (1 recall, 2 quote)" in card and "quote documents (book passages" in card, card
+    plain = documents()  # a run without quote documents says nothing of them
+    Trainer(config(tmp_path, out=str(tmp_path / "plain"), steps=2, train_scope="compact"), plain,
+            model=model("compact")).fit(progress=False)
+    card = (ship(tmp_path / "plain", None, name="p", dest_root=tmp_path / "shipped") / "MODEL_CARD.md").read_text()
+    assert "4 documents (0 recall)" in card and "quote" not in card
+
+
 def test_ship_counts_the_runs_a_checkpoint_continues(tmp_path):
     import shutil
 

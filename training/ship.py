@@ -61,6 +61,9 @@ def training_facts(run: Path, parents: list[Path] = ()) -> dict:
 
 def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str) -> str:
     c, d, t, lineage = facts["config"], facts["data"], facts["totals"], facts["lineage"]
+    has_quotes = bool(d.get("quote_documents"))  # runs before quote documents existed did not count them
+    quotes = " and quote documents (book passages quoted again a segment or more later)" if has_quotes else ""
+    n_quotes = f", {d['quote_documents']:,} quote" if has_quotes else ""
     runs = "; ".join(f"`{r['run']}` ({r['steps']:,} steps, {r['tokens_seen']:,} tokens, {r['train_hours']:.1f} h)"
                      for r in lineage)
     lines = [f"# LongMem SideNet for SmolLM2-135M-Instruct ({name})", "",
@@ -70,8 +73,8 @@ def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str) -
              "## Training", "",
              f"- data{' (of the last run)' if len(lineage) > 1 else ''}: books of the `train` split of "
              f"`shared/data/books` (Project Gutenberg, 2020-2022; the 8 `test` "
-             f"books are held out) and synthetic long-range recall documents: {d.get('documents', '?')} documents "
-             f"({d.get('recall_documents', '?')} recall), {d.get('tokens', 0):,} tokens",
+             f"books are held out) and synthetic long-range recall documents{quotes}: {d.get('documents', '?')} "
+             f"documents ({d.get('recall_documents', '?')} recall{n_quotes}), {d.get('tokens', 0):,} tokens",
              f"- scope: `{c['train_scope']}` (LoRA rank {c['lora_rank']}), {c['batch_size']} rows x "
              f"{c['segment_len']} tokens per step, memory {c['memory_tokens']:,} tokens per row",
              f"- optimizer: AdamW (0.9, 0.98), eps 1e-6, weight decay {c['weight_decay']}, lr {c['lr']} "

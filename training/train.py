@@ -357,6 +357,8 @@ class Trainer:
                                          "world_size": self.world, "documents": len(self.data.documents),
                                          "recall_documents": sum(d.name.startswith("recall-")
                                                                  for d in self.data.documents),
+                                         "quote_documents": sum(d.name.startswith("quote-")
+                                                                for d in self.data.documents),
                                          "tokens": int(sum(len(d.ids) for d in self.data.documents))}})
 
     def fit(self, progress: bool = True, until: int | None = None) -> list[dict]:
