@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 
 from training.data import Batchfier, Document, book_split, tokenize_files
 from training.recall import (EVAL_NAMES, make_multi_recall_document, make_quote_document, make_recall_item,
-                             multi_recall_documents, name_words, quote_documents, recall_as_documents,
+                             multi_recall_documents, name_word, name_words, quote_documents, recall_as_documents,
                              recall_documents)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -337,6 +337,8 @@ def test_name_words_are_capitalized_whole_word_tokens_and_never_evaluation_names
     # Edmund: an evaluation name; and: lower case; Ab: short; Harbour: no leading space; McKay, Wolf2: not a plain word
     assert name_words(tok) == ["Lantern", "National", "Wolf"]
     assert name_words(char_tokenizer()) == []
+    # the word test alone (the probe's "capitalized words") keeps evaluation names: it is a spelling test
+    assert [name_word(p) for p in pieces] == ["", "Wolf", "National", "Edmund", "", "", "", "Lantern", "", ""]
 
 
 def test_multi_recall_document_states_every_fact_long_before_its_question():

@@ -56,7 +56,7 @@ from longmem.memory import MAX_SINKS, MemoryView
 from longmem.model import LongMemConfig, LongMemModel
 
 from .data import book_split, tokenize_files
-from .recall import RecallItem, recall_documents
+from .recall import RecallItem, name_word, recall_documents
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -322,7 +322,8 @@ def readout_accuracy(w: nn.Linear, x: torch.Tensor, y: torch.Tensor, unembed: to
 def value_readout(backbone, ids: torch.Tensor, layer: int, steps: int = 400, seed: int = 0, log=print) -> dict:
     """How well a linear read-out names a token from the values backbone ``layer`` stores for it (``--values``):
     per KV head and all heads together, on token types it was fit on and on types it never saw (all of them, and
-    the capitalized whole words a name is made of). ids: (S, L) segments of text, each encoded from position 0."""
+    the capitalized whole words a name is made of, ``name_word``). ids: (S, L) segments of text, each encoded from
+    position 0."""
     feats = []
     with torch.no_grad():
         for row in ids:  # (L,)
@@ -331,8 +332,7 @@ def value_readout(backbone, ids: torch.Tensor, layer: int, steps: int = 400, see
     v, y = torch.cat(feats), ids.flatten()  # (N, Hkv, d), (N,)
     first = (torch.arange(len(y)) % ids.shape[1]) == 0  # a segment's first token: an attention sink, not a token
     pieces = backbone.tokenizer.convert_ids_to_tokens(list(range(len(backbone.tokenizer))))
-    word = torch.tensor([p[:1] in ("\u0120", "\u2581") and len(p) > 3 and p[1:].isalpha() and p[1].isupper()
-                         for p in pieces] + [False] * (backbone.spec.vocab_size - len(pieces)))
+    word = torch.tensor([bool(name_word(p)) for p in pieces] + [False] * (backbone.spec.vocab_size - len(pieces)))
     fit_type = torch.rand(backbone.spec.vocab_size, generator=torch.Generator().manual_seed(seed)) < 0.7
     fit, unseen = ~first & fit_type[y], ~first & ~fit_type[y]
     unembed = backbone.model.get_output_embeddings().weight.detach().float().cpu()  # (V, E)

@@ -157,19 +157,22 @@ def _made_up(rng: np.random.Generator) -> str:
     return "".join(pick(ONSETS) + pick(VOWELS) + pick(CODAS) for _ in range(int(rng.integers(2, 4)))).capitalize()
 
 
+def name_word(piece: str) -> str:
+    """The word a vocabulary piece spells if it is a capitalized whole word with a leading space (" Wolf",
+    " National": at least 4 letters, the rest lower-case), the stuff names are made of; else ""."""
+    word = piece[1:] if piece[:1] in ("\u0120", "\u2581") else ""  # byte-level BPE / SentencePiece space marks
+    ok = len(word) >= 4 and word[0].isupper() and word[1:].isalpha() and word[1:].islower()
+    return word if ok else ""
+
+
 def name_words(tokenizer, taboo: tuple[list[str], ...] = EVAL_NAMES) -> list[str]:
-    """Capitalized whole words that are single tokens of ``tokenizer`` with a leading space (" Wolf",
-    " National"...), at least 4 letters, none a name of the ``taboo`` lists nor the first token of one: training
-    name parts that no model can learn as a prior (thousands of them for a BPE vocabulary; none for a character
-    tokenizer)."""
+    """The ``name_word`` tokens of ``tokenizer``, none a name of the ``taboo`` lists nor the first token of one:
+    training name parts that no model can learn as a prior (thousands of them for a BPE vocabulary; none for a
+    character tokenizer)."""
     banned = {w for names in taboo for w in names}
     banned |= {tokenizer.decode(_encode(tokenizer, " " + w)[:1]).strip() for w in banned}
-    words = []
-    for piece in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))):
-        word = piece[1:] if piece[:1] in ("\u0120", "\u2581") else ""  # byte-level BPE / SentencePiece space marks
-        if len(word) >= 4 and word[0].isupper() and word[1:].isalpha() and word[1:].islower() and word not in banned:
-            words.append(word)
-    return sorted(set(words))
+    words = {name_word(p) for p in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))}
+    return sorted(words - banned - {""})
 
 
 def _value(rng: np.random.Generator, kind: str, names: str, words: list[str] = ()) -> str:
