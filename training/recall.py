@@ -255,8 +255,9 @@ def make_quote_document(tokenizer, filler: np.ndarray, rng: np.random.Generator,
     the text itself, ``quote_len`` tokens each, are quoted again at a sentence end at least ``distance`` tokens after
     they end. With ``distance`` >= the segment length a quote's first occurrence is in memory when it is quoted, so
     all but its first few tokens can be copied from there: tokens of every kind the books have, where a recall fact
-    has a name's few tokens. ``python -m training.probe --values`` found the read-out from memory names 92% of the
-    token types it was fit on and 28-46% of the others; these documents fit it on the vocabulary of the books."""
+    has a name's few tokens. ``python -m training.probe --values`` found a read-out from memory names the token types
+    it was fit on far better than others (``training/runs/probe/README.md``); these documents fit it on the books'
+    vocabulary."""
     n_filler = total - n_quotes * quote_len
     most = n_filler - distance - quote_len  # a quoted passage starts at most here and still ends `distance` early
     if n_quotes < 1 or quote_len < 1 or most < 0:
@@ -272,15 +273,21 @@ def make_quote_document(tokenizer, filler: np.ndarray, rng: np.random.Generator,
     return _splice(window, events)[0]
 
 
+def _long_enough(filler_docs: list[np.ndarray], need: int, what: str) -> list[np.ndarray]:
+    """The filler documents with at least ``need`` tokens; ValueError naming ``what`` needs them if there is none."""
+    usable = [d for d in filler_docs if len(d) >= need]
+    if not usable:
+        raise ValueError(f"no filler document has the {need} tokens {what} needs "
+                         f"(longest: {max((len(d) for d in filler_docs), default=0)})")
+    return usable
+
+
 def quote_documents(tokenizer, filler_docs: list[np.ndarray], n: int, n_quotes: int, quote_len: int, distance: int,
                     total: int, seed: int, prefix: str = "quote") -> list[Document]:
     """``n`` quote documents (``make_quote_document``) named "<prefix>-<i>", reproducible from ``seed``, from random
     filler documents long enough. Their quotes are not marked as answers: they are plain text to the loss."""
     rng = np.random.default_rng(seed)
-    need = total - n_quotes * quote_len
-    usable = [d for d in filler_docs if len(d) >= need]
-    if not usable:
-        raise ValueError(f"no filler document has the {need} tokens a quote document needs")
+    usable = _long_enough(filler_docs, total - n_quotes * quote_len, "a quote document")
     return [Document(f"{prefix}-{i}", make_quote_document(tokenizer, usable[rng.integers(len(usable))], rng, n_quotes,
                                                           quote_len, distance, total)) for i in range(n)]
 
@@ -290,9 +297,7 @@ def multi_recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, n_f
     """``n`` multi-fact training documents (``make_multi_recall_document``) named "<prefix>-<i>", reproducible from
     ``seed``, from random filler documents of at least ``total`` tokens."""
     rng = np.random.default_rng(seed)
-    usable = [d for d in filler_docs if len(d) >= total]
-    if not usable:
-        raise ValueError(f"no filler document has the {total} tokens a recall document needs")
+    usable = _long_enough(filler_docs, total, "a recall document")
     words = name_words(tokenizer) if names == "train" else []
     return [Document(f"{prefix}-{i}", *make_multi_recall_document(tokenizer, usable[rng.integers(len(usable))], rng,
                                                                   n_facts, distance, total, names, words))
@@ -316,10 +321,7 @@ def recall_documents(tokenizer, filler_docs: list[np.ndarray], n: int, distance:
     least ``total`` tokens), reproducible from ``seed``. For training, make ``total`` a multiple of the segment
     length: the batchfier drops a document's last partial segment, which would hold the question and answer."""
     rng = np.random.default_rng(seed)
-    usable = [d for d in filler_docs if len(d) >= total]
-    if not usable:
-        raise ValueError(f"no filler document has the {total} tokens a recall item needs "
-                         f"(longest: {max((len(d) for d in filler_docs), default=0)})")
+    usable = _long_enough(filler_docs, total, "a recall item")
     words = name_words(tokenizer) if names == "train" else []
     return [make_recall_item(tokenizer, usable[rng.integers(len(usable))], rng, distance, total, names=names,
                              words=words) for _ in range(n)]
