@@ -45,7 +45,8 @@ def settings_panel(ws: Workspace, max_tokens: int) -> list:
             temperature = gr.Slider(0.0, 1.5, value=0.7, step=0.05, label="Temperature (0 = greedy)")
             tokens = gr.Slider(8, 512, value=max_tokens, step=8, label="Max new tokens")
         with gr.Row():
-            chunks = gr.Slider(1, 64, value=model.config.topk // model.csz, step=1,
+            top = model.config.topk // model.csz  # the model's own: what it was evaluated with
+            chunks = gr.Slider(1, max(64, 4 * top), value=top, step=1,
                                label="Top-K memory chunks per token and head")
             sizes = [d for d in range(model.csz, 0, -1) if model.csz % d == 0]
             csz = gr.Dropdown(choices=sizes, value=model.csz, label="Chunk size (tokens; finer = more precise)")

@@ -56,7 +56,7 @@ class LongMemConfig:
     #                                  are exactly that layer's (see ``training.probe`` for why this matters)
     csz: int = 4  # tokens per memory chunk
     topk: int | None = None  # K: memory tokens each query token attends to (K/csz chunks per head); None = the
-    #                          loaded checkpoint's (what it was trained with), else DEFAULT_TOPK
+    #                          loaded checkpoint's (what it was trained or shipped with), else DEFAULT_TOPK
     capacity: int | None = 65536  # M: memory tokens per stream (FIFO beyond); None = unbounded
     max_sinks: int | None = MAX_SINKS  # segment-start (attention sink) chunks a query may retrieve; None = no limit
     segment_len: int = 1024  # local context window

@@ -196,3 +196,19 @@ def test_launch_flags():
             parse_auth(bad)
     defaults = build_parser().parse_args([])
     assert defaults.host == "127.0.0.1" and not defaults.no_browser  # local only, browser opened
+
+
+def test_settings_slider_holds_the_model_own_k(tmp_path):
+    """The chunks slider starts at the model's own K / csz, however large (the shipped default reads 256 chunks)."""
+    import gradio as gr
+
+    from app.chat_tab import settings_panel
+    from tiny import tiny_model
+
+    ws = Workspace(tiny_model("llama", csz=2, topk=1024), Store(tmp_path / "banks"), work_dir=tmp_path / "work")
+    try:
+        with gr.Blocks():
+            _, _, chunks, csz = settings_panel(ws, 200)
+        assert chunks.value == 512 and chunks.maximum >= 512 and csz.value == 2
+    finally:
+        ws.close()

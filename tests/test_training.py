@@ -177,17 +177,24 @@ def test_ddp_with_two_gloo_processes_matches_one_process(tmp_path):
     assert any(not torch.equal(ref[k], model().trainable_state()[k]) for k in ref)  # training changed something
 
 
-def test_evaluation_table_on_a_tiny_model():
+def recall_setup():
+    """A tiny llama with a 64-token window, 3 recall items 64+ character tokens back, and their filler text."""
     from tiny import char_tokenizer
 
-    from training.evaluate import evaluate, markdown
     from training.recall import recall_documents
 
     tok = char_tokenizer()
     text = "The boat drifted past the mill. Nobody in the village had ever seen the sea. " * 40
     filler = np.asarray(tok(text, add_special_tokens=False).input_ids, dtype=np.int32)
     items = recall_documents(tok, [filler], n=3, distance=64, total=320, seed=0)
-    m = tiny_model("llama", segment_len=64, capacity=None)
+    return tiny_model("llama", segment_len=64, capacity=None), items, tok, filler
+
+
+def test_evaluation_table_on_a_tiny_model():
+    from training.evaluate import evaluate, markdown
+    from training.recall import recall_documents
+
+    m, items, tok, filler = recall_setup()
     in_window = recall_documents(tok, [filler], n=2, distance=30, total=260, seed=0)  # char tokens: long
     result = evaluate(m, [Document("book", filler[:200])], items, long_context=128, log=lambda _: None,
                       in_window=in_window)
@@ -211,6 +218,27 @@ def test_evaluation_table_on_a_tiny_model():
     assert recall_only["recall"]["longmem"] == result["recall"]["longmem"]
     assert "perplexity:" not in markdown(recall_only, 128, 64) and "| LongMem (1k local + memory) |  |" in markdown(
         recall_only, 128, 64)
+
+
+def test_recall_sweep_at_the_model_own_setting_equals_the_evaluation():
+    from training.evaluate import evaluate, recall_sweep, sweep_markdown
+
+    m, items, _, _ = recall_setup()
+    with torch.no_grad():  # side layers that add their attention's output (rezero starts them at 0)
+        for layer in m.sidenet.layers:
+            layer.alpha_attn.fill_(1.0)
+    own = f"{m.csz}:{m.config.topk}"
+    sweep = recall_sweep(m, items, [(m.csz, m.config.topk), (1, m.config.topk), (m.csz, 4 * m.config.topk)],
+                         log=lambda _: None)
+    want = evaluate(m, [], items, long_context=128, log=lambda _: None)["recall"]["longmem"]
+    assert sweep[own]["recalled"] == want["recalled"]
+    assert sweep[own]["answer_nll"] == pytest.approx(want["answer_nll"], rel=1e-6)
+    finer = sweep[f"1:{m.config.topk}"]["answer_nll"]  # chunks of 1 retrieve other tokens: another answer NLL
+    assert finer != pytest.approx(want["answer_nll"], rel=1e-6)
+    assert set(sweep) == {own, f"1:{m.config.topk}", f"{m.csz}:{4 * m.config.topk}"}
+    assert f"| {m.csz} | {m.config.topk} | {m.config.topk // m.csz} | " in sweep_markdown(sweep)
+    with pytest.raises(ValueError, match="must divide"):
+        recall_sweep(m, items, [(3, 9)])
 
 
 def test_ship_writes_a_small_checkpoint_with_a_model_card(tmp_path):
@@ -246,6 +274,33 @@ def test_ship_names_the_synthetic_documents_a_run_trained_on(tmp_path):
             model=model("compact")).fit(progress=False)
     card = (ship(tmp_path / "plain", None, name="p", dest_root=tmp_path / "shipped") / "MODEL_CARD.md").read_text()
     assert "4 documents (0 recall)" in card and "quote" not in card
+
+
+def test_ship_sets_the_run_time_k_its_evaluation_used(tmp_path):
+    import json
+
+    from longmem.model import LongMemModel
+    from training.evaluate import evaluate
+    from training.ship import ship
+
+    m = model("compact")
+    Trainer(config(tmp_path, steps=2, train_scope="compact"), documents(), model=m).fit(progress=False)
+    trained = m.config.topk
+    wider = LongMemModel.load(tmp_path / "run" / "checkpoint", m.backbone, runtime={"topk": 2 * trained})
+    result = evaluate(wider, documents(1, 64), [], long_context=32, log=lambda _: None)
+    result["args"] = dict(books=1, tokens=64, recall=0, distance=32, seed=0, long_context=32, topk=2 * trained)
+    (tmp_path / "eval.json").write_text(json.dumps(result))
+    with pytest.raises(SystemExit, match=f"measured K = {2 * trained} .* would ship K = {trained}"):
+        ship(tmp_path / "run", tmp_path / "eval.json", name="a", dest_root=tmp_path / "shipped")
+    with pytest.raises(SystemExit, match="multiple of the chunk size"):
+        ship(tmp_path / "run", None, name="b", dest_root=tmp_path / "shipped", topk=2 * trained + 1)
+    out = ship(tmp_path / "run", tmp_path / "eval.json", name="c", dest_root=tmp_path / "shipped", topk=2 * trained)
+    assert LongMemModel.load(out, m.backbone).config.topk == 2 * trained
+    card = (out / "MODEL_CARD.md").read_text()
+    assert f"K = {2 * trained} tokens per query (trained with K = {trained};" in card, card
+    assert f"--seed 0 --topk {2 * trained}" in card
+    loaded = LongMemModel.load(out, m.backbone).trainable_state()  # the weights are the run's, only K changed
+    assert all(torch.equal(loaded[k], v) for k, v in m.trainable_state().items())
 
 
 def test_ship_counts_the_runs_a_checkpoint_continues(tmp_path):

@@ -16,7 +16,8 @@ Two measurements, each on the test split of the shared books (never trained on):
   For scale, the backbone also answers items of the same kind whose fact lies inside its 1k window (what reading
   the fact can give at best, for this backbone).
 
-``--tokens 0`` skips perplexity (a quick recall check).
+``--tokens 0`` skips perplexity (a quick recall check). ``--sweep 4:256,2:256,4:1024`` measures instead LongMem's
+recall under several retrieval settings (chunk size : K memory tokens per query), each item's memory built once.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 
 from longmem.baselines import BackboneLM
 from longmem.lm import SegmentLM
-from longmem.memory import MAX_SINKS
+from longmem.memory import MAX_SINKS, MemoryBank, MemoryView
 from longmem.model import LongMemConfig, LongMemModel
 
 from .data import Document, book_split, tokenize_files
@@ -50,11 +51,9 @@ def perplexity(lm: SegmentLM, ids: np.ndarray, use_memory: bool = True) -> tuple
     return lm.nll(torch.as_tensor(ids, dtype=torch.long), memory)
 
 
-@torch.no_grad()
-def recalled(lm: SegmentLM, item: RecallItem, use_memory: bool = True) -> tuple[bool, float, int]:
-    """Greedy exact match of the answer, and the answer tokens' summed NLL and count: the question's local window is
-    the last ``segment_len`` tokens, everything before it goes into memory (or is out of reach, for a model
-    without memory)."""
+def _question(lm: SegmentLM, item: RecallItem, use_memory: bool) -> tuple[torch.Tensor, int, MemoryBank | None]:
+    """An item's question window (its last ``segment_len`` tokens), answer length, and a fresh unbounded memory
+    holding everything before the window (None for a model without memory, or when not ``use_memory``)."""
     ids = torch.as_tensor(item.ids, dtype=torch.long)
     window = ids[-lm.segment_len:]
     n_ans = len(ids) - item.answer_start
@@ -65,11 +64,58 @@ def recalled(lm: SegmentLM, item: RecallItem, use_memory: bool = True) -> tuple[
         memory = lm.new_memory(capacity=None)
         if len(ids) > len(window):
             lm.memorize(ids[: len(ids) - len(window)], memory)
+    return window, n_ans, memory
+
+
+def _answer(lm: SegmentLM, window: torch.Tensor, n_ans: int, memory) -> tuple[bool, float, int]:
+    """Greedy exact match of the window's last ``n_ans`` tokens, their summed NLL and count."""
     hidden = lm.step(window[None], memory).hidden  # (1, T, E)
     logits = lm.backbone.logits(hidden[:, -n_ans - 1:-1]).float()  # predictions of the answer tokens
     answer = window[-n_ans:].to(logits.device)
     nll = -torch.log_softmax(logits[0], dim=-1).gather(-1, answer[:, None]).sum().item()
     return bool((logits.argmax(-1)[0] == answer).all()), nll, n_ans
+
+
+@torch.no_grad()
+def recalled(lm: SegmentLM, item: RecallItem, use_memory: bool = True) -> tuple[bool, float, int]:
+    """Greedy exact match of the answer, and the answer tokens' summed NLL and count: the question's local window is
+    the last ``segment_len`` tokens, everything before it goes into memory (or is out of reach, for a model
+    without memory)."""
+    return _answer(lm, *_question(lm, item, use_memory))
+
+
+@torch.no_grad()
+def recall_sweep(model: LongMemModel, items: list[RecallItem], settings: list[tuple[int, int]], log=print) -> dict:
+    """LongMem's recall of ``items`` under several retrieval settings (chunk size, K memory tokens per query): each
+    item's memory is built once at the model's chunk size, then re-chunked for each setting (the same keys and
+    values, re-pooled chunk keys) and searched for K / chunk size chunks per head. Nothing about the model
+    changes; the settings are what ``MemoryBank.rechunk`` and ``MemoryView`` give any caller."""
+    for csz, k in settings:
+        if csz < 1 or model.csz % csz or k < csz or k % csz:
+            raise ValueError(f"setting {csz}:{k}: the chunk size must divide the model's ({model.csz}) and K be a "
+                             "multiple of it")
+    res: dict = {f"{csz}:{k}": [] for csz, k in settings}
+    for i, item in enumerate(items):
+        window, n_ans, memory = _question(model, item, use_memory=True)
+        for csz, k in settings:
+            res[f"{csz}:{k}"].append(_answer(model, window, n_ans, MemoryView(memory.rechunk(csz), k // csz)))
+        log(f"item {i + 1}/{len(items)} ({item.kind}): " + ", ".join(f"{key} {r[-1][0]}" for key, r in res.items()))
+    out = {}
+    for key, r in res.items():
+        by_kind = {kind: recall_summary([x for x, it in zip(r, items) if it.kind == kind])
+                   for kind in sorted({it.kind for it in items})}
+        out[key] = {**recall_summary(r), "recalled": [x[0] for x in r], "by_kind": by_kind}
+    return out
+
+
+def sweep_markdown(sweep: dict) -> str:
+    lines = ["| chunk size | K (memory tokens per query) | chunks per head | recalled | answer NLL per token |",
+             "|---:|---:|---:|---:|---:|"]
+    for key, rec in sweep.items():
+        csz, k = (int(x) for x in key.split(":"))
+        n = sum(rec["recalled"])
+        lines.append(f"| {csz} | {k} | {k // csz} | {n}/{rec['items']}{_by_kind(rec)} | {rec['answer_nll']:.3f} |")
+    return "\n".join(lines)
 
 
 def recall_summary(results: list[tuple[bool, float, int]]) -> dict:
@@ -158,6 +204,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="segment-start (attention sink) chunks a memory search may return (-1 = no limit)")
     p.add_argument("--topk", type=int, default=None,
                    help="memory tokens each query attends to, K (default: the checkpoint's)")
+    p.add_argument("--sweep", default=None, metavar="CSZ:K,...",
+                   help="instead: LongMem's recall under each retrieval setting, chunk size:K (e.g. 4:256,2:256,"
+                        "4:1024; the chunk size must divide the checkpoint's), memory built once per item")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
@@ -181,14 +230,29 @@ def main(argv: list[str] | None = None) -> dict:
     items = recall_documents(tok, fillers, args.recall, args.distance, args.distance + L, seed=args.seed)
     in_window = recall_documents(tok, fillers, args.recall, L // 2, L, seed=args.seed)  # fact inside the window
     log = lambda m: print(f"[eval {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    if args.sweep:
+        try:
+            settings = [tuple(int(x) for x in s.split(":")) for s in args.sweep.split(",")]
+            if any(len(s) != 2 for s in settings):
+                raise ValueError
+        except ValueError:
+            p.error(f"--sweep {args.sweep!r}: give chunk size:K pairs, e.g. 4:256,2:256")
+        result = {"sweep": recall_sweep(model, items, settings, log), "args": vars(args),
+                  "provenance": model.provenance}
+        return _print(result, sweep_markdown(result["sweep"]), args.out)
     result = evaluate(model, scored, items, args.long_context, log, in_window=in_window)
     result["args"] = vars(args)
     result["provenance"] = model.provenance
+    return _print(result, markdown(result, args.long_context, args.distance), args.out)
+
+
+def _print(result: dict, table: str, out: str | None) -> dict:
+    """Print the JSON, then the table; write the JSON to ``out`` when given."""
     print(json.dumps(result, indent=2))
     print()
-    print(markdown(result, args.long_context, args.distance))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(table)
+    if out:
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -8,7 +8,9 @@ Copies ``sidenet.safetensors`` and ``config.json`` of the run's checkpoint into 
 ``trainer.json``, ``metrics.jsonl`` and the evaluation JSON: data, steps, tokens seen, wall time, hardware,
 held-out results. The optimizer state is not shipped. ``--dtype bfloat16`` stores the weights in bf16: half the
 size (the compact checkpoint drops from 22 to 11 MiB, under the 16 MiB a file may have to come back from a GPU
-machine), and no loss where the model runs in bf16 anyway (CPUs with native bf16, GPUs).
+machine), and no loss where the model runs in bf16 anyway (CPUs with native bf16, GPUs). ``--topk`` ships another
+K (memory tokens each query reads) than the run trained with: a run-time setting, not a weight; the evaluation
+must have used the same K.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shutil
 from pathlib import Path
 
 import torch
@@ -59,8 +60,12 @@ def training_facts(run: Path, parents: list[Path] = ()) -> dict:
     return facts
 
 
-def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str) -> str:
+def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str,
+               topk: tuple[int, int] | None = None) -> str:
+    """The model card; ``topk`` = (K trained with, K shipped) when they differ."""
     c, d, t, lineage = facts["config"], facts["data"], facts["totals"], facts["lineage"]
+    read = (f"- memory read at run time: K = {topk[1]} tokens per query (trained with K = {topk[0]}; K is a run-time "
+            "setting, `LongMemConfig(topk=...)`, not a weight)" if topk and topk[0] != topk[1] else None)
     has_quotes = bool(d.get("quote_documents"))  # runs before quote documents existed did not count them
     quotes = " and quote documents (book passages quoted again a segment or more later)" if has_quotes else ""
     n_quotes = f", {d['quote_documents']:,} quote" if has_quotes else ""
@@ -83,6 +88,7 @@ def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str) -
              f"hardware: {hardware}",
              *([f"- runs: {runs}; each started from the SideNet the one before it ended with"]
                if len(lineage) > 1 else []),
+             *([read] if read else []),
              f"- final training loss (mean of the last 50 steps): {facts['final_train_loss']:.3f}",
              "- commands: in each run's README (`training/runs/<run>/README.md` for the runs this project ships)", ""]
     if evaluation is not None:
@@ -90,7 +96,8 @@ def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str) -
 
         a = evaluation["args"]
         command = (f"python -m training.evaluate --checkpoint CHECKPOINT --books {a['books']} --tokens {a['tokens']} "
-                   f"--recall {a['recall']} --distance {a['distance']} --seed {a['seed']}")
+                   f"--recall {a['recall']} --distance {a['distance']} --seed {a['seed']}"
+                   + (f" --topk {a['topk']}" if a.get("topk") is not None else ""))
         lines += ["## Held-out results", "",
                   f"On {a['books']} held-out books ({a['tokens']:,} tokens each) and {a['recall']} recall items, with",
                   "", "```bash", command, "```", "", markdown(evaluation, a["long_context"], a["distance"]), ""]
@@ -98,7 +105,8 @@ def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str) -
 
 
 def ship(run: Path, evaluation: Path | None, name: str | None = None, dest_root: Path = SHIPPED_DIR,
-         hardware: str | None = None, dtype: str = "float32", parents: list[Path] = ()) -> Path:
+         hardware: str | None = None, dtype: str = "float32", parents: list[Path] = (),
+         topk: int | None = None) -> Path:
     ckpt = run / "checkpoint"
     name = name or SHIPPED["default"]
     if dtype not in DTYPES:
@@ -109,14 +117,26 @@ def ship(run: Path, evaluation: Path | None, name: str | None = None, dest_root:
     if size > MAX_BYTES:
         raise SystemExit(f"{ckpt}: {size / 2**20:.1f} MiB is over the {MAX_BYTES // 2**20} MiB budget; train with "
                          "--train-scope compact or a smaller --lora-rank")
+    config = json.loads(files[1].read_text())
+    trained = config["config"]["topk"]
+    if topk is not None:
+        if topk < 1 or topk % config["config"]["csz"]:
+            raise SystemExit(f"--topk must be a positive multiple of the chunk size ({config['config']['csz']}), "
+                             f"got {topk}")
+        config["config"]["topk"] = topk
     facts = training_facts(run, parents)
     result = json.loads(evaluation.read_text()) if evaluation else None
+    used = trained if result is None or result["args"].get("topk") is None else result["args"]["topk"]
+    if used != config["config"]["topk"]:
+        raise SystemExit(f"{evaluation} measured K = {used} memory tokens per query, the checkpoint would ship "
+                         f"K = {config['config']['topk']}: evaluate with --topk {config['config']['topk']}")
     hardware = hardware or f"{platform.processor() or platform.machine()}, {platform.system()}"
     dest = dest_root / name
     with atomic_directory(dest) as tmp:
         save_file(weights, str(tmp / files[0].name), metadata={"format": "pt", "dtype": dtype})
-        shutil.copy2(files[1], tmp / files[1].name)
-        (tmp / "MODEL_CARD.md").write_text(model_card(name, facts, result, hardware))
+        (tmp / files[1].name).write_text(json.dumps(config, indent=2) + "\n")
+        card = model_card(name, facts, result, hardware, (trained, config["config"]["topk"]))
+        (tmp / "MODEL_CARD.md").write_text(card)
         (tmp / "training.json").write_text(json.dumps({**facts, "evaluation": result}, indent=2))
     return dest
 
@@ -132,9 +152,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--parent", action="append", default=[],
                    help="an earlier run this one continues (--init from its final SideNet), counted in the model "
                         "card's steps, tokens and time; repeat oldest first")
+    p.add_argument("--topk", type=int, default=None,
+                   help="K, memory tokens each query reads, to ship (default: the run's); evaluate with the same")
     args = p.parse_args(argv)
     out = ship(Path(args.run), Path(args.eval) if args.eval else None, args.name, Path(args.dest), args.hardware,
-               args.dtype, [Path(x) for x in args.parent])
+               args.dtype, [Path(x) for x in args.parent], args.topk)
     print(f"shipped {out} ({sum(f.stat().st_size for f in out.iterdir()) / 2**20:.1f} MiB)")
 
 
