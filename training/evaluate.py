@@ -100,12 +100,7 @@ def recall_sweep(model: LongMemModel, items: list[RecallItem], settings: list[tu
         for csz, k in settings:
             res[f"{csz}:{k}"].append(_answer(model, window, n_ans, MemoryView(memory.rechunk(csz), k // csz)))
         log(f"item {i + 1}/{len(items)} ({item.kind}): " + ", ".join(f"{key} {r[-1][0]}" for key, r in res.items()))
-    out = {}
-    for key, r in res.items():
-        by_kind = {kind: recall_summary([x for x, it in zip(r, items) if it.kind == kind])
-                   for kind in sorted({it.kind for it in items})}
-        out[key] = {**recall_summary(r), "recalled": [x[0] for x in r], "by_kind": by_kind}
-    return out
+    return {key: recall_record(r, items) for key, r in res.items()}
 
 
 def sweep_markdown(sweep: dict) -> str:
@@ -123,6 +118,13 @@ def recall_summary(results: list[tuple[bool, float, int]]) -> dict:
     n_tok = sum(r[2] for r in results)
     return {"accuracy": float(np.mean([r[0] for r in results])) if results else float("nan"),
             "answer_nll": sum(r[1] for r in results) / n_tok if n_tok else float("nan"), "items": len(results)}
+
+
+def recall_record(results: list[tuple[bool, float, int]], items: list[RecallItem]) -> dict:
+    """``recall_summary`` of ``results`` (one per item) with the per-item matches and a summary per kind of fact."""
+    by_kind = {kind: recall_summary([r for r, it in zip(results, items) if it.kind == kind])
+               for kind in sorted({it.kind for it in items})}  # numbers, names
+    return {**recall_summary(results), "recalled": [r[0] for r in results], "by_kind": by_kind}
 
 
 def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem], long_context: int,
@@ -145,10 +147,8 @@ def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem]
     runs = [(name, lms[name], items) for name in ("longmem", "longmem_no_memory", "backbone_local")]
     for name, lm, its in runs + ([("backbone_in_window", lms["backbone_local"], in_window)] if in_window else []):
         res = [recalled(lm, it, use_memory=name != "longmem_no_memory") for it in its]
-        by_kind = {kind: recall_summary([r for r, it in zip(res, its) if it.kind == kind])
-                   for kind in sorted({it.kind for it in its})}  # numbers, names
-        rec = out["recall"][name] = {**recall_summary(res), "recalled": [r[0] for r in res], "by_kind": by_kind}
-        kinds = ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in by_kind.items())
+        rec = out["recall"][name] = recall_record(res, its)
+        kinds = ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in rec["by_kind"].items())
         log(f"recall {name}: {rec['accuracy']:.3f} of {len(res)} ({kinds}), answer NLL {rec['answer_nll']:.3f} "
             "per token")
     p = out["perplexity"]
@@ -228,7 +228,6 @@ def main(argv: list[str] | None = None) -> dict:
     scored = [Document(d.name, d.ids[: args.tokens]) for d in books] if args.tokens > 0 else []
     fillers, L = [d.ids for d in books], model.segment_len
     items = recall_documents(tok, fillers, args.recall, args.distance, args.distance + L, seed=args.seed)
-    in_window = recall_documents(tok, fillers, args.recall, L // 2, L, seed=args.seed)  # fact inside the window
     log = lambda m: print(f"[eval {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     if args.sweep:
         try:
@@ -240,6 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
         result = {"sweep": recall_sweep(model, items, settings, log), "args": vars(args),
                   "provenance": model.provenance}
         return _print(result, sweep_markdown(result["sweep"]), args.out)
+    in_window = recall_documents(tok, fillers, args.recall, L // 2, L, seed=args.seed)  # fact inside the window
     result = evaluate(model, scored, items, args.long_context, log, in_window=in_window)
     result["args"] = vars(args)
     result["provenance"] = model.provenance
