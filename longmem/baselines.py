@@ -6,19 +6,30 @@
   by a trainable kNN-memory layer, initialised from layer m, that caches its own keys/values and attends to the
   top-K retrieved memory tokens beside its local context (same retrieval and gate as LongMem's memory layer). Only
   that layer trains. The backbone's own layer m still runs inside the hooked forward (its output is discarded);
-  that costs 1/L' of a forward pass and keeps the backbone unforked.
+  that costs 1/L' of a forward pass and keeps the backbone unforked. Trained by ``python -m training --model
+  memtrm`` with the same data and loop as LongMem; checkpoints are ``memtrm.safetensors`` + ``config.json``.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import os
+import time
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
-from .backbone import Backbone
+from .backbone import Backbone, load_backbone, resolve_dtype
+from .files import atomic_directory
 from .lm import SegmentLM, Step, Window
 from .memory import MemoryBank
+from .model import CHECKPOINT_FORMAT, CheckpointError
 from .sidenet import LayerCache, MemoryAugmentedLayer
+
+MEMTRM_WEIGHTS = "memtrm.safetensors"
+MEMTRM_SETTINGS = ("cached_layer", "csz", "topk", "capacity", "segment_len", "gate_init")  # its constructor's
 
 
 class BackboneLM(SegmentLM):
@@ -58,6 +69,64 @@ class MemTRM(SegmentLM):
                                                  topk=topk, gate_init=gate_init)
         for p in self.memory_layer.parameters():
             p.requires_grad_(True)
+        self.topk, self.gate_init = topk, gate_init
+        self.provenance: dict = {}
+        self.backbone_source = "default"  # how load_backbone finds the backbone again: "default" or a model directory
+
+    # -- training and checkpoints ---------------------------------------------------------------------------------
+    def named_trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(f"memory_layer.{n}", p) for n, p in self.memory_layer.named_parameters() if p.requires_grad]
+
+    @property
+    def gate(self) -> torch.nn.Parameter:
+        return self.memory_layer.gate
+
+    def settings(self) -> dict:
+        return {k: getattr(self, k) for k in MEMTRM_SETTINGS}
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().contiguous() for n, p in self.named_trainable()}
+
+    def write_files(self, directory: Path, provenance: dict | None = None) -> None:
+        """The checkpoint's two files, written into an existing directory (``save`` makes that atomic)."""
+        save_file(self.trainable_state(), str(directory / MEMTRM_WEIGHTS), metadata={"format": "pt"})
+        meta = {"format": CHECKPOINT_FORMAT, "kind": "memtrm", "config": self.settings(),
+                "backbone_source": self.backbone_source, "backbone": self.backbone.identity(),
+                "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "provenance": {**self.provenance, **(provenance or {})}}
+        (directory / "config.json").write_text(json.dumps(meta, indent=2))
+
+    def save(self, path: str | os.PathLike, provenance: dict | None = None) -> Path:
+        path = Path(path)
+        with atomic_directory(path) as tmp:
+            self.write_files(tmp, provenance)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, backbone: Backbone | None = None, device: str = "cpu",
+             dtype: str = "auto") -> "MemTRM":
+        """A trained MemTRM checkpoint; the backbone is loaded from its config unless given (and then checked)."""
+        path = Path(path)
+        try:
+            meta = json.loads((path / "config.json").read_text())
+        except (FileNotFoundError, ValueError) as e:
+            raise CheckpointError(f"{path} is not a readable MemTRM checkpoint ({e})") from None
+        if meta.get("kind") != "memtrm" or meta.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"{path} is not a MemTRM checkpoint (kind {meta.get('kind', 'longmem')!r}, "
+                                  f"format {meta.get('format')!r})")
+        if backbone is None:
+            backbone = load_backbone(meta.get("backbone_source", "default"), resolve_dtype(dtype, device), device)
+        if meta["backbone"]["sha256"] != backbone.fingerprint():
+            raise CheckpointError(f"{path} was trained for backbone {meta['backbone']['name']!r}, not "
+                                  f"{backbone.name!r}")
+        model = cls(backbone, **{k: meta["config"][k] for k in MEMTRM_SETTINGS})
+        state = load_file(str(path / MEMTRM_WEIGHTS))
+        if set(state) != set(model.trainable_state()):
+            raise CheckpointError(f"{path}: weights do not match the MemTRM layer")
+        model.memory_layer.load_state_dict({k.removeprefix("memory_layer."): v for k, v in state.items()})
+        model.provenance = meta.get("provenance", {})
+        model.backbone_source = meta.get("backbone_source", "default")
+        return model.to(device)
 
     def memory_kv(self, hidden_m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.memory_layer

@@ -419,7 +419,7 @@ def accuracy_vs_memory(model: SegmentLM, template: str, labels: Sequence[str], c
 # -----------------------------------------------------------------------------
 # plots (PNG)
 
-def _figure(width: float, height: float):
+def agg_figure(width: float, height: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -431,7 +431,7 @@ def _figure(width: float, height: float):
 def plot_confusion(result: EvalResult, path: str | Path) -> Path:
     """The confusion matrix as a PNG: rows = true label, columns = predicted, counts written in the cells."""
     n = len(result.labels)
-    fig = _figure(2.2 + 0.7 * n, 1.8 + 0.6 * n)
+    fig = agg_figure(2.2 + 0.7 * n, 1.8 + 0.6 * n)
     ax = fig.subplots()
     ax.imshow(result.confusion, cmap="Blues", vmin=0)
     ax.set_xticks(range(n), result.labels, rotation=45 if n > 3 else 0, ha="right" if n > 3 else "center")
@@ -451,7 +451,7 @@ def plot_confusion(result: EvalResult, path: str | Path) -> Path:
 def plot_curve(points: Sequence[CurvePoint], path: str | Path, baseline: float | None = None,
                baseline_label: str = "majority class") -> Path:
     """Accuracy against the number of demonstrations in memory as a PNG, with an optional horizontal baseline."""
-    fig = _figure(6, 4)
+    fig = agg_figure(6, 4)
     ax = fig.subplots()
     ax.plot([p.n_memory for p in points], [100 * p.accuracy for p in points], "o-", label="LongMem")
     if baseline is not None:

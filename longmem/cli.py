@@ -5,6 +5,7 @@
     longmem generate --file book.txt      # continue the book from its end (or --prompt TEXT)
     longmem classify --bank sst2 --text "a gorgeous film"   # many-shot classification with demos in a bank
     longmem bench [--quick]               # speed and memory of LongMem vs the backbone (JSON + markdown)
+    longmem eval all --quick              # the paper's evaluation suites (tables, JSON, plots)
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="benchmark speed and memory (options: longmem bench --help)", add_help=False)
     sub.add_parser("train", help="adaptation training of the SideNet (options: longmem train --help)",
                    add_help=False)
-    sub.add_parser("eval", help="held-out perplexity and long-range recall vs the backbone (longmem eval --help)",
+    sub.add_parser("eval", help="the paper's evaluation suites vs the baselines (longmem eval --help)",
                    add_help=False)
     return parser
 
@@ -231,10 +232,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return train_main(rest)
     if args.command == "eval":
-        from training.evaluate import main as eval_main
+        from .eval.cli import main as eval_main
 
-        eval_main(rest)
-        return 0
+        return eval_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from .backbone import BackboneError

@@ -93,13 +93,15 @@ class SegmentLM(nn.Module):
     def uses_memory(self) -> bool:
         return self.cached_layer is not None
 
-    def new_memory(self, batch_size: int = 1, capacity: int | None | str = "config") -> MemoryBank:
-        """An empty memory bank shaped for this model (``capacity=None`` for unbounded)."""
+    def new_memory(self, batch_size: int = 1, capacity: int | None | str = "config",
+                   csz: int | None = None) -> MemoryBank:
+        """An empty memory bank shaped for this model (``capacity=None`` for unbounded; ``csz`` another chunk size
+        than the model's: its memory layer then reads K / csz chunks of it)."""
         if not self.uses_memory:
             raise ValueError(f"{type(self).__name__} has no memory")
         spec = self.backbone.spec
         cap = self.capacity if capacity == "config" else capacity
-        return MemoryBank(spec.n_kv_heads, spec.head_dim, csz=self.csz, capacity=cap, batch_size=batch_size,
+        return MemoryBank(spec.n_kv_heads, spec.head_dim, csz=csz or self.csz, capacity=cap, batch_size=batch_size,
                           dtype=self.backbone.dtype, max_sinks=self.max_sinks)
 
     def memory_kv(self, hidden_m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

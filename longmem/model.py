@@ -158,7 +158,16 @@ class LongMemModel(SegmentLM):
                 if p is not None:
                     p.requires_grad_(True)
 
-    # -- checkpoints ----------------------------------------------------------------------------------------------
+    # -- training and checkpoints -----------------------------------------------------------------------------------
+    def named_trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The weights training changes, by name (the same interface as ``baselines.MemTRM``)."""
+        return [(n, p) for n, p in self.sidenet.named_parameters() if p.requires_grad]
+
+    @property
+    def gate(self) -> torch.nn.Parameter:
+        """The memory layer's head-wise gate (sigmoid: memory's share of the attention output)."""
+        return self.sidenet.gate
+
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """The SideNet weights that training changes (all of them in "full" scope; the rest are backbone copies)."""
         return {k: p.detach().contiguous() for k, p in self.sidenet.named_parameters() if p.requires_grad}
@@ -191,6 +200,8 @@ class LongMemModel(SegmentLM):
             raise CheckpointError(f"{path}/config.json is not valid JSON: {e}") from None
         if meta.get("format") != CHECKPOINT_FORMAT:
             raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT}")
+        if meta.get("kind", "longmem") != "longmem":
+            raise CheckpointError(f"{path} is a {meta['kind']} checkpoint, not a LongMem SideNet")
         config = LongMemConfig.from_dict(meta["config"])
         if runtime:
             if set(runtime) - set(RUNTIME_FIELDS):

@@ -155,8 +155,8 @@ def test_the_shipped_sidenet_is_the_default_and_reads_memory(book_text):
     import numpy as np
 
     from longmem.model import shipped_checkpoint
-    from training.evaluate import recall_summary, recalled
-    from training.recall import make_recall_item
+    from longmem.eval.measures import recall_summary, recalled
+    from longmem.recall import make_recall_item
 
     assert shipped_checkpoint("default") is not None, "no trained SideNet ships for the embedded backbone"
     model = LongMemModel.from_config(LongMemConfig())

@@ -7,7 +7,7 @@ import torch
 from tiny import small_config, tiny_llama
 from longmem.model import LongMemModel
 from training.probe import answer_ranks, copy_heads, copy_heads_markdown, main, markdown, probe_backbone, probe_model
-from training.recall import recall_documents
+from longmem.recall import recall_documents
 
 TEXT = ("The rain had stopped by the time they reached the harbour. Nobody spoke. A gull cried twice! "
         "Was the boat still there? It was, tied where they had left it. ")
@@ -72,7 +72,7 @@ def test_copy_heads_match_the_backbones_own_attention():
 
 def test_readout_heads_read_memory_and_no_heads_is_the_backbone():
     from longmem.baselines import BackboneLM
-    from training.evaluate import recalled
+    from longmem.eval.measures import recalled
     from training.probe import readout
 
     backbone = tiny_llama(n_layers=2)
@@ -100,7 +100,7 @@ def test_probe_refuses_options_that_do_not_go_together(argv, message, capsys):
 def test_answer_probe_attention_is_the_memory_layers_softmax_over_memory():
     """With K covering all of memory, each head's attention on the token to copy is a softmax of its query against
     every stored key, computed here from the bank's own rows; predictions and NLL are those of ``recalled``."""
-    from training.evaluate import recalled
+    from longmem.eval.measures import recalled
     from training.probe import _Recorder, _split, answers_markdown, probe_answers
 
     backbone = tiny_llama(n_layers=2)

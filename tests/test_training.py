@@ -181,7 +181,7 @@ def recall_setup():
     """A tiny llama with a 64-token window, 3 recall items 64+ character tokens back, and their filler text."""
     from tiny import char_tokenizer
 
-    from training.recall import recall_documents
+    from longmem.recall import recall_documents
 
     tok = char_tokenizer()
     text = "The boat drifted past the mill. Nobody in the village had ever seen the sea. " * 40
@@ -192,7 +192,7 @@ def recall_setup():
 
 def test_evaluation_table_on_a_tiny_model():
     from training.evaluate import evaluate, markdown
-    from training.recall import recall_documents
+    from longmem.recall import recall_documents
 
     m, items, tok, filler = recall_setup()
     in_window = recall_documents(tok, [filler], n=2, distance=30, total=260, seed=0)  # char tokens: long
@@ -363,3 +363,45 @@ def test_a_run_starts_untrained_or_from_init_with_its_own_top_k(tmp_path, monkey
     assert init.config.topk == 4 and init.sidenet.layers[init.config.memory_layer].topk == 4
     got, want = init.trainable_state(), shipped.trainable_state()
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_memtrm_trains_through_the_same_loop_resumes_and_round_trips(tmp_path):
+    """``--model memtrm``: the baseline trains its memory layer with the same data and loop and resumes (close to an
+    uninterrupted run: its memory holds keys/values of its own trainable layer, rebuilt with the current weights);
+    its checkpoint (safetensors + JSON) loads back, is refused as a LongMem checkpoint, and vice versa."""
+    from tiny import tiny_llama
+
+    from longmem.baselines import MemTRM
+    from longmem.model import CheckpointError, LongMemModel
+    from training.train import load_trained
+
+    def memtrm():
+        return MemTRM(tiny_llama(), cached_layer=2, csz=2, topk=8, capacity=64, segment_len=16)
+
+    docs = documents()
+    whole = Trainer(config(tmp_path / "a", model="memtrm", steps=6), docs, model=memtrm())
+    hist = whole.fit(progress=False)
+    assert all(h["gate"] != 0.5 for h in hist[1:])  # the gate trains (it starts at sigmoid(0))
+    part = Trainer(config(tmp_path / "b", model="memtrm", steps=6), docs, model=memtrm())
+    part.fit(progress=False, until=3)
+    said = []
+    resumed = Trainer(config(tmp_path / "b", model="memtrm", steps=6), docs, model=memtrm(), resume=True,
+                      log=said.append)
+    assert isinstance(resumed.model, MemTRM) and resumed.step == 3 and any("not bit for bit" in m for m in said)
+    resumed.fit(progress=False)
+    a, b = whole.model.trainable_state(), resumed.model.trainable_state()
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-2) for k in a)
+    ckpt = tmp_path / "a" / "run" / "checkpoint"
+    again = load_trained(ckpt, whole.model.backbone)
+    assert isinstance(again, MemTRM) and all(torch.equal(again.trainable_state()[k], a[k]) for k in a)
+    ids = torch.arange(3, 19).view(1, -1)
+    torch.testing.assert_close(again(ids, again.new_memory()).logits, whole.model(ids, whole.model.new_memory()).logits)
+    with pytest.raises(CheckpointError, match="a memtrm checkpoint, not a LongMem"):
+        LongMemModel.load(ckpt, whole.model.backbone)
+    longmem_ckpt = model().save(tmp_path / "longmem")
+    with pytest.raises(CheckpointError, match="not a MemTRM checkpoint"):
+        MemTRM.load(longmem_ckpt, whole.model.backbone)
+    with pytest.raises(CheckpointError, match="trained for backbone"):
+        MemTRM.load(ckpt, tiny_llama(seed=1))
+    with pytest.raises(ValueError, match="model must be"):
+        Trainer(config(tmp_path / "c", model="gpt"), docs, model=memtrm())

@@ -21,6 +21,8 @@ from .train import TrainConfig, Trainer
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 HELP = {
     "out": "run directory: checkpoint/, metrics.jsonl, loss.png",
+    "model": "'longmem' (train the SideNet) or 'memtrm' (train the MemTRM baseline: a memory layer inside the "
+             "frozen backbone, same data and loop)",
     "backbone": "'default' (embedded SmolLM2-135M-Instruct) or a local Hugging Face model directory",
     "init": "start from this SideNet checkpoint directory instead of the untrained SideNet",
     "train_scope": "'compact' (memory layer + LoRA updates + scales: small checkpoints) or 'full' (every weight)",
@@ -89,7 +91,7 @@ def build_data(args, tokenizer, segment_len: int):
     from longmem.backbone import cache_root
 
     from .data import book_split, tokenize_files
-    from .recall import multi_recall_documents, quote_documents, recall_as_documents, recall_documents
+    from longmem.recall import multi_recall_documents, quote_documents, recall_as_documents, recall_documents
 
     train_files, test_files = book_split(Path(args.data))
     if args.max_books:

@@ -9,7 +9,7 @@ Two measurements, each on the test split of the shared books (never trained on):
   window plus memory of everything before, LongMem with its memory left empty (what the trained SideNet gains
   without memory, e.g. from adapting to books), the backbone with the same 1k window, and the backbone attending
   to ``--long-context`` (8k) tokens at once;
-- **long-range recall**: synthetic items (``training.recall``) in held-out book text, each stating a fact (a number
+- **long-range recall**: synthetic items (``longmem.recall``) in held-out book text, each stating a fact (a number
   or a name) once and asking about it at least ``--distance`` tokens later. Everything before the question's
   local window goes into memory; an item counts as recalled when every answer token is the model's top prediction.
   The mean negative log-likelihood of the answer tokens is reported too: it moves long before exact matches do.
@@ -29,59 +29,17 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from longmem.baselines import BackboneLM
-from longmem.lm import SegmentLM
-from longmem.memory import MAX_SINKS, MemoryBank, MemoryView
+from longmem.eval.measures import answer_match, perplexity, question_window, recall_record, recalled
+from longmem.memory import MAX_SINKS, MemoryView
 from longmem.model import LongMemConfig, LongMemModel
 
 from .data import Document, book_split, tokenize_files
-from .recall import RecallItem, recall_documents
+from longmem.recall import RecallItem, recall_documents
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-@torch.no_grad()
-def perplexity(lm: SegmentLM, ids: np.ndarray, use_memory: bool = True) -> tuple[float, int]:
-    """(summed NLL, predicted tokens) of one document, with a fresh unbounded memory when the model has one (and
-    ``use_memory``; without it LongMem shows what its SideNet does with the local window alone)."""
-    memory = lm.new_memory(capacity=None) if lm.uses_memory and use_memory else None
-    return lm.nll(torch.as_tensor(ids, dtype=torch.long), memory)
-
-
-def _question(lm: SegmentLM, item: RecallItem, use_memory: bool) -> tuple[torch.Tensor, int, MemoryBank | None]:
-    """An item's question window (its last ``segment_len`` tokens), answer length, and a fresh unbounded memory
-    holding everything before the window (None for a model without memory, or when not ``use_memory``)."""
-    ids = torch.as_tensor(item.ids, dtype=torch.long)
-    window = ids[-lm.segment_len:]
-    n_ans = len(ids) - item.answer_start
-    if n_ans >= len(window):
-        raise ValueError(f"a {n_ans}-token answer does not fit a {len(window)}-token window with its question")
-    memory = None
-    if lm.uses_memory and use_memory:
-        memory = lm.new_memory(capacity=None)
-        if len(ids) > len(window):
-            lm.memorize(ids[: len(ids) - len(window)], memory)
-    return window, n_ans, memory
-
-
-def _answer(lm: SegmentLM, window: torch.Tensor, n_ans: int, memory) -> tuple[bool, float, int]:
-    """Greedy exact match of the window's last ``n_ans`` tokens, their summed NLL and count."""
-    hidden = lm.step(window[None], memory).hidden  # (1, T, E)
-    logits = lm.backbone.logits(hidden[:, -n_ans - 1:-1]).float()  # predictions of the answer tokens
-    answer = window[-n_ans:].to(logits.device)
-    nll = -torch.log_softmax(logits[0], dim=-1).gather(-1, answer[:, None]).sum().item()
-    return bool((logits.argmax(-1)[0] == answer).all()), nll, n_ans
-
-
-@torch.no_grad()
-def recalled(lm: SegmentLM, item: RecallItem, use_memory: bool = True) -> tuple[bool, float, int]:
-    """Greedy exact match of the answer, and the answer tokens' summed NLL and count: the question's local window is
-    the last ``segment_len`` tokens, everything before it goes into memory (or is out of reach, for a model
-    without memory)."""
-    return _answer(lm, *_question(lm, item, use_memory))
 
 
 @torch.no_grad()
@@ -96,9 +54,9 @@ def recall_sweep(model: LongMemModel, items: list[RecallItem], settings: list[tu
                              "multiple of it")
     res: dict = {f"{csz}:{k}": [] for csz, k in settings}
     for i, item in enumerate(items):
-        window, n_ans, memory = _question(model, item, use_memory=True)
+        window, n_ans, memory = question_window(model, item, use_memory=True)
         for csz, k in settings:
-            res[f"{csz}:{k}"].append(_answer(model, window, n_ans, MemoryView(memory.rechunk(csz), k // csz)))
+            res[f"{csz}:{k}"].append(answer_match(model, window, n_ans, MemoryView(memory.rechunk(csz), k // csz)))
         log(f"item {i + 1}/{len(items)} ({item.kind}): " + ", ".join(f"{key} {r[-1][0]}" for key, r in res.items()))
     return {key: recall_record(r, items) for key, r in res.items()}
 
@@ -111,20 +69,6 @@ def sweep_markdown(sweep: dict) -> str:
         n = sum(rec["recalled"])
         lines.append(f"| {csz} | {k} | {k // csz} | {n}/{rec['items']}{_by_kind(rec)} | {rec['answer_nll']:.3f} |")
     return "\n".join(lines)
-
-
-def recall_summary(results: list[tuple[bool, float, int]]) -> dict:
-    """Exact-match accuracy and mean answer-token NLL of ``recalled`` results."""
-    n_tok = sum(r[2] for r in results)
-    return {"accuracy": float(np.mean([r[0] for r in results])) if results else float("nan"),
-            "answer_nll": sum(r[1] for r in results) / n_tok if n_tok else float("nan"), "items": len(results)}
-
-
-def recall_record(results: list[tuple[bool, float, int]], items: list[RecallItem]) -> dict:
-    """``recall_summary`` of ``results`` (one per item) with the per-item matches and a summary per kind of fact."""
-    by_kind = {kind: recall_summary([r for r, it in zip(results, items) if it.kind == kind])
-               for kind in sorted({it.kind for it in items})}  # numbers, names
-    return {**recall_summary(results), "recalled": [r[0] for r in results], "by_kind": by_kind}
 
 
 def evaluate(model: LongMemModel, books: list[Document], items: list[RecallItem], long_context: int,

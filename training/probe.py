@@ -8,7 +8,7 @@
     python -m training.probe --checkpoint CKPT --answers  # token by token: what memory attends to, what is said
     python -m training.probe --values 18                # can a linear read-out tell a token from its layer-18 values?
 
-Recall items (``training.recall``) are built in held-out book text; everything before the question's local window
+Recall items (``longmem.recall``) are built in held-out book text; everything before the question's local window
 goes into memory segment by segment, each encoded from position 0, exactly as evaluation does. The query is that of
 the token just before the answer (the last word of the restated fact, "... is"). Every memory chunk is scored the
 way the memory search scores it: the un-rotated query against the chunk's mean-pooled key, each query head against
@@ -56,7 +56,7 @@ from longmem.memory import MAX_SINKS, MemoryView
 from longmem.model import LongMemConfig, LongMemModel
 
 from .data import book_split, tokenize_files
-from .recall import RecallItem, name_word, recall_documents
+from longmem.recall import RecallItem, name_word, recall_documents
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -177,7 +177,7 @@ def readout(backbone, items: list[RecallItem], layer: int, heads: list[int], seg
     (the others keep their local attention): exact-match accuracy and the answer tokens' mean NLL."""
     from longmem.baselines import MemTRM
 
-    from .evaluate import recall_summary, recalled
+    from longmem.eval.measures import recall_summary, recalled
 
     lm = MemTRM(backbone, cached_layer=layer, csz=csz, topk=topk, capacity=None, segment_len=segment_len,
                 gate_init=30.0).eval()  # sigmoid(30) = 1: local attention only...

@@ -9,7 +9,10 @@ document), clears the memory of rows where a new document starts, runs LongMem o
 row's memory), then appends the segment's layer-m keys/values to that memory: exactly the inference-time update.
 Optimiser: Adam (0.9, 0.98), eps 1e-6, decoupled weight decay 0.01, polynomial LR decay, gradient clipping 2.0.
 
-A run directory holds ``checkpoint/`` (the SideNet checkpoint ``LongMemModel.load`` reads, plus
+``--model memtrm`` trains the MemTRM baseline (``longmem.baselines.MemTRM``: a trainable memory layer inside the
+frozen backbone) with the same data, loop and optimiser, so the two compare like with like.
+
+A run directory holds ``checkpoint/`` (the checkpoint ``LongMemModel.load`` or ``MemTRM.load`` reads, plus
 ``optimizer.safetensors`` and ``trainer.json`` with the config and data position), ``metrics.jsonl`` and
 ``loss.png``. Memory banks are not saved: on resume they are rebuilt by replaying the frozen backbone over the
 segments still in memory, which gives the same keys/values.
@@ -32,9 +35,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from longmem.baselines import BackboneLM
+from longmem.backbone import load_backbone
+from longmem.baselines import BackboneLM, MemTRM
 from longmem.files import atomic_directory
-from longmem.lm import segment_starts
+from longmem.lm import SegmentLM, segment_starts
 from longmem.model import LongMemConfig, LongMemModel
 
 from .data import Batchfier, Document
@@ -46,6 +50,7 @@ LOSS_CHUNK = 256  # positions per LM-head call in the loss (recomputed in backwa
 @dataclass
 class TrainConfig:
     out: str = "runs/longmem"  # run directory (checkpoint/, metrics.jsonl, loss.png)
+    model: str = "longmem"  # "longmem" (the SideNet) or "memtrm" (the baseline: a memory layer inside the backbone)
     backbone: str = "default"  # "default" (embedded SmolLM2-135M-Instruct) or a local HF model directory
     init: str | None = None  # start from this SideNet checkpoint (default: the untrained SideNet)
     train_scope: str = "compact"  # "full" (every SideNet weight) or "compact" (memory layer + LoRA + scales)
@@ -83,7 +88,7 @@ class TrainConfig:
 # The loss
 
 
-def token_nll(model: LongMemModel, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def token_nll(model: SegmentLM, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy (B, T) of hidden (B, T, E) against targets (B, T), the LM head applied in chunks under
     activation checkpointing, so the (B, T, 49k) logits never exist at once."""
     def chunk_nll(h, t):
@@ -99,7 +104,7 @@ class SegmentLoss(nn.Module):
     segment, append its keys/values to memory. Returns the objective (mean next-token NLL, recall-answer tokens
     weighted by ``answer_weight``) and the per-token NLL (B, T-1), detached, for the metrics."""
 
-    def __init__(self, model: LongMemModel, answer_weight: float = 1.0):
+    def __init__(self, model: SegmentLM, answer_weight: float = 1.0):
         super().__init__()
         self.model, self.answer_weight = model, answer_weight
 
@@ -165,11 +170,11 @@ def _load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]
 SCALE_NAMES = ("alpha_attn", "alpha_mlp", "gate")  # SideNet scalars: ReZero branch scales, head-wise memory gate
 
 
-def param_groups(model: LongMemModel, cfg: TrainConfig) -> list[dict]:
+def param_groups(model: SegmentLM, cfg: TrainConfig) -> list[dict]:
     """The optimizer's parameter groups: one group of every trained weight, or (``scale_lr`` != 1) the weights and,
     apart, the branch scales and memory gate with ``lr_mult = scale_lr`` and no weight decay (decay would pull
     them back to 0, which switches the branches off)."""
-    named = [(n, p) for n, p in model.sidenet.named_parameters() if p.requires_grad]
+    named = model.named_trainable()
     if cfg.scale_lr == 1.0:
         return [{"params": [p for _, p in named]}]
     is_scale = [n.rsplit(".", 1)[-1] in SCALE_NAMES for n, _ in named]
@@ -177,7 +182,7 @@ def param_groups(model: LongMemModel, cfg: TrainConfig) -> list[dict]:
             {"params": [p for (_, p), s in zip(named, is_scale) if s], "lr_mult": cfg.scale_lr, "weight_decay": 0.0}]
 
 
-def save_checkpoint(run: Path, model: LongMemModel, opt: torch.optim.Optimizer, cfg: TrainConfig, step: int,
+def save_checkpoint(run: Path, model: SegmentLM, opt: torch.optim.Optimizer, cfg: TrainConfig, step: int,
                     extra: dict) -> Path:
     path = run / "checkpoint"
     with atomic_directory(path) as tmp:
@@ -201,14 +206,40 @@ def dist_info() -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# The models
+
+
+def load_trained(path: Path, backbone=None, device: str = "cpu") -> SegmentLM:
+    """A checkpoint of either model (its config.json says which), float32 for training."""
+    kind = json.loads((Path(path) / "config.json").read_text()).get("kind", "longmem")
+    if kind == "memtrm":
+        return MemTRM.load(path, backbone, device=device, dtype="float32")
+    return LongMemModel.load(path, backbone, device=device)
+
+
+def new_memtrm(cfg: TrainConfig, device: str) -> MemTRM:
+    """The MemTRM baseline, its memory layer a copy of backbone layer ``cached_layer`` (default: 3/4 depth), or
+    the ``init`` checkpoint's."""
+    if cfg.init:
+        return MemTRM.load(cfg.init, device=device, dtype="float32")
+    backbone = load_backbone(cfg.backbone, torch.float32, device)
+    model = MemTRM(backbone, cached_layer=cfg.cached_layer, topk=cfg.topk or 64, capacity=cfg.memory_tokens,
+                   segment_len=cfg.segment_len)
+    model.backbone_source = cfg.backbone
+    return model.to(device)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # The loop
 
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, documents: list[Document], held_out: list[Document] | None = None,
-                 model: LongMemModel | None = None, resume: bool = False, log=print, defer_data: bool = False):
+                 model: SegmentLM | None = None, resume: bool = False, log=print, defer_data: bool = False):
         """Build (or, with ``resume``, reload) the model and optimizer; ``defer_data`` waits for ``set_data`` (the
         documents may need the model's tokenizer)."""
+        if cfg.model not in ("longmem", "memtrm"):
+            raise ValueError(f"model must be 'longmem' or 'memtrm', got {cfg.model!r}")
         self.cfg, self.run, self.log = cfg, Path(cfg.out), log
         self.rank, self.world = dist_info()
         self.device = resolve_device(cfg.device, self.rank)
@@ -220,11 +251,13 @@ class Trainer:
             here = {k: getattr(cfg, k) for k in RUN_SETTINGS}
             self.cfg = cfg = TrainConfig.from_dict({**state["config"], **here})
             backbone = model.backbone if model is not None else None
-            self.model = LongMemModel.load(ckpt, backbone, device=self.device)
+            self.model = load_trained(ckpt, backbone, self.device)
             self.step = state["step"]
             self.resumed_data = state.get("data", {})
         elif model is not None:
             self.model = model
+        elif cfg.model == "memtrm":
+            self.model = new_memtrm(cfg, self.device)
         else:
             # float32 weights (the trained ones need full-precision updates); autocast gives the bf16 speed
             mcfg = LongMemConfig(backbone=cfg.backbone, dtype="float32", segment_len=cfg.segment_len,
@@ -234,7 +267,7 @@ class Trainer:
                                             runtime={"topk": cfg.topk} if cfg.topk else None) if cfg.init
                           else LongMemModel.from_config(mcfg, device=self.device, pretrained=False))
         self.model.capacity = cfg.memory_tokens
-        self.params = [p for p in self.model.sidenet.parameters() if p.requires_grad]
+        self.params = [p for _, p in self.model.named_trainable()]
         self.opt = torch.optim.AdamW(param_groups(self.model, cfg), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6,
                                      weight_decay=cfg.weight_decay)
         if self.step and (ckpt / "optimizer.safetensors").exists():
@@ -279,6 +312,10 @@ class Trainer:
         start = max(self.data.first_step_of_documents(self.step), self.step - keep)
         self.log(f"resuming at step {self.step}: replaying the backbone over steps {start}..{self.step - 1} to "
                  "rebuild memory")
+        if isinstance(self.model, MemTRM):  # its memory holds its own trainable layer's keys/values
+            self.log("MemTRM: the rebuilt memory holds keys/values of the current weights, not of the earlier "
+                     "weights that first stored them, so this resume is close to, not bit for bit, an "
+                     "uninterrupted run")
         for s in range(start, self.step):
             self._memory_step(self.data.batch(s), replay=True)
 
@@ -310,7 +347,7 @@ class Trainer:
         self.step += 1
         tokens = batch.ids.numel() * self.world
         row = {"step": self.step, "loss": nll.mean().item(), "lr": lr, "grad_norm": float(grad_norm), "tokens": tokens,
-               "s": time.perf_counter() - t0, "gate": torch.sigmoid(self.model.sidenet.gate).mean().item()}
+               "s": time.perf_counter() - t0, "gate": torch.sigmoid(self.model.gate).mean().item()}
         answers = batch.answers[:, 1:].to(nll.device)
         if answers.any():  # this process's recall answers: the tokens memory must supply
             row["answer_nll"], row["answer_tokens"] = nll[answers].mean().item(), int(answers.sum())

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.data import Document
+from .corpus import Document
 
 # (fact sentence with {} for the value, question) -- the sentence starts with a space: it follows a sentence's end
 NUMBER_FACTS = [

@@ -1,0 +1,136 @@
+"""Suite 2, suffix identification, ChapterBreak-style (paper table 4).
+
+An item is a held-out book read up to a chapter break (``longmem.eval.chapters``): the model sees the last P tokens
+before the break (P = 4k, 6k, 8k) and must tell the true opening of the next chapter from ``negatives`` openings of
+later chapters of the same book (headings removed, so chapter numbers give nothing away). Each candidate's first
+``suffix_tokens`` tokens are scored by mean log-probability (lowest perplexity wins); accuracy is the share of
+items where the true opening wins (chance: 1 / (negatives + 1)).
+
+Every model keeps the prefix's end in its window (the last window - ``suffix_tokens`` tokens: 1k models lose the
+rest, the 8k backbone keeps nearly all of it) and LongMem holds the rest of the prefix in memory.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..corpus import book_split
+from ..text import read_text
+from .chapters import SuffixItem, suffix_items
+from .core import EvalContext, Entrant, SuiteResult, Timer, figure, table
+from .scoring import Prefix
+
+
+@dataclass
+class Size:
+    prefixes: list[int] = field(default_factory=lambda: [4096, 6144, 8192])  # P: prefix tokens before the break
+    items: int = 30  # chapter breaks, drawn at random from the held-out books' (0 = all)
+    negatives: int = 5  # later chapters' openings per item
+    suffix_tokens: int = 128  # tokens of each candidate scored
+
+
+QUICK = Size(prefixes=[2048], items=1, negatives=2, suffix_tokens=48)
+FULL = Size()
+
+
+@dataclass
+class Item:
+    source: SuffixItem
+    prefix: np.ndarray  # (T,) token ids of the book before the break
+    candidates: list[list[int]]  # token ids, the true opening first
+
+
+def build_items(ctx: EvalContext, size: Size) -> list[Item]:
+    """Items of every held-out book with a prefix of at least the longest P tokens, ``size.items`` of them drawn
+    at random (by the run's seed)."""
+    tok = ctx.tokenizer
+    _, test = book_split(ctx.data_dir)
+    out = []
+    for path in test:
+        text = read_text(path)
+        found = suffix_items(path.name, text, n_negatives=size.negatives, rng=random.Random(ctx.seed))
+        if not found:
+            continue
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, ends = np.asarray(enc["input_ids"], dtype=np.int64), np.asarray([e for _, e in enc["offset_mapping"]])
+        for it in found:
+            n = int(np.searchsorted(ends, it.prefix_end, side="right"))  # tokens that end before the break
+            if n < max(size.prefixes):
+                continue
+            cands = [tok(c, add_special_tokens=False).input_ids[: size.suffix_tokens] for c in it.candidates]
+            out.append(Item(it, ids[:n], cands))
+    if not out:
+        raise ValueError(f"no chapter break in the held-out books has {max(size.prefixes):,} tokens before it and "
+                         f"{size.negatives} later chapters")
+    if size.items and size.items < len(out):
+        out = random.Random(ctx.seed).sample(out, size.items)
+    return out
+
+
+def choose(entrant: Entrant, item: Item, prefix_tokens: int, suffix_tokens: int) -> tuple[int, list[float]]:
+    """(index of the candidate with the highest mean log-probability, each candidate's mean log-probability)."""
+    lm = entrant.lm
+    prefix = item.prefix[-prefix_tokens:]
+    keep = lm.segment_len - suffix_tokens
+    memory = None
+    if lm.uses_memory:
+        memory = lm.new_memory(capacity=None)
+        if len(prefix) > keep:
+            lm.memorize(prefix[:-keep], memory)
+    state = Prefix.read(lm, prefix[-keep:], memory)
+    scores = [float(state.logprobs(c).mean()) for c in item.candidates]
+    return int(np.argmax(scores)), scores
+
+
+def run(ctx: EvalContext) -> SuiteResult:
+    size: Size = ctx.size("chapterbreak", QUICK, FULL)
+    timer = Timer()
+    items = build_items(ctx, size)
+    results: dict = {e.key: {} for e in ctx.entrants}
+    for p in size.prefixes:
+        for e in ctx.entrants:
+            picks = [choose(e, it, p, size.suffix_tokens) for it in items]
+            right = [i == 0 for i, _ in picks]
+            results[e.key][str(p)] = {"accuracy": sum(right) / len(right), "right": right,
+                                      "scores": [s for _, s in picks]}
+            ctx.log(f"chapterbreak P={p}, {e.key}: {sum(right)}/{len(right)}")
+    header = ["model"] + [f"prefix {p // 1024}k" if p % 1024 == 0 else f"prefix {p:,}" for p in size.prefixes]
+    rows = [[e.label] + [f"{100 * results[e.key][str(p)]['accuracy']:.1f}" for p in size.prefixes]
+            for e in ctx.entrants]
+    chance = 100 / (size.negatives + 1)
+    books = sorted({it.source.book for it in items})
+    notes = [_verdict(results, size.prefixes),
+             f"{len(items)} chapter breaks from {len(books)} held-out books ({', '.join(books)}); chance is "
+             f"{chance:.1f}%."]
+    plot = _plot(ctx, size.prefixes, results, chance)
+    return SuiteResult("chapterbreak", "Suffix identification, ChapterBreak-style (paper table 4): accuracy %",
+                       [table(header, rows)],
+                       {"results": results, "items": [{"book": it.source.book, "chapter": it.source.chapter,
+                                                       "candidate_chapters": it.source.candidate_chapters}
+                                                      for it in items],
+                        "models": {e.key: e.label for e in ctx.entrants}}, asdict(size), [plot], notes,
+                       timer.seconds)
+
+
+def _verdict(results: dict, prefixes: list[int]) -> str:
+    lm, base = results["longmem"], results["backbone_1k"]
+    won = sum(lm[str(p)]["accuracy"] > base[str(p)]["accuracy"] for p in prefixes)
+    return f"LongMem beats the 1k-context backbone at {won} of {len(prefixes)} prefix lengths."
+
+
+def _plot(ctx: EvalContext, prefixes: list[int], results: dict, chance: float) -> str:
+    fig = figure(6.0, 3.6)
+    ax = fig.add_subplot()
+    for e in ctx.entrants:
+        ax.plot(prefixes, [100 * results[e.key][str(p)]["accuracy"] for p in prefixes], marker="o", label=e.label)
+    ax.axhline(chance, color="gray", lw=0.8, ls="--", label="chance")
+    ax.set_xlabel("prefix tokens before the chapter break")
+    ax.set_ylabel("accuracy %")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(ctx.out_dir / "chapterbreak.png")
+    return "chapterbreak.png"

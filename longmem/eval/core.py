@@ -1,0 +1,174 @@
+"""What every evaluation suite shares: the models compared, the data, sizes, and a suite's result.
+
+A suite (``longmem.eval.SUITES``) is a module with ``run(ctx: EvalContext) -> SuiteResult``. The context holds
+the lineup: every model that suite compares, side by side in one run, under the same loops (``SegmentLM``):
+
+- ``backbone_1k``: the frozen backbone with the same 1k local window as LongMem and no memory (the paper's GPT-2*);
+- ``backbone_full``: the backbone attending to its native context at once (8k for SmolLM2), where it fits;
+- ``longmem``: the backbone + trained SideNet + memory bank.
+
+A suite's size is a dataclass with a ``quick`` instance (CI: seconds per suite on a 2-core CPU) and a ``full`` one
+(the record, ``docs/results.md``); ``--set suite.field=value`` changes one field of either.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Callable
+
+from ..baselines import BackboneLM
+from ..classifiers import agg_figure as figure  # noqa: F401 (the suites' plots)
+from ..corpus import Document, book_split, tokenize_files
+from ..lm import SegmentLM
+from ..model import LongMemModel
+
+Log = Callable[[str], None]
+DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # the shared data next to the checkout
+
+
+def data_dir_default() -> Path:
+    """``$LONGMEM_DATA_DIR``, else the ``shared/data`` folder beside the repository."""
+    return Path(os.environ.get("LONGMEM_DATA_DIR", DEFAULT_DATA))
+
+
+@dataclass
+class Entrant:
+    """One model of a comparison: a row of every table."""
+
+    key: str  # JSON key: "backbone_1k", "backbone_full", "longmem"
+    label: str  # its name in tables
+    lm: SegmentLM
+
+    @property
+    def context(self) -> int:
+        return self.lm.segment_len
+
+
+def lineup(model: LongMemModel, full_context: int | None = None) -> list[Entrant]:
+    """The models compared with ``model``: the backbone with its window, the backbone at ``full_context`` tokens
+    (default: its native context; left out when that is no longer than the window), and LongMem."""
+    bb, local = model.backbone, model.segment_len
+    full = min(full_context or bb.spec.max_positions, bb.spec.max_positions)
+    rows = [Entrant("backbone_1k", f"backbone, {_k(local)} context (the paper's GPT-2*)", BackboneLM(bb, local))]
+    if full > local:
+        rows.append(Entrant("backbone_full", f"backbone, {_k(full)} context", BackboneLM(bb, full)))
+    rows.append(Entrant("longmem", f"LongMem ({_k(local)} local + memory)", model))
+    return rows
+
+
+def _k(tokens: int) -> str:
+    return f"{tokens // 1024}k" if tokens % 1024 == 0 else f"{tokens:,}-token"
+
+
+@dataclass
+class EvalContext:
+    model: LongMemModel  # the LongMem model evaluated (its backbone serves the baselines)
+    entrants: list[Entrant]
+    data_dir: Path  # shared data: books/, icl/, squad/, arxiv/, MANIFEST.md
+    out_dir: Path  # JSON, markdown and PNG files of the suites
+    quick: bool = False  # CI size
+    seed: int = 0
+    overrides: dict[str, dict[str, str]] = field(default_factory=dict)  # suite -> {size field: value}
+    log: Log = print
+    _books: list[Document] | None = None
+
+    @property
+    def tokenizer(self):
+        return self.model.backbone.tokenizer
+
+    def entrant(self, key: str) -> Entrant | None:
+        return next((e for e in self.entrants if e.key == key), None)
+
+    def held_out_books(self) -> list[Document]:
+        """The test split of the shared books (never trained on), tokenized once (cached on disk)."""
+        if self._books is None:
+            from ..backbone import cache_root
+
+            _, test = book_split(self.data_dir)
+            self._books = tokenize_files(test, self.tokenizer, cache_root() / "tokens")
+        return self._books
+
+    def size(self, suite: str, quick, full):
+        """The suite's size: ``quick`` or ``full``, with this run's ``--set`` overrides applied."""
+        base = quick if self.quick else full
+        return apply_overrides(base, self.overrides.get(suite, {}), suite)
+
+
+def apply_overrides(size, values: dict[str, str], suite: str = "suite"):
+    """``size`` (a dataclass) with fields set from strings, converted to each field's type (lists: comma-separated)."""
+    known = {f.name: f for f in fields(size)}
+    changes = {}
+    for name, text in values.items():
+        if name not in known:
+            raise ValueError(f"{suite} has no size setting {name!r} (it has: {', '.join(known)})")
+        current = getattr(size, name)
+        try:
+            if isinstance(current, bool):
+                value = text.lower() in ("1", "true", "yes")
+            elif isinstance(current, (list, tuple)):
+                kind = type(current[0]) if current else str
+                value = type(current)(kind(x) for x in text.split(",") if x)
+            else:
+                value = type(current)(text)
+        except ValueError:
+            raise ValueError(f"{suite}.{name}={text!r}: expected {type(current).__name__}") from None
+        changes[name] = value
+    return replace(size, **changes)
+
+
+@dataclass
+class SuiteResult:
+    suite: str  # registry name, e.g. "books"
+    title: str  # e.g. "Long-context language modelling (paper table 3)"
+    tables: list[str]  # markdown tables, in order
+    data: dict  # every number behind the tables (JSON)
+    size: dict  # the size it ran at
+    plots: list[str] = field(default_factory=list)  # PNG file names in the output folder
+    notes: list[str] = field(default_factory=list)  # what a reader must know to read the tables
+    seconds: float = 0.0
+
+    def markdown(self, plot_dir: str = ".") -> str:
+        parts = [f"## {self.title}", "", *(t + "\n" for t in self.tables)]
+        parts += [f"- {n}" for n in self.notes]
+        parts += [""] + [f"![{p}]({plot_dir}/{p})" for p in self.plots]
+        size = ", ".join(f"{k} {v}" for k, v in self.size.items())
+        parts += ["", f"Size: {size}. Wall time {self.seconds / 60:.1f} min."]
+        return "\n".join(parts).strip() + "\n"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class Timer:
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def ppl(nll: float, tokens: int) -> float:
+    return math.exp(nll / tokens) if tokens else float("nan")
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    if not values:
+        return float("nan"), float("nan")
+    m = sum(values) / len(values)
+    var = sum((v - m) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return m, math.sqrt(var)
+
+
+def table(header: list[str], rows: list[list[str]], align: str | None = None) -> str:
+    """A markdown table; ``align`` one char per column, "l" or "r" (default: first left, the rest right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    sep = ["---" if a == "l" else "---:" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

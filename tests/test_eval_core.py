@@ -1,0 +1,216 @@
+"""The evaluation suites' numbers, on tiny models built in code: scoring after a shared prefix equals one pass,
+perplexity equals hand-computed values, rigged ICL labels give exactly 100% and 0%, aggregation and settings."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny import VOCAB, small_config
+
+from longmem.baselines import BackboneLM
+from longmem.classifiers import Example, Preset
+from longmem.corpus import Document
+from longmem.eval import books, icl
+from longmem.eval.chapterbreak import Item, choose
+from longmem.eval.core import Entrant, apply_overrides, lineup, mean_std
+from longmem.eval.cli import parse_overrides
+from longmem.eval.scoring import Prefix
+from longmem.model import LongMemModel
+
+from conftest import random_ids
+
+
+def memory_model(backbone, segment_len: int = 48) -> LongMemModel:
+    """A tiny LongMem whose SideNet differs from the backbone (copy-init) and reads its memory."""
+    return LongMemModel(backbone, small_config(segment_len=segment_len, side_init="plain")).eval()
+
+
+def filled_memory(lm, n: int = 40):
+    memory = lm.new_memory(capacity=None)
+    lm.memorize(random_ids(n, seed=7)[0], memory)
+    return memory
+
+
+@pytest.mark.parametrize("which", ["longmem", "backbone"])
+def test_prefix_scores_equal_one_pass(backbone, which):
+    lm = memory_model(backbone) if which == "longmem" else BackboneLM(backbone, 48)
+    memory = filled_memory(lm) if lm.uses_memory else None
+    context, cont = random_ids(20, seed=1)[0], random_ids(9, seed=2)[0]
+    prefix = Prefix.read(lm, context, memory)
+    assert prefix.logprobs(cont).sum().item() == pytest.approx(lm.score(context, cont, memory), abs=1e-4)
+    # extending, then reading the next token, is scoring that token after the longer context
+    longer = prefix.extend(cont[:4])
+    assert longer.next_logprobs()[cont[4]].item() == pytest.approx(
+        lm.score(torch.cat([context, cont[:4]]), cont[4:5], memory), abs=1e-4)
+    assert prefix.length == 20 and longer.length == 24  # the prefix itself is unchanged
+    # greedy decoding from the prefix equals re-reading everything for each token
+    ids, want = context.tolist(), []
+    for _ in range(5):
+        hidden = lm.step(torch.tensor([ids]), memory).hidden
+        want.append(int(lm.backbone.logits(hidden[:, -1:])[0, -1].argmax()))
+        ids.append(want[-1])
+    assert prefix.greedy(5) == want
+
+
+def test_prefix_refuses_what_does_not_fit(llama):
+    lm = BackboneLM(llama, 16)
+    with pytest.raises(ValueError, match="no room"):
+        Prefix.read(lm, random_ids(16)[0])
+    prefix = Prefix.read(lm, random_ids(10)[0])
+    with pytest.raises(ValueError, match="does not fit"):
+        prefix.logprobs(random_ids(7)[0])
+
+
+def zero_lm_head(backbone) -> None:
+    """Logits of exactly 0 for every token: the model predicts the uniform distribution over the vocabulary."""
+    with torch.no_grad():
+        backbone.model.get_output_embeddings().weight.zero_()
+
+
+def test_perplexity_of_a_uniform_model_is_the_vocabulary_size(backbone):
+    zero_lm_head(backbone)
+    docs = [("<5k", Document("a", random_ids(70, seed=3)[0].numpy())),
+            ("<5k", Document("b", random_ids(33, seed=4)[0].numpy()))]
+    for lm in (BackboneLM(backbone, 16), memory_model(backbone, 16)):
+        r = books.score_documents(Entrant("m", "m", lm), docs, capacity=32, log=lambda m: None)
+        assert r["splits"]["<5k"]["tokens"] == 69 + 32  # every token but each document's first is predicted
+        assert r["splits"]["<5k"]["ppl"] == pytest.approx(VOCAB, rel=1e-5)
+
+
+def test_perplexity_equals_a_hand_computed_cross_entropy(backbone):
+    ids = random_ids(40, seed=5)
+    logits = backbone.model(ids).logits[0, :-1].float()  # the Hugging Face model itself, one pass
+    want = math.exp(F.cross_entropy(logits, ids[0, 1:]).item())
+    r = books.score_documents(Entrant("b", "b", BackboneLM(backbone, 64)), [("<5k", Document("d", ids[0].numpy()))],
+                              capacity=None, log=lambda m: None)
+    assert r["splits"]["<5k"]["ppl"] == pytest.approx(want, rel=1e-5)
+    assert r["documents"]["d"]["ppl"] == pytest.approx(want, rel=1e-5)
+
+
+def test_split_of_follows_the_paper_ranges():
+    assert [books.split_of(n) for n in (4_999, 5_000, 9_999, 10_000, 99_999, 100_000, 500_000, 1_000_000)] == [
+        "<5k", "5k-10k", "5k-10k", "10k-100k", "10k-100k", "100k-500k", "500k-1M", ">1M"]
+
+
+def test_book_documents_are_openings_and_whole_books():
+    b = [Document("x", np.arange(20_000)), Document("y", np.arange(3_000))]
+    docs = books.book_documents(b, books.Size(books=2, opening_tokens=8192, max_tokens=15_000))
+    assert [(s, d.name, len(d.ids)) for s, d in docs] == [("5k-10k", "x[:8192]", 8192), ("10k-100k", "x", 15_000),
+                                                        ("<5k", "y", 3_000)]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# in-context learning
+
+TEMPLATE = "Review: {text} Sentiment: {label}"
+PRESET = Preset("toy", TEMPLATE, {"1": "positive", "0": "negative"}, "toy")
+
+
+def toy_task(test: list[Example]) -> icl.Task:
+    demos = [Example(f"film {i} was {'good' if i % 2 else 'bad'}", "positive" if i % 2 else "negative")
+             for i in range(12)]
+    return icl.Task(PRESET, 0, demos[:4], demos[4:], test)
+
+
+def test_rigged_icl_labels_give_exactly_100_and_0_percent(llama):
+    """Gold labels set to the model's own choice (computed by plain one-pass scoring) give 100%, the other label 0%:
+    the suite's scoring after a shared prefix, its protocol and its accuracy agree with ``SegmentLM.score``."""
+    lm = memory_model(llama, segment_len=256)
+    task = toy_task([])
+    bank = icl.memory_bank(lm, task.memory, TEMPLATE, csz=2)
+    tok, context = lm.backbone.tokenizer, icl.context_ids(llama.tokenizer, TEMPLATE, task.shots(2))
+    texts = ["a dull, slow film", "warm and funny", "it was fine", "the plot made no sense"]
+    own = []
+    for text in texts:
+        prompt = context + tok("Review: " + text + " Sentiment:", add_special_tokens=False).input_ids
+        scores = {w: lm.score(prompt, tok(" " + w, add_special_tokens=False).input_ids, bank) for w in PRESET.labels}
+        own.append(max(scores, key=scores.get))
+    right = icl.classify(lm, bank, context, TEMPLATE, PRESET.labels, [Example(t, w) for t, w in zip(texts, own)])
+    assert right.label_acc == 1.0 and right.predictions == own
+    other = {"positive": "negative", "negative": "positive"}
+    wrong = icl.classify(lm, bank, context, TEMPLATE, PRESET.labels, [Example(t, other[w]) for t, w in zip(texts, own)])
+    assert wrong.label_acc == 0.0
+
+
+def test_greedy_protocol_needs_the_token_to_start_the_label():
+    assert icl.starts_label(" pos", " ", "positive") and icl.starts_label(" positive", " ", "positive")
+    assert not icl.starts_label("pos", " ", "positive")  # the label word follows a space
+    assert not icl.starts_label(" ", " ", "positive")  # whitespace alone starts every label
+    assert not icl.starts_label(" positively", " ", "positive")
+    assert not icl.starts_label(" neg", " ", "positive")
+
+
+def test_k_shots_cover_every_label_first():
+    task = toy_task([])
+    assert {e.label for e in task.shots(2)} == {"positive", "negative"}
+    assert task.shots(3) == [e for e in task.context if e in task.shots(3)]  # in the context's order
+    assert task.shots(10) == task.context
+
+
+def test_full_context_demonstrations_fit_the_budget_and_end_with_the_shots(llama):
+    task = toy_task([])
+    shots = icl.context_ids(llama.tokenizer, TEMPLATE, task.shots(4))
+    ids = icl.full_context_ids(llama.tokenizer, task, 4, budget=len(shots) + 70)
+    assert len(shots) < len(ids) <= len(shots) + 70 and ids[-len(shots):] == shots
+    assert icl.full_context_ids(llama.tokenizer, task, 4, budget=10_000)[: 5] == llama.tokenizer(
+        "Review: " + task.memory[0].text, add_special_tokens=False).input_ids[:5]  # everything fits: all of memory
+
+
+def test_summary_means_stds_and_average():
+    runs = [{"set": s, "seed": seed, "k": 4, "model": "m", "greedy": g, "label": lab, "n": 10}
+            for s, seed, g, lab in [("A", 0, 0.5, 0.6), ("A", 1, 0.7, 0.8), ("B", 0, 0.9, 1.0), ("B", 1, 0.9, 1.0)]]
+    s = icl.summarize(runs)
+    assert s["m/4/A"]["label"] == pytest.approx((70.0, math.sqrt(200.0)))
+    assert s["m/4/B"]["greedy"] == pytest.approx((90.0, 0.0))
+    assert s["m/4/Avg"]["label"][0] == pytest.approx(85.0)
+    assert mean_std([1.0]) == (1.0, 0.0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# ChapterBreak scoring, lineup, settings
+
+
+def test_chapterbreak_picks_the_model_own_continuation(llama):
+    """The true opening is the model's greedy continuation of the prefix, the negatives random text: it must win,
+    with the prefix's head in memory (the prefix is longer than the window)."""
+    lm = memory_model(llama, segment_len=32)
+    prefix = random_ids(60, seed=9)[0].numpy()
+    true = Prefix.read(lm, prefix[-(32 - 8):], None).greedy(8)
+    item = Item(source=None, prefix=prefix, candidates=[true] + [random_ids(8, seed=s)[0].tolist() for s in (1, 2)])
+    best, scores = choose(Entrant("longmem", "LongMem", lm), item, prefix_tokens=60, suffix_tokens=8)
+    assert best == 0 and len(scores) == 3
+
+
+def test_lineup_has_the_full_context_row_only_when_longer(llama):
+    lm = memory_model(llama, segment_len=64)
+    assert [e.key for e in lineup(lm)] == ["backbone_1k", "backbone_full", "longmem"]
+    assert lineup(lm)[1].context == 512  # the tiny llama's native context
+    assert [e.key for e in lineup(lm, full_context=64)] == ["backbone_1k", "longmem"]
+
+
+def test_size_overrides_are_typed_and_checked():
+    size = apply_overrides(icl.QUICK, {"seeds": "3", "sets": "SST-2,MR", "shots": "4,20"})
+    assert (size.seeds, size.sets, size.shots) == (3, ["SST-2", "MR"], [4, 20])
+    with pytest.raises(ValueError, match="has no size setting 'seed'"):
+        apply_overrides(icl.QUICK, {"seed": "3"})
+    with pytest.raises(ValueError, match="expected int"):
+        apply_overrides(icl.QUICK, {"seeds": "many"})
+    assert parse_overrides(["icl.seeds=2", "books.books=3"]) == {"icl": {"seeds": "2"}, "books": {"books": "3"}}
+    with pytest.raises(ValueError, match="SUITE.FIELD=VALUE"):
+        parse_overrides(["nosuch.seeds=2"])
+
+
+def test_every_registered_suite_has_quick_and_full_sizes():
+    import importlib
+
+    from longmem.eval import SUITES
+
+    for name, module in SUITES.items():
+        m = importlib.import_module(module)
+        assert callable(m.run) and type(m.QUICK) is type(m.FULL), name
+    assert Path(importlib.import_module(SUITES["books"]).__file__).parent.name == "eval"

@@ -1,0 +1,52 @@
+"""``longmem eval all --quick`` on the real default backbone and shipped SideNet, with the shared data: every suite
+runs, writes its JSON, markdown and plots, and the results document names the command, commit and hardware."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from longmem.eval import SUITES
+from longmem.eval.cli import main
+from longmem.eval.core import data_dir_default
+
+pytestmark = pytest.mark.integration
+
+
+def finite_numbers(obj) -> list[float]:
+    if isinstance(obj, bool):
+        return []
+    if isinstance(obj, (int, float)):
+        return [obj]
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in finite_numbers(v)]
+    if isinstance(obj, (list, tuple)):
+        return [x for v in obj for x in finite_numbers(v)]
+    return []
+
+
+def test_eval_all_quick_writes_every_suite_and_the_results_document(tmp_path, capsys):
+    if not (data_dir_default() / "MANIFEST.md").is_file():
+        pytest.skip("the shared data folder is not beside the checkout")
+    out, docs = tmp_path / "out", tmp_path / "docs" / "results.md"
+    assert main(["all", "--quick", "--out", str(out), "--docs", str(docs)]) == 0
+    printed = capsys.readouterr().out
+    text = docs.read_text()
+    assert "`longmem eval all --quick" in text and "- commit: `" in text and "- hardware: " in text
+    for name in SUITES:
+        result = json.loads((out / f"{name}.json").read_text())
+        assert result["suite"] == name and result["seconds"] > 0
+        assert result["title"] in text and result["title"] in printed
+        numbers = [x for x in finite_numbers(result["data"]) if x == x]  # NaN aside (std of one seed)
+        assert numbers and all(math.isfinite(x) for x in numbers), name
+        for plot in result["plots"]:
+            assert (out / plot).stat().st_size > 1000 and (docs.parent / "results" / plot).is_file()
+    books = json.loads((out / "books.json").read_text())["data"]["results"]
+    assert set(books) == {"backbone_1k", "backbone_full", "longmem"}
+    for r in books.values():  # a real model on real text: perplexity far below the 49k-token vocabulary
+        assert all(1 < s["ppl"] < 200 for s in r["splits"].values())
+    icl = json.loads((out / "icl.json").read_text())["data"]["runs"]
+    assert {r["model"] for r in icl} == {"majority", "backbone_1k", "backbone_full", "longmem"}
+    assert all(0 <= r["label"] <= 1 and r["n"] == 8 for r in icl)
