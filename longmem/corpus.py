@@ -89,7 +89,7 @@ def _pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
 
 
 def _tokenize(tokenizer, text: str) -> np.ndarray:
-    pieces = _pieces(text)
+    pieces = _pieces(text, PIECE_CHARS)  # read at call time (tests make it small)
     ids = tokenizer(pieces, add_special_tokens=False)["input_ids"]  # batched: the fast tokenizer runs in parallel
     return np.concatenate([np.asarray(p, dtype=np.int32) for p in ids])  # (T,)
 

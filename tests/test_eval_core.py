@@ -214,3 +214,26 @@ def test_every_registered_suite_has_quick_and_full_sizes():
         m = importlib.import_module(module)
         assert callable(m.run) and type(m.QUICK) is type(m.FULL), name
     assert Path(importlib.import_module(SUITES["books"]).__file__).parent.name == "eval"
+
+
+def test_lineup_takes_a_memtrm_of_the_same_backbone_only(llama):
+    from tiny import tiny_llama
+
+    from longmem.baselines import MemTRM
+
+    lm = memory_model(llama, segment_len=64)
+    rows = lineup(lm, memtrm=MemTRM(llama, cached_layer=2, csz=2, topk=8, segment_len=64))
+    assert [e.key for e in rows] == ["backbone_1k", "backbone_full", "memtrm", "longmem"]
+    with pytest.raises(ValueError, match="another backbone"):
+        lineup(lm, memtrm=MemTRM(tiny_llama(seed=3), cached_layer=2, csz=2, topk=8, segment_len=64))
+
+
+def test_versus_counts_wins_and_names_the_losses():
+    from longmem.eval.core import versus
+
+    ppl = {"longmem": {"a": 10.0, "b": 12.0, "c": 9.0}, "backbone_1k": {"a": 11.0, "b": 11.0, "c": 9.0},
+           "memtrm": {"a": 10.5, "b": 12.5, "c": 9.5}}
+    assert versus(ppl, lambda v: v, lower_is_better=True) == (
+        "LongMem beats the 1k-context backbone on 1 of 3 (not on b, c); MemTRM on 3 of 3.")
+    acc = {"longmem": {"x": 0.5}, "backbone_1k": {"x": 0.25}}
+    assert versus(acc, lambda v: v, lower_is_better=False) == "LongMem beats the 1k-context backbone on 1 of 1."

@@ -68,7 +68,7 @@ def test_book_split_errors(tmp_path):
 
 
 def test_tokenize_files_pieces_equal_whole(tmp_path, monkeypatch):
-    import training.data as data
+    import longmem.corpus as data
 
     tok = char_tokenizer()
     path = tmp_path / "book.txt"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..backbone import cache_root
 from ..corpus import Document, tokenize_files
-from .core import EvalContext, Entrant, SuiteResult, Timer, figure, ppl, table
+from .core import EvalContext, Entrant, SuiteResult, Timer, figure, ppl, table, versus
 from .measures import perplexity
 
 SPLITS = ((0, 5_000, "<5k"), (5_000, 10_000, "5k-10k"), (10_000, 100_000, "10k-100k"),
@@ -108,12 +108,8 @@ def run(ctx: EvalContext) -> SuiteResult:
 
 
 def _verdict(results: dict, splits: list[str]) -> str:
-    """Which splits LongMem beats the 1k-context backbone on."""
-    lm, base = results["longmem"]["splits"], results["backbone_1k"]["splits"]
-    won = [s for s in splits if lm[s]["ppl"] < base[s]["ppl"]]
-    lost = [s for s in splits if s not in won]
-    text = f"LongMem beats the 1k-context backbone on {len(won)} of {len(splits)} columns"
-    return text + (f" (not on {', '.join(lost)})." if lost else ".")
+    """Which columns LongMem beats the 1k-context backbone (and MemTRM) on."""
+    return versus({k: {s: r["splits"][s] for s in splits} for k, r in results.items()}, lambda r: r["ppl"], True)
 
 
 def _plot(ctx: EvalContext, results: dict, splits: list[str]) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 from ..corpus import book_split
 from ..text import read_text
 from .chapters import SuffixItem, suffix_items
-from .core import EvalContext, Entrant, SuiteResult, Timer, figure, table
+from .core import EvalContext, Entrant, SuiteResult, Timer, figure, table, versus
 from .scoring import Prefix
 
 
@@ -116,9 +116,8 @@ def run(ctx: EvalContext) -> SuiteResult:
 
 
 def _verdict(results: dict, prefixes: list[int]) -> str:
-    lm, base = results["longmem"], results["backbone_1k"]
-    won = sum(lm[str(p)]["accuracy"] > base[str(p)]["accuracy"] for p in prefixes)
-    return f"LongMem beats the 1k-context backbone at {won} of {len(prefixes)} prefix lengths."
+    by_prefix = {k: {f"prefix {p:,}": r[str(p)] for p in prefixes} for k, r in results.items()}
+    return versus(by_prefix, lambda r: r["accuracy"], False)
 
 
 def _plot(ctx: EvalContext, prefixes: list[int], results: dict, chance: float) -> str:

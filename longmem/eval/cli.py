@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint", default=None,
                    help="SideNet checkpoint to evaluate (default: the one shipped for the backbone)")
     p.add_argument("--untrained", action="store_true", help="evaluate the untrained SideNet")
+    p.add_argument("--memtrm", default=None, metavar="CKPT",
+                   help="a trained MemTRM baseline checkpoint (python -m training --model memtrm) to compare too")
     p.add_argument("--full-context", type=int, default=None,
                    help="context of the full-attention backbone row (default: the backbone's native context)")
     p.add_argument("--set", action="append", default=[], metavar="SUITE.FIELD=VALUE",
@@ -73,7 +75,8 @@ def load_model(args: argparse.Namespace):
 def run_suite(name: str, ctx: EvalContext) -> SuiteResult:
     """Run one suite and write its JSON and markdown into the context's output folder."""
     module = importlib.import_module(SUITES[name])
-    ctx.log(f"suite {name}: {'quick' if ctx.quick else 'full'} size")
+    changed = ctx.overrides.get(name)
+    ctx.log(f"suite {name}: {'quick' if ctx.quick else 'full'} size" + (f", changed: {changed}" if changed else ""))
     result = module.run(ctx)
     (ctx.out_dir / f"{name}.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
     (ctx.out_dir / f"{name}.md").write_text(result.markdown())
@@ -107,7 +110,9 @@ def results_document(results: list[SuiteResult], prov: dict, plot_dir: str) -> s
             f"- commit: `{prov['commit']}`{' (with uncommitted changes)' if prov['dirty'] else ''}, {prov['date']}",
             f"- hardware: {m['cpu']}, {m['cores']} cores, {m['threads']} torch threads, dtype {m['dtype']}, "
             f"torch {m['torch']}, faiss {m['faiss']}",
-            f"- backbone: {prov['backbone']}; wall time {prov['wall_s'] / 60:.1f} min", ""]
+            f"- backbone: {prov['backbone']}; wall time {prov['wall_s'] / 60:.1f} min",
+            f"- MemTRM baseline: `{prov['memtrm']}`" if prov.get("memtrm") else
+            "- MemTRM baseline: not in these tables (no trained MemTRM checkpoint was given: `--memtrm`)", ""]
     return "\n".join(head) + "\n" + "\n".join(r.markdown(plot_dir) for r in results)
 
 
@@ -125,9 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(args)
+    memtrm = None
+    if args.memtrm:
+        from ..baselines import MemTRM
+
+        memtrm = MemTRM.load(args.memtrm, backbone=model.backbone).eval()
     log = lambda m: print(f"[eval {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
-    ctx = EvalContext(model, lineup(model, args.full_context), Path(args.data) if args.data else data_dir_default(),
-                      out, quick=args.quick, seed=args.seed, overrides=overrides, log=log)
+    data = Path(args.data) if args.data else data_dir_default()
+    ctx = EvalContext(model, lineup(model, args.full_context, memtrm), data, out, quick=args.quick, seed=args.seed,
+                      overrides=overrides, log=log)
     names = list(SUITES) if args.suite == "all" else [args.suite]
     results = []
     for name in names:
@@ -141,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             for plot in r.plots:
                 shutil.copyfile(out / plot, plot_dir / plot)
         prov = provenance(model, argv, time.perf_counter() - t0)
+        prov["memtrm"] = args.memtrm
         docs.write_text(results_document(results, prov, plot_dir.name))
         log(f"wrote {docs}")
     return 0

@@ -5,6 +5,7 @@ the lineup: every model that suite compares, side by side in one run, under the 
 
 - ``backbone_1k``: the frozen backbone with the same 1k local window as LongMem and no memory (the paper's GPT-2*);
 - ``backbone_full``: the backbone attending to its native context at once (8k for SmolLM2), where it fits;
+- ``memtrm``: the MemTRM baseline (``longmem.baselines.MemTRM``), when a trained checkpoint is given;
 - ``longmem``: the backbone + trained SideNet + memory bank.
 
 A suite's size is a dataclass with a ``quick`` instance (CI: seconds per suite on a 2-core CPU) and a ``full`` one
@@ -39,7 +40,7 @@ def data_dir_default() -> Path:
 class Entrant:
     """One model of a comparison: a row of every table."""
 
-    key: str  # JSON key: "backbone_1k", "backbone_full", "longmem"
+    key: str  # JSON key: "backbone_1k", "backbone_full", "memtrm", "longmem"
     label: str  # its name in tables
     lm: SegmentLM
 
@@ -48,16 +49,36 @@ class Entrant:
         return self.lm.segment_len
 
 
-def lineup(model: LongMemModel, full_context: int | None = None) -> list[Entrant]:
+def lineup(model: LongMemModel, full_context: int | None = None, memtrm: SegmentLM | None = None) -> list[Entrant]:
     """The models compared with ``model``: the backbone with its window, the backbone at ``full_context`` tokens
-    (default: its native context; left out when that is no longer than the window), and LongMem."""
+    (default: its native context; left out when that is no longer than the window), MemTRM when given, LongMem."""
     bb, local = model.backbone, model.segment_len
     full = min(full_context or bb.spec.max_positions, bb.spec.max_positions)
     rows = [Entrant("backbone_1k", f"backbone, {_k(local)} context (the paper's GPT-2*)", BackboneLM(bb, local))]
     if full > local:
         rows.append(Entrant("backbone_full", f"backbone, {_k(full)} context", BackboneLM(bb, full)))
+    if memtrm is not None:
+        if memtrm.backbone.fingerprint() != bb.fingerprint():
+            raise ValueError("the MemTRM checkpoint was trained for another backbone than LongMem's")
+        rows.append(Entrant("memtrm", f"MemTRM ({_k(memtrm.segment_len)} local + memory)", memtrm))
     rows.append(Entrant("longmem", f"LongMem ({_k(local)} local + memory)", model))
     return rows
+
+
+def versus(results: dict, score, lower_is_better: bool, rivals=("backbone_1k", "memtrm")) -> str:
+    """"LongMem beats the 1k backbone on 3 of 4, MemTRM on 2 of 4 (not on ArXiv)": ``results`` maps a model key to
+    {column: result}, ``score(result)`` gives the number compared."""
+    parts = []
+    for rival in rivals:
+        if rival not in results or "longmem" not in results:
+            continue
+        cols = list(results["longmem"])
+        won = [c for c in cols if (score(results["longmem"][c]) < score(results[rival][c])) == lower_is_better
+               and score(results["longmem"][c]) != score(results[rival][c])]
+        lost = [c for c in cols if c not in won]
+        name = {"backbone_1k": "the 1k-context backbone", "memtrm": "MemTRM"}[rival]
+        parts.append(f"{name} on {len(won)} of {len(cols)}" + (f" (not on {', '.join(lost)})" if lost else ""))
+    return "LongMem beats " + "; ".join(parts) + "." if parts else ""
 
 
 def _k(tokens: int) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 from ..backbone import cache_root
 from ..corpus import book_split, tokenize_files
 from ..recall import recall_documents
-from .core import EvalContext, SuiteResult, Timer, figure, table
+from .core import EvalContext, SuiteResult, Timer, figure, table, versus
 from .measures import recall_record, recalled
 
 
@@ -69,7 +69,9 @@ def run(ctx: EvalContext) -> SuiteResult:
     rows = [[e.label] + [_cell(results[e.key][str(d)]) for d in size.distances] for e in ctx.entrants]
     lm = results["longmem"]
     worst = min(lm[str(d)]["accuracy"] for d in size.distances)
-    notes = [f"LongMem's lowest accuracy over these distances: {100 * worst:.0f}% (target: >= 80% at every "
+    by_distance = {k: {_k(d): r[str(d)] for d in size.distances} for k, r in results.items()}
+    notes = [versus(by_distance, lambda r: r["accuracy"], False),
+             f"LongMem's lowest accuracy over these distances: {100 * worst:.0f}% (target: >= 80% at every "
              "distance); cells give accuracy, then numbers and names recalled.",
              f"{size.items} items per distance; the fact lies D to D + {L:,} tokens before the question."]
     if borrowed:

@@ -24,7 +24,7 @@ from typing import Sequence
 from ..classifiers import PRESETS, Example, Preset, demo_stream, format_demo, majority_accuracy, split_examples
 from ..lm import SegmentLM
 from ..memory import MemoryBank
-from .core import EvalContext, Entrant, SuiteResult, Timer, figure, mean_std, table
+from .core import EvalContext, Entrant, SuiteResult, Timer, figure, mean_std, table, versus
 from .scoring import Prefix
 
 SEPARATOR = "\n"  # between the prompt's demonstrations (and before the test sentence)
@@ -244,16 +244,13 @@ def results_table(summary: dict, rows_for: list[tuple[str, int, str]], sets: lis
 
 
 def verdict(summary: dict, sets: list[str], k: int) -> str:
-    """LongMem against the same k-shot 1k backbone on the average, for both protocols."""
-    parts = []
-    for protocol, name in (("greedy", "the paper's protocol"), ("label", "label-word scoring")):
-        lm, base = summary.get(f"longmem/{k}/Avg"), summary.get(f"backbone_1k/{k}/Avg")
-        if lm is None or base is None:
-            continue
-        d = lm[protocol][0] - base[protocol][0]
-        parts.append(f"{name}: LongMem {lm[protocol][0]:.1f} vs {base[protocol][0]:.1f} "
-                     f"({'+' if d >= 0 else ''}{d:.1f} points, {'beats' if d > 0 else 'does not beat'} it)")
-    return f"At {k}-shot, average over {len(sets)} sets: " + "; ".join(parts) + "."
+    """LongMem against the same k-shot 1k backbone (and MemTRM) on the average, for both protocols."""
+    avg = {m: {name: summary[f"{m}/{k}/Avg"][p][0] for p, name in (("greedy", "the paper's protocol"),
+                                                                  ("label", "label-word scoring"))}
+           for m in ("longmem", "backbone_1k", "memtrm") if f"{m}/{k}/Avg" in summary}
+    numbers = "; ".join(f"{m} " + ", ".join(f"{v:.1f}" for v in cols.values()) for m, cols in avg.items())
+    return f"At {k}-shot, average over {len(sets)} sets (paper's protocol, label words): {numbers}. " + versus(
+        avg, lambda v: v, False)
 
 
 def plot_icl(out_dir: Path, summary: dict, rows_for: list[tuple[str, int, str]], sets: list[str]) -> str:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from ..lm import SegmentLM
 from ..memory import MemoryBank
-from .core import EvalContext, Entrant, SuiteResult, Timer, mean_std, table
+from .core import EvalContext, Entrant, SuiteResult, Timer, mean_std, table, versus
 from .scoring import Prefix
 from .squad import QA, answer_from_generation, exact_match, f1, format_demo, format_prompt, read_squad, split_squad
 
@@ -111,10 +111,9 @@ def run(ctx: EvalContext) -> SuiteResult:
         summary[e.key] = {m: mean_std([r[m] for r in sel]) for m in ("em", "f1")}
         fmt = lambda m: f"{m[0]:.1f}" if len(sel) < 2 else f"{m[0]:.1f} ± {m[1]:.1f}"  # noqa: E731
         rows.append([e.label, fmt(summary[e.key]["em"]), fmt(summary[e.key]["f1"])])
-    lm, base = summary["longmem"]["f1"][0], summary["backbone_1k"]["f1"][0]
-    notes = [f"F1: LongMem {lm:.1f} vs the 1k backbone {base:.1f} with the same {size.n_context} demonstrations "
-             f"({'beats' if lm > base else 'does not beat'} it); LongMem holds {size.n_memory} more in memory "
-             f"(chunk size {size.csz})."]
+    scores = {k: {"EM": v["em"][0], "F1": v["f1"][0]} for k, v in summary.items()}
+    notes = [versus(scores, lambda v: v, False) + f" Every model reads the same {size.n_context} demonstrations; "
+             f"LongMem and MemTRM hold {size.n_memory} more in memory (chunk size {size.csz})."]
     return SuiteResult("squad", f"Open-ended in-context learning on SQuAD (paper table 6): {size.n_context} "
                        f"demonstrations in context, {size.n_memory} in memory", [table(["model", "EM", "F1"], rows)],
                        {"runs": runs, "summary": summary, "models": {e.key: e.label for e in ctx.entrants}},
