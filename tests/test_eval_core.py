@@ -237,3 +237,31 @@ def test_versus_counts_wins_and_names_the_losses():
         "LongMem beats the 1k-context backbone on 1 of 3 (not on b, c); MemTRM on 3 of 3.")
     acc = {"longmem": {"x": 0.5}, "backbone_1k": {"x": 0.25}}
     assert versus(acc, lambda v: v, lower_is_better=False) == "LongMem beats the 1k-context backbone on 1 of 1."
+
+
+def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path, capsys):
+    import json
+
+    from longmem.eval.cli import main
+    from longmem.eval.core import SuiteResult
+
+    out, docs = tmp_path / "out", tmp_path / "docs" / "results.md"
+    assert main(["report", "--out", str(out), "--docs", str(docs)]) == 2  # nothing to report yet
+    assert "no suite results" in capsys.readouterr().err
+    out.mkdir()
+    machine = {"cpu": "Test CPU", "cores": 2, "threads": 2, "dtype": "bfloat16", "torch": "2", "faiss": "1"}
+    for suite, commit, plot in (("recall", "bbbbbbb", "recall.png"), ("books", "aaaaaaa", None)):
+        prov = {"command": f"longmem eval {suite} --quick", "commit": commit, "dirty": False, "date": "today",
+                "machine": machine, "sidenet": "shipped", "topk": 1024, "csz": 4, "memtrm": None}
+        r = SuiteResult(suite, f"Title of {suite}", [f"| a |\n| --- |\n| {suite} |"], {}, {"n": 1},
+                        [plot] if plot else [], [f"note on {suite}"], 60.0, prov)
+        (out / f"{suite}.json").write_text(json.dumps(r.to_json()))
+        if plot:
+            (out / plot).write_bytes(b"png")
+    assert main(["report", "--out", str(out), "--docs", str(docs)]) == 0
+    text = docs.read_text()
+    assert text.index("Title of books") < text.index("Title of recall")  # suite order, not file order
+    assert "`longmem eval recall --quick` | `bbbbbbb`" in text and "`longmem eval books --quick` | `aaaaaaa`" in text
+    assert text.count("Hardware: Test CPU") == 1 and "no trained MemTRM checkpoint" in text
+    assert (docs.parent / "results" / "recall.png").read_bytes() == b"png" and "](results/recall.png)" in text
+    assert main(["report", "--out", str(out)]) == 2  # report needs --docs

@@ -3,8 +3,11 @@
 An item is a held-out book read up to a chapter break (``longmem.eval.chapters``): the model sees the last P tokens
 before the break (P = 4k, 6k, 8k) and must tell the true opening of the next chapter from ``negatives`` openings of
 later chapters of the same book (headings removed, so chapter numbers give nothing away). Each candidate's first
-``suffix_tokens`` tokens are scored by mean log-probability (lowest perplexity wins); accuracy is the share of
-items where the true opening wins (chance: 1 / (negatives + 1)).
+``suffix_tokens`` tokens are scored by mean log-probability (lowest perplexity wins, the paper's rule); accuracy is
+the share of items where the true opening wins (chance: 1 / (negatives + 1)). A second table ranks candidates by what
+the prefix adds: the mean log-probability after the prefix minus after a context of only the prefix's last
+``NEUTRAL`` tokens (a line break), so an opening that is likely anywhere (dialogue, short common words) does not win
+for that alone.
 
 Every model keeps the prefix's end in its window (the last window - ``suffix_tokens`` tokens: 1k models lose the
 rest, the 8k backbone keeps nearly all of it) and LongMem holds the rest of the prefix in memory.
@@ -32,6 +35,7 @@ class Size:
     suffix_tokens: int = 128  # tokens of each candidate scored
 
 
+NEUTRAL = 2  # tokens of the prefix's end kept for the no-prefix score (the blank line before the heading)
 QUICK = Size(prefixes=[2048], items=1, negatives=2, suffix_tokens=48)
 FULL = Size()
 
@@ -70,6 +74,12 @@ def build_items(ctx: EvalContext, size: Size) -> list[Item]:
     return out
 
 
+def neutral_scores(entrant: Entrant, item: Item) -> list[float]:
+    """Each candidate's mean log-probability after only the prefix's last ``NEUTRAL`` tokens, without memory."""
+    state = Prefix.read(entrant.lm, item.prefix[-NEUTRAL:], None)
+    return [float(state.logprobs(c).mean()) for c in item.candidates]
+
+
 def choose(entrant: Entrant, item: Item, prefix_tokens: int, suffix_tokens: int) -> tuple[int, list[float]]:
     """(index of the candidate with the highest mean log-probability, each candidate's mean log-probability)."""
     lm = entrant.lm
@@ -90,27 +100,35 @@ def run(ctx: EvalContext) -> SuiteResult:
     timer = Timer()
     items = build_items(ctx, size)
     results: dict = {e.key: {} for e in ctx.entrants}
-    for p in size.prefixes:
-        for e in ctx.entrants:
+    gains: dict = {e.key: {} for e in ctx.entrants}
+    for e in ctx.entrants:
+        neutral = [neutral_scores(e, it) for it in items]
+        for p in size.prefixes:
             picks = [choose(e, it, p, size.suffix_tokens) for it in items]
             right = [i == 0 for i, _ in picks]
             results[e.key][str(p)] = {"accuracy": sum(right) / len(right), "right": right,
-                                      "scores": [s for _, s in picks]}
-            ctx.log(f"chapterbreak P={p}, {e.key}: {sum(right)}/{len(right)}")
+                                      "scores": [s for _, s in picks], "neutral": neutral}
+            gain = [int(np.argmax(np.subtract(s, n))) == 0 for (_, s), n in zip(picks, neutral)]
+            gains[e.key][str(p)] = {"accuracy": sum(gain) / len(gain), "right": gain}
+            ctx.log(f"chapterbreak P={p}, {e.key}: {sum(right)}/{len(right)} by perplexity, {sum(gain)}/{len(gain)} "
+                    "by gain over no prefix")
     header = ["model"] + [f"prefix {p // 1024}k" if p % 1024 == 0 else f"prefix {p:,}" for p in size.prefixes]
     rows = [[e.label] + [f"{100 * results[e.key][str(p)]['accuracy']:.1f}" for p in size.prefixes]
             for e in ctx.entrants]
+    gain_rows = [[e.label] + [f"{100 * gains[e.key][str(p)]['accuracy']:.1f}" for p in size.prefixes]
+                 for e in ctx.entrants]
     chance = 100 / (size.negatives + 1)
     books = sorted({it.source.book for it in items})
-    notes = [_verdict(results, size.prefixes),
+    notes = [f"By perplexity: {_verdict(results, size.prefixes)} By gain: {_verdict(gains, size.prefixes)}",
              f"{len(items)} chapter breaks from {len(books)} held-out books ({', '.join(books)}); chance is "
              f"{chance:.1f}%."]
-    plot = _plot(ctx, size.prefixes, results, chance)
+    plot = _plot(ctx, size.prefixes, results, gains, chance)
     return SuiteResult("chapterbreak", "Suffix identification, ChapterBreak-style (paper table 4): accuracy %",
-                       [table(header, rows)],
-                       {"results": results, "items": [{"book": it.source.book, "chapter": it.source.chapter,
-                                                       "candidate_chapters": it.source.candidate_chapters}
-                                                      for it in items],
+                       [f"**By perplexity (the paper's rule)**\n\n{table(header, rows)}",
+                        f"**By gain over no prefix**\n\n{table(header, gain_rows)}"],
+                       {"results": results, "gain": gains, "items": [
+                           {"book": it.source.book, "chapter": it.source.chapter,
+                            "candidate_chapters": it.source.candidate_chapters} for it in items],
                         "models": {e.key: e.label for e in ctx.entrants}}, asdict(size), [plot], notes,
                        timer.seconds)
 
@@ -120,11 +138,14 @@ def _verdict(results: dict, prefixes: list[int]) -> str:
     return versus(by_prefix, lambda r: r["accuracy"], False)
 
 
-def _plot(ctx: EvalContext, prefixes: list[int], results: dict, chance: float) -> str:
+def _plot(ctx: EvalContext, prefixes: list[int], results: dict, gains: dict, chance: float) -> str:
     fig = figure(6.0, 3.6)
     ax = fig.add_subplot()
     for e in ctx.entrants:
-        ax.plot(prefixes, [100 * results[e.key][str(p)]["accuracy"] for p in prefixes], marker="o", label=e.label)
+        line, = ax.plot(prefixes, [100 * results[e.key][str(p)]["accuracy"] for p in prefixes], marker="o",
+                        label=f"{e.label}, by perplexity")
+        ax.plot(prefixes, [100 * gains[e.key][str(p)]["accuracy"] for p in prefixes], marker="s", ls="--",
+                color=line.get_color(), label=f"{e.label}, by gain")
     ax.axhline(chance, color="gray", lw=0.8, ls="--", label="chance")
     ax.set_xlabel("prefix tokens before the chapter break")
     ax.set_ylabel("accuracy %")

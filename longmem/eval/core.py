@@ -95,6 +95,7 @@ class EvalContext:
     seed: int = 0
     overrides: dict[str, dict[str, str]] = field(default_factory=dict)  # suite -> {size field: value}
     log: Log = print
+    provenance: dict = field(default_factory=dict)  # how this run was made, stored with each suite's result
     _books: list[Document] | None = None
 
     @property
@@ -151,6 +152,7 @@ class SuiteResult:
     plots: list[str] = field(default_factory=list)  # PNG file names in the output folder
     notes: list[str] = field(default_factory=list)  # what a reader must know to read the tables
     seconds: float = 0.0
+    provenance: dict = field(default_factory=dict)  # command, commit, date, machine, models (``longmem eval`` fills it)
 
     def markdown(self, plot_dir: str = ".") -> str:
         parts = [f"## {self.title}", "", *(t + "\n" for t in self.tables)]
@@ -162,6 +164,11 @@ class SuiteResult:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SuiteResult":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 class Timer:
