@@ -95,8 +95,3 @@ class Prefix:
                 break
             hidden = self.lm.step(torch.tensor([[tok]], device=device), self.memory, window).hidden[:, -1:]
         return out
-
-
-def fit_context(context: Sequence[int], budget: int) -> list[int]:
-    """The last ``budget`` tokens of ``context`` (what a window of that size keeps)."""
-    return list(context)[-budget:] if budget > 0 else []
