@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 
 import pytest
 
@@ -34,8 +35,10 @@ def test_eval_all_quick_writes_every_suite_and_the_results_document(tmp_path, ca
     assert main(["all", "--quick", "--out", str(out), "--docs", str(docs)]) == 0
     printed = capsys.readouterr().out
     text = docs.read_text()
-    assert "`longmem eval all --quick" in text and "- commit: `" in text and "- hardware: " in text
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert "Hardware: " in text and "LongMem SideNet: shipped with the package (K = 1024" in text
     for name in SUITES:
+        assert f"| {name} | `longmem eval all --quick --out {out} --docs {docs}` | `{commit}`" in text
         result = json.loads((out / f"{name}.json").read_text())
         assert result["suite"] == name and result["seconds"] > 0
         assert result["title"] in text and result["title"] in printed
