@@ -113,7 +113,7 @@ def run(ctx: EvalContext) -> SuiteResult:
         rows.append([e.label, fmt(summary[e.key]["em"]), fmt(summary[e.key]["f1"])])
     scores = {k: {"EM": v["em"][0], "F1": v["f1"][0]} for k, v in summary.items()}
     notes = [versus(scores, lambda v: v, False) + f" Every model reads the same {size.n_context} demonstrations; "
-             f"LongMem and MemTRM hold {size.n_memory} more in memory (chunk size {size.csz})."]
+             f"the models with memory hold {size.n_memory} more there (chunk size {size.csz})."]
     return SuiteResult("squad", f"Open-ended in-context learning on SQuAD (paper table 6): {size.n_context} "
                        f"demonstrations in context, {size.n_memory} in memory", [table(["model", "EM", "F1"], rows)],
                        {"runs": runs, "summary": summary, "models": {e.key: e.label for e in ctx.entrants}},
