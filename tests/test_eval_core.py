@@ -4,6 +4,7 @@ perplexity equals hand-computed values, rigged ICL labels give exactly 100% and 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from tiny import VOCAB, small_config
 from longmem.baselines import BackboneLM
 from longmem.classifiers import Example, Preset
 from longmem.corpus import Document
-from longmem.eval import books, icl
+from longmem.eval import books, distance, icl
 from longmem.eval.chapterbreak import Item, choose
 from longmem.eval.core import Entrant, apply_overrides, lineup, mean_std
 from longmem.eval.cli import parse_overrides
@@ -253,7 +254,8 @@ def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path,
     for suite, commit, plot in (("recall", "bbbbbbb", "recall.png"), ("books", "aaaaaaa", None)):
         prov = {"command": f"longmem eval {suite} --quick", "commit": commit, "dirty": False, "date": "today",
                 "machine": machine, "sidenet": "shipped", "topk": 1024, "csz": 4, "memtrm": None}
-        r = SuiteResult(suite, f"Title of {suite}", [f"| a |\n| --- |\n| {suite} |"], {}, {"n": 1},
+        size = asdict(books.FULL) if suite == "books" else {**asdict(distance.FULL), "items": 3}  # recall: reduced
+        r = SuiteResult(suite, f"Title of {suite}", [f"| a |\n| --- |\n| {suite} |"], {}, json.loads(json.dumps(size)),
                         [plot] if plot else [], [f"note on {suite}"], 60.0, prov)
         (out / f"{suite}.json").write_text(json.dumps(r.to_json()))
         if plot:
@@ -261,7 +263,9 @@ def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path,
     assert main(["report", "--out", str(out), "--docs", str(docs)]) == 0
     text = docs.read_text()
     assert text.index("Title of books") < text.index("Title of recall")  # suite order, not file order
-    assert "`longmem eval recall --quick` | `bbbbbbb`" in text and "`longmem eval books --quick` | `aaaaaaa`" in text
+    assert "| recall | reduced: items 3 (full 10) | `longmem eval recall --quick` | `bbbbbbb`" in text
+    assert "| books | full | `longmem eval books --quick` | `aaaaaaa`" in text
+    assert "1 of 2 suites ran at the full size" in text
     assert text.count("Hardware: Test CPU") == 1 and "no trained MemTRM checkpoint" in text
     assert (docs.parent / "results" / "recall.png").read_bytes() == b"png" and "](results/recall.png)" in text
     assert main(["report", "--out", str(out)]) == 2  # report needs --docs
