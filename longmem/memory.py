@@ -4,7 +4,9 @@ One bank holds ``batch_size`` independent rows (each row of a batch is its own d
 key/value head, tokens are grouped into chunks of ``csz`` consecutive tokens; a chunk is keyed by its mean-pooled
 key in an exact inner-product faiss index. ``search`` returns, for every query token and query head, the tokens of
 the top ``n_chunks`` chunks (flattened to K = n_chunks * csz key/value pairs) and a validity mask. Query heads map
-to key/value heads as in grouped-query attention (query head h reads KV head h // (Hq / Hkv)).
+to key/value heads as in grouped-query attention (query head h reads KV head h // (Hq / Hkv)). ``select`` finds the
+same chunks and returns them as a mask over every stored token instead, for masked dense attention over the whole
+memory: one matrix product, where the per-query gather moves K key/value pairs for each query token and head.
 
 Tokens that do not fill a chunk wait in a small pending buffer and become searchable once the chunk is full.
 With a ``capacity`` (M tokens, the paper's FIFO queue) the oldest chunks are evicted first.
@@ -40,6 +42,17 @@ class Retrieved:
     chunk_ids: torch.Tensor  # (B, Hq, T, n_chunks) int64 serial number of the chunk since the last clear, -1 if none
 
 
+@dataclass
+class Selected:
+    """All of a memory's tokens, with the ones each query retrieved marked: what masked dense attention over the
+    whole memory reads (cheaper than a per-query gather while memory holds no more than ~16x K tokens)."""
+
+    keys: torch.Tensor  # (B, Hkv, N, d), N = tokens of the fullest row (other rows padded, never selected)
+    values: torch.Tensor  # (B, Hkv, N, d)
+    mask: torch.Tensor  # (B, Hq, T, N) bool, True on the tokens of the query's top chunks
+    chunk_ids: torch.Tensor  # (B, Hq, T, n_chunks) as in Retrieved
+
+
 class MemoryView:
     """A read-through view of a memory bank, passed into forward in its place: it counts which chunks were
     retrieved (to show a reader the passages behind an answer) and can set how many chunks each query gets.
@@ -51,7 +64,12 @@ class MemoryView:
         self.hits: dict[int, int] = {}  # chunk serial (row 0) -> times retrieved, over all heads and tokens
 
     def search(self, queries: torch.Tensor, n_chunks: int) -> Retrieved:
-        found = self.memory.search(queries, self.n_chunks or n_chunks)
+        return self._count(self.memory.search(queries, self.n_chunks or n_chunks))
+
+    def select(self, queries: torch.Tensor, n_chunks: int) -> Selected:
+        return self._count(self.memory.select(queries, self.n_chunks or n_chunks))
+
+    def _count(self, found):
         ids = found.chunk_ids[0].flatten()
         serials, counts = torch.unique(ids[ids >= 0], return_counts=True)
         for s, c in zip(serials.tolist(), counts.tolist()):
@@ -161,8 +179,8 @@ class _Row:
         self.n = keep
         self.evicted += e
 
-    def search(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None):
-        """q (Hq, T, d) -> keys, values (Hq, T, K, d), mask (Hq, T, K), ids (Hq, T, n_chunks)."""
+    def top_chunks(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None) -> torch.Tensor:
+        """q (Hq, T, d) -> positions (Hq, T, n_chunks) int64 of each query's best chunks, best first, -1 = none."""
         hq, T, d = q.shape
         ids = np.full((hq, T, n_chunks), -1, dtype=np.int64)
         if self.n > 0:
@@ -177,7 +195,16 @@ class _Row:
                     found = _limit_sinks(found, sink, max_sinks)
                 found = found[:, :n_chunks]
                 ids[j * group:(j + 1) * group, :, : found.shape[1]] = found.reshape(group, T, -1)
-        ids_t = torch.from_numpy(ids)
+        return torch.from_numpy(ids)
+
+    def serials(self, ids: torch.Tensor) -> torch.Tensor:
+        """Chunk serial numbers since the last clear of positions ``ids`` (-1 stays -1)."""
+        return torch.where(ids >= 0, ids + self.evicted, torch.full_like(ids, -1))
+
+    def search(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None):
+        """q (Hq, T, d) -> keys, values (Hq, T, K, d), mask (Hq, T, K), ids (Hq, T, n_chunks)."""
+        hq, T, d = q.shape
+        ids_t = self.top_chunks(q, n_chunks, group, max_sinks)
         valid = ids_t >= 0  # (Hq, T, n)
         safe = ids_t.clamp(min=0)
         kv_head = torch.arange(hq) // group  # (Hq,)
@@ -189,8 +216,23 @@ class _Row:
             values = torch.zeros_like(keys)
         K = n_chunks * self.csz
         mask = valid[..., None].expand(hq, T, n_chunks, self.csz).reshape(hq, T, K)
-        serial = torch.where(valid, ids_t + self.evicted, torch.full_like(ids_t, -1))
-        return keys.reshape(hq, T, K, d), values.reshape(hq, T, K, d), mask, serial
+        return keys.reshape(hq, T, K, d), values.reshape(hq, T, K, d), mask, self.serials(ids_t)
+
+    def select(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None, n_max: int):
+        """q (Hq, T, d) -> keys, values (Hkv, n_max * csz, d) (views when n_max is this row's size), token mask
+        (Hq, T, n_max * csz), ids (Hq, T, n_chunks)."""
+        hq, T, _ = q.shape
+        ids = self.top_chunks(q, n_chunks, group, max_sinks)
+        chosen = torch.zeros(hq, T, n_max + 1, dtype=torch.bool)  # the last column takes the -1s
+        chosen.scatter_(2, torch.where(ids >= 0, ids, n_max), True)
+        mask = chosen[..., :n_max, None].expand(hq, T, n_max, self.csz).reshape(hq, T, n_max * self.csz)
+        keys, values = self.k[:, :self.n], self.v[:, :self.n]  # (Hkv, n, csz, d)
+        if n_max > self.n:  # a fuller row in the same batch: pad with never-selected zeros
+            keys = torch.cat([keys, keys.new_zeros(self.hkv, n_max - self.n, self.csz, self.d)], dim=1)
+            values = torch.cat([values, values.new_zeros(self.hkv, n_max - self.n, self.csz, self.d)], dim=1)
+        tokens = n_max * self.csz
+        return keys.reshape(self.hkv, tokens, self.d), values.reshape(self.hkv, tokens, self.d), mask, \
+            self.serials(ids)
 
 
 def _limit_sinks(found: np.ndarray, sink: np.ndarray, max_sinks: int) -> np.ndarray:
@@ -203,7 +245,8 @@ def _limit_sinks(found: np.ndarray, sink: np.ndarray, max_sinks: int) -> np.ndar
 
 
 class MemoryBank:
-    """The narrow memory interface passed into forward: ``add``, ``search``, ``clear`` (plus a few read-outs)."""
+    """The narrow memory interface passed into forward: ``add``, ``search`` (or ``select``), ``clear`` (plus a few
+    read-outs)."""
 
     def __init__(self, n_kv_heads: int, head_dim: int, *, csz: int = 4, capacity: int | None = 65536,
                  batch_size: int = 1, dtype: torch.dtype = torch.bfloat16, use_gpu: bool | None = None,
@@ -292,18 +335,35 @@ class MemoryBank:
             if self.capacity is not None and row.n * self.csz > self.capacity:
                 row.evict(row.n - self.capacity // self.csz)
 
-    @torch.no_grad()
-    def search(self, queries: torch.Tensor, n_chunks: int) -> Retrieved:
-        """Top ``n_chunks`` chunks per query token and head for queries (B, Hq, T, d), by inner product."""
+    def _group(self, queries: torch.Tensor) -> int:
         B, hq, T, d = queries.shape
         if B != self.batch_size or hq % self.n_kv_heads or d != self.head_dim:
             raise ValueError(f"queries {tuple(queries.shape)} do not fit memory with B={self.batch_size}, "
                              f"Hkv={self.n_kv_heads}, d={self.head_dim}")
-        group = hq // self.n_kv_heads
+        return hq // self.n_kv_heads
+
+    @staticmethod
+    def _join(parts: list[tuple], device) -> list[torch.Tensor]:
+        join = (lambda t: t[0].unsqueeze(0)) if len(parts) == 1 else torch.stack  # one row: no copy of the K/V
+        return [join(t).to(device) for t in zip(*parts)]
+
+    @torch.no_grad()
+    def search(self, queries: torch.Tensor, n_chunks: int) -> Retrieved:
+        """Top ``n_chunks`` chunks per query token and head for queries (B, Hq, T, d), by inner product: their
+        keys and values gathered per query."""
+        group = self._group(queries)
         parts = [row.search(queries[b], n_chunks, group, self.max_sinks) for b, row in enumerate(self.rows)]
-        join = (lambda t: t[0].unsqueeze(0)) if B == 1 else torch.stack  # no copy of the (large) K/V for one row
-        keys, values, mask, ids = (join(t).to(queries.device) for t in zip(*parts))
+        keys, values, mask, ids = self._join(parts, queries.device)
         return Retrieved(keys=keys, values=values, mask=mask, chunk_ids=ids)
+
+    @torch.no_grad()
+    def select(self, queries: torch.Tensor, n_chunks: int) -> Selected:
+        """The same top chunks as ``search``, returned as a mask over all stored tokens (nothing gathered)."""
+        group = self._group(queries)
+        n_max = max(r.n for r in self.rows)
+        parts = [row.select(queries[b], n_chunks, group, self.max_sinks, n_max) for b, row in enumerate(self.rows)]
+        keys, values, mask, ids = self._join(parts, queries.device)
+        return Selected(keys=keys, values=values, mask=mask, chunk_ids=ids)
 
     def clear(self, rows: list[int] | None = None) -> None:
         """Forget everything (or only the given rows, e.g. where a new document starts)."""

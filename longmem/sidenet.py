@@ -32,6 +32,11 @@ from .backbone import Backbone, LayerOps
 from .memory import MemoryBank
 
 RETRIEVAL_BLOCK = 256  # query tokens per memory search + memory attention (bounds the (B, H, T, K, d) gather)
+# Memory attention reads the whole memory, masked to each query's top chunks, while memory holds at most this many
+# times K tokens; beyond it, each query's K keys/values are gathered. One 256-query block, 9 heads, K = 1,024, one
+# thread: gather 1.6-2.2 s at any memory size; masked dense 0.08 s at 3k tokens, 0.34 s at 7k, 0.70 s at 16k, 3.9 s
+# at 64k (numbers of the two paths equal within 1e-6).
+DENSE_MEMORY_RATIO = 16
 RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -70,6 +75,26 @@ def memory_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with nothing found are all -inf -> 0
     out = torch.einsum("bhtk,bhtkd->bhtd", probs.to(values.dtype), values)
     return out.to(q.dtype), found
+
+
+def dense_memory_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                           mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query token (B, Hq, T, d) attends to the memory tokens (B, Hkv, N, d) its mask (B, Hq, T, N) selects.
+
+    Equal to ``memory_attention`` over the same tokens gathered; returns the output (B, Hq, T, d) and which tokens
+    found anything (B, Hq, T).
+    """
+    B, hq, T, d = q.shape
+    hkv, N = keys.shape[1], keys.shape[2]
+    # copies: keys/values are views of the memory's storage, which may grow in place before a backward pass
+    keys, values = keys.to(torch.float32, copy=True), values.to(torch.float32, copy=True)
+    qg = q.float().reshape(B, hkv, hq // hkv * T, d)  # query head h reads KV head h // (Hq / Hkv)
+    scores = (qg @ keys.transpose(-1, -2) / math.sqrt(d)).view(B, hq, T, N)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    found = mask.any(dim=-1)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with nothing found are all -inf -> 0
+    out = probs.view(B, hkv, hq // hkv * T, N) @ values  # (B, Hkv, G*T, d)
+    return out.view(B, hq, T, d).to(q.dtype), found
 
 
 class SideLayer(nn.Module):
@@ -124,10 +149,16 @@ class MemoryAugmentedLayer(SideLayer):
         if memory is None:
             return a
         m, found, ids = [], [], []
+        n_chunks = max(1, self.topk // memory.csz)
+        dense = max(memory.sizes()) <= DENSE_MEMORY_RATIO * n_chunks * memory.csz
         for s in range(0, q_raw.shape[2], RETRIEVAL_BLOCK):  # bounded (T, K, d) temporaries for long segments
             qb = q_raw[:, :, s:s + RETRIEVAL_BLOCK]
-            r = memory.search(qb, max(1, self.topk // memory.csz))
-            mb, fb = memory_attention(qb, r.keys.to(qb.dtype), r.values.to(qb.dtype), r.mask)
+            if dense:
+                r = memory.select(qb, n_chunks)
+                mb, fb = dense_memory_attention(qb, r.keys, r.values, r.mask)
+            else:
+                r = memory.search(qb, n_chunks)
+                mb, fb = memory_attention(qb, r.keys.to(qb.dtype), r.values.to(qb.dtype), r.mask)
             m.append(mb)
             found.append(fb)
             ids.append(r.chunk_ids)

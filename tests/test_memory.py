@@ -180,3 +180,40 @@ def test_sink_flags_follow_eviction_and_rechunk():
 def test_bad_max_sinks():
     with pytest.raises(ValueError, match="max_sinks"):
         _bank(max_sinks=-1)
+
+
+def test_select_marks_exactly_the_searched_chunks():
+    bank = _bank(max_sinks=1)
+    k, v = _kv(64)
+    starts = torch.zeros(1, 64, dtype=torch.bool)
+    starts[0, [0, 32]] = True  # two sink chunks: the limit applies to both paths alike
+    bank.add(k, v, starts=starts)
+    q = torch.randn(1, 6, 5, 8)
+    r, s = bank.search(q, n_chunks=3), bank.select(q, n_chunks=3)
+    assert torch.equal(r.chunk_ids, s.chunk_ids)
+    assert s.keys.shape == (1, 2, 64, 8) and s.mask.shape == (1, 6, 5, 64)
+    torch.testing.assert_close(s.keys[0], k[0])
+    torch.testing.assert_close(s.values[0], v[0])
+    for h in range(6):
+        for t in range(5):
+            want = torch.zeros(64, dtype=torch.bool)
+            for c in r.chunk_ids[0, h, t]:
+                want[c * 4:(c + 1) * 4] = True
+            assert torch.equal(s.mask[0, h, t], want)
+
+
+def test_select_pads_shorter_rows_and_an_empty_bank_selects_nothing():
+    bank = _bank(batch_size=2)
+    k, v = _kv(16, B=2)
+    bank.add(k, v)
+    bank.clear([1])  # row 1 starts a new document and has read only 8 tokens of it so far
+    k1, v1 = _kv(8, B=2, seed=1)
+    bank.rows[1].add(k1[1], v1[1], torch.full((8,), -1), torch.zeros(8, dtype=torch.bool))
+    assert bank.sizes() == [16, 8]
+    s = bank.select(torch.randn(2, 2, 3, 8), n_chunks=4)
+    assert s.keys.shape == (2, 2, 16, 8) and s.mask.shape == (2, 2, 3, 16)
+    assert s.mask[0].sum(-1).eq(16).all()  # 4 chunks of 4 tokens: the whole of row 0
+    assert s.mask[1, ..., :8].all() and not s.mask[1, ..., 8:].any()  # row 1: its 2 chunks, never the padding
+    assert (s.chunk_ids[1, ..., 2:] == -1).all()
+    empty = _bank().select(torch.randn(1, 2, 3, 8), n_chunks=2)
+    assert empty.keys.shape == (1, 2, 0, 8) and not empty.mask.any()

@@ -10,7 +10,9 @@ from conftest import random_ids, small_config, tiny_gpt2, tiny_llama
 from longmem.baselines import BackboneLM, MemTRM
 from longmem.lm import Sampling, Window
 from longmem.model import CheckpointError, LongMemConfig, LongMemModel
-from longmem.sidenet import MemoryAugmentedLayer, local_attention, memory_attention
+from longmem import sidenet
+from longmem.memory import MemoryBank
+from longmem.sidenet import MemoryAugmentedLayer, dense_memory_attention, local_attention, memory_attention
 
 
 def test_shapes_and_layout(model):
@@ -76,6 +78,40 @@ def test_gate_at_init_mixes_fifty_fifty():
     mixed = layer._attend(q, k, v, q_raw, mem, None)
     torch.testing.assert_close(mixed, 0.5 * a + 0.5 * m)
     assert not torch.allclose(mixed, a)
+
+
+def test_masked_dense_memory_attention_equals_the_gathered_one():
+    g = torch.Generator().manual_seed(0)
+    mem = MemoryBank(2, 8, csz=2, capacity=None, batch_size=2, dtype=torch.float32)
+    mem.add(torch.randn(2, 2, 20, 8, generator=g), torch.randn(2, 2, 20, 8, generator=g))
+    mem.clear([1])  # row 1 holds nothing: its queries find nothing and give zeros, on both paths
+    q = torch.randn(2, 6, 5, 8, generator=g, requires_grad=True)
+    r, s = mem.search(q, 3), mem.select(q, 3)
+    gathered, found_g = memory_attention(q, r.keys, r.values, r.mask)
+    dense, found_d = dense_memory_attention(q, s.keys, s.values, s.mask)
+    torch.testing.assert_close(dense, gathered)
+    assert torch.equal(found_d, found_g) and found_d[0].all() and not found_d[1].any()
+    assert dense[1].abs().sum() == 0
+    grad_g, = torch.autograd.grad(gathered.square().sum(), q)
+    grad_d, = torch.autograd.grad(dense.square().sum(), q)
+    torch.testing.assert_close(grad_d, grad_g)  # training reads memory through the query too
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_memory_layer_gives_the_same_output_on_either_path(family, monkeypatch):
+    bb = tiny_llama() if family == "llama" else tiny_gpt2()
+    model = LongMemModel(bb, small_config())
+    for layer in model.sidenet.layers:  # open the ReZero branches so the memory layer's output reaches the logits
+        layer.alpha_attn.data.fill_(0.7)
+    mem = model.new_memory()
+    model.memorize(random_ids(48, seed=3), mem)
+    ids = random_ids(16, seed=4)
+    monkeypatch.setattr(sidenet, "DENSE_MEMORY_RATIO", 0)  # always gather
+    gathered = model(ids, mem, update_memory=False).logits
+    monkeypatch.setattr(sidenet, "DENSE_MEMORY_RATIO", 10 ** 9)  # always masked dense
+    dense = model(ids, mem, update_memory=False).logits
+    torch.testing.assert_close(dense, gathered, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(model(ids, model.new_memory(), update_memory=False).logits, dense)  # memory matters
 
 
 @pytest.mark.parametrize("kind", ["longmem", "memtrm"])

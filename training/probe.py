@@ -197,14 +197,21 @@ class _Recorder(MemoryView):
         self.at, self.found, self._seen = at, {}, 0
 
     def search(self, queries, n_chunks):
+        self._record(queries, n_chunks)
+        return super().search(queries, n_chunks)
+
+    def select(self, queries, n_chunks):  # the layer's masked dense path: the recorded positions searched again
+        self._record(queries, n_chunks)
+        return super().select(queries, n_chunks)
+
+    def _record(self, queries, n_chunks):
         self.queries.append(queries.detach())
-        r = super().search(queries, n_chunks)
         for t in self.at:
             if self._seen <= t < self._seen + queries.shape[2]:
                 j = t - self._seen
-                self.found[t] = (r.keys[0, :, j], r.mask[0, :, j], r.chunk_ids[0, :, j])
+                r = self.memory.search(queries[:, :, j:j + 1], self.n_chunks or n_chunks)
+                self.found[t] = (r.keys[0, :, 0], r.mask[0, :, 0], r.chunk_ids[0, :, 0])
         self._seen += queries.shape[2]
-        return r
 
 
 @torch.no_grad()
