@@ -144,6 +144,8 @@ def test_greedy_protocol_needs_the_token_to_start_the_label():
     assert not icl.starts_label(" ", " ", "positive")  # whitespace alone starts every label
     assert not icl.starts_label(" positively", " ", "positive")
     assert not icl.starts_label(" neg", " ", "positive")
+    scored = icl.Scored(greedy=[True, False, False, True], label=[True, True, False, False], predictions=[])
+    assert (scored.agree, scored.greedy_acc, scored.label_acc) == (2, 0.5, 0.5)  # equal accuracy, 2 verdicts differ
 
 
 def test_k_shots_cover_every_label_first():
