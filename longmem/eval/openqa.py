@@ -96,17 +96,21 @@ def run(ctx: EvalContext) -> SuiteResult:
     qas = read_squad(ctx.data_dir / "squad" / "dev-v1.1.json")
     stops = newline_ids(ctx.tokenizer)
     runs = []
+    longmem = ctx.entrant("longmem")
+    # LongMem with nothing in memory: what the SideNet does on its own, apart from what memory adds
+    empty = [Entrant("longmem_empty", "LongMem, memory empty (the SideNet alone)", longmem.lm)] if longmem else []
     for s in range(size.seeds):
         split = split_squad(qas, size.n_context, size.n_memory, size.test, seed=ctx.seed + s)
-        for e in ctx.entrants:
+        for e in ctx.entrants + empty:
             bank = None
             if e.lm.uses_memory:
                 bank = e.lm.new_memory(capacity=None, csz=size.csz)
-                e.lm.memorize(demos_ids(ctx.tokenizer, split.memory), bank)
+                if e.key != "longmem_empty":
+                    e.lm.memorize(demos_ids(ctx.tokenizer, split.memory), bank)
             r = run_entrant(e, split.context, split.memory, split.test, size, bank, stops, ctx.log)
             runs.append({"model": e.key, "seed": ctx.seed + s, **r})
     rows, summary = [], {}
-    for e in ctx.entrants:
+    for e in ctx.entrants + empty:
         sel = [r for r in runs if r["model"] == e.key]
         summary[e.key] = {m: mean_std([r[m] for r in sel]) for m in ("em", "f1")}
         fmt = lambda m: f"{m[0]:.1f}" if len(sel) < 2 else f"{m[0]:.1f} ± {m[1]:.1f}"  # noqa: E731
@@ -114,6 +118,10 @@ def run(ctx: EvalContext) -> SuiteResult:
     scores = {k: {"EM": v["em"][0], "F1": v["f1"][0]} for k, v in summary.items()}
     notes = [versus(scores, lambda v: v, False) + f" Every model reads the same {size.n_context} demonstrations; "
              f"the models with memory hold {size.n_memory} more there (chunk size {size.csz})."]
+    if longmem:
+        em = {k: summary[k]["em"][0] for k in ("backbone_1k", "longmem_empty", "longmem")}
+        notes.append(f"EM: the SideNet alone moves the 1k backbone's {em['backbone_1k']:.1f} to "
+                     f"{em['longmem_empty']:.1f}; memory then moves it to {em['longmem']:.1f}.")
     return SuiteResult("squad", f"Open-ended in-context learning on SQuAD (paper table 6): {size.n_context} "
                        f"demonstrations in context, {size.n_memory} in memory", [table(["model", "EM", "F1"], rows)],
                        {"runs": runs, "summary": summary, "models": {e.key: e.label for e in ctx.entrants}},
