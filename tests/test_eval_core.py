@@ -231,6 +231,20 @@ def test_lineup_takes_a_memtrm_of_the_same_backbone_only(llama):
         lineup(lm, memtrm=MemTRM(tiny_llama(seed=3), cached_layer=2, csz=2, topk=8, segment_len=64))
 
 
+def test_icl_verdict_says_what_memory_adds(llama):
+    from longmem.eval.core import memory_empty
+
+    rows = lineup(memory_model(llama, segment_len=64))
+    assert [e.key for e in memory_empty(rows)] == ["longmem_empty"] and memory_empty(rows[:1]) == []
+    assert memory_empty(rows)[0].lm is rows[-1].lm  # the same model, run with an empty memory
+    avg = {"longmem": (70.0, 60.0), "longmem_empty": (65.0, 62.5), "backbone_1k": (60.0, 61.0)}
+    summary = {f"{m}/20/Avg": {"greedy": (g, float("nan")), "label": (w, float("nan"))} for m, (g, w) in avg.items()}
+    text = icl.verdict(summary, ["SST-2"], 20)
+    assert "longmem_empty 65.0, 62.5" in text
+    assert "LongMem beats the 1k-context backbone on 1 of 2 (not on label-word scoring)." in text
+    assert text.endswith("What memory adds (LongMem minus its memory-empty self): +5.0, -2.5 points.")
+
+
 def test_versus_counts_wins_and_names_the_losses():
     from longmem.eval.core import versus
 

@@ -65,6 +65,13 @@ def lineup(model: LongMemModel, full_context: int | None = None, memtrm: Segment
     return rows
 
 
+def memory_empty(entrants: list[Entrant]) -> list[Entrant]:
+    """LongMem again, to be run with nothing in memory (the SideNet alone): the difference to LongMem is what memory
+    adds, the difference to the 1k backbone what adaptation training did to the SideNet. Empty without LongMem."""
+    return [Entrant("longmem_empty", "LongMem, memory empty (the SideNet alone)", e.lm) for e in entrants
+            if e.key == "longmem"]
+
+
 def versus(results: dict, score, lower_is_better: bool, rivals=("backbone_1k", "memtrm")) -> str:
     """"LongMem beats the 1k backbone on 3 of 4, MemTRM on 2 of 4 (not on ArXiv)": ``results`` maps a model key to
     {column: result}, ``score(result)`` gives the number compared."""

@@ -24,7 +24,7 @@ from typing import Sequence
 from ..classifiers import PRESETS, Example, Preset, demo_stream, format_demo, majority_accuracy, split_examples
 from ..lm import SegmentLM
 from ..memory import MemoryBank
-from .core import EvalContext, Entrant, SuiteResult, Timer, figure, mean_std, table, versus
+from .core import EvalContext, Entrant, SuiteResult, Timer, figure, mean_std, memory_empty, table, versus
 from .scoring import Prefix
 
 SEPARATOR = "\n"  # between the prompt's demonstrations (and before the test sentence)
@@ -187,12 +187,14 @@ def run(ctx: EvalContext) -> SuiteResult:
     size: Size = ctx.size("icl", QUICK, FULL)
     timer = Timer()
     runs: list[dict] = []  # one per (task, k, model)
+    entrants = ctx.entrants + memory_empty(ctx.entrants)
     for task in tasks_for(ctx, size):
         banks: dict[str, MemoryBank] = {}  # each memory model's own keys/values of the memory demonstrations
         for k in size.shots:
-            for e in ctx.entrants:
+            for e in entrants:
                 if e.lm.uses_memory and e.key not in banks:
-                    banks[e.key] = memory_bank(e.lm, task.memory, task.preset.template, size.csz)
+                    banks[e.key] = (e.lm.new_memory(capacity=None, csz=size.csz) if e.key == "longmem_empty" else
+                                    memory_bank(e.lm, task.memory, task.preset.template, size.csz))
                 r = run_entrant(e, task, k, banks.get(e.key))
                 runs.append({"set": task.preset.name, "seed": task.seed, "k": k, "model": e.key,
                              "greedy": r.greedy_acc, "label": r.label_acc, "agree": r.agree, "n": len(task.test)})
@@ -203,7 +205,7 @@ def run(ctx: EvalContext) -> SuiteResult:
                   "n": len(task.test)}]
     summary = summarize(runs)
     rows_for = [("majority", 0, "majority class")] + [(e.key, k, f"{e.label}, {k}-shot") for k in size.shots
-                                                       for e in ctx.entrants]
+                                                       for e in entrants]
     tables = [f"**{title}**\n\n" + results_table(summary, rows_for, size.sets, protocol)
               for protocol, title in (("greedy", "The paper's protocol: the greedy next token starts the gold label"),
                                       ("label", "Label-word scoring: the likeliest label word wins"))]
@@ -256,10 +258,14 @@ def verdict(summary: dict, sets: list[str], k: int) -> str:
     """LongMem against the same k-shot 1k backbone (and MemTRM) on the average, for both protocols."""
     avg = {m: {name: summary[f"{m}/{k}/Avg"][p][0] for p, name in (("greedy", "the paper's protocol"),
                                                                   ("label", "label-word scoring"))}
-           for m in ("longmem", "backbone_1k", "memtrm") if f"{m}/{k}/Avg" in summary}
+           for m in ("longmem", "longmem_empty", "backbone_1k", "memtrm") if f"{m}/{k}/Avg" in summary}
     numbers = "; ".join(f"{m} " + ", ".join(f"{v:.1f}" for v in cols.values()) for m, cols in avg.items())
-    return f"At {k}-shot, average over {len(sets)} sets (paper's protocol, label words): {numbers}. " + versus(
-        avg, lambda v: v, False)
+    out = f"At {k}-shot, average over {len(sets)} sets (paper's protocol, label words): {numbers}. " + versus(
+        {m: v for m, v in avg.items() if m != "longmem_empty"}, lambda v: v, False)
+    if "longmem" in avg and "longmem_empty" in avg:
+        gain = [avg["longmem"][p] - avg["longmem_empty"][p] for p in avg["longmem"]]
+        out += f" What memory adds (LongMem minus its memory-empty self): {gain[0]:+.1f}, {gain[1]:+.1f} points."
+    return out
 
 
 def plot_icl(out_dir: Path, summary: dict, rows_for: list[tuple[str, int, str]], sets: list[str]) -> str:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from ..lm import SegmentLM
 from ..memory import MemoryBank
-from .core import EvalContext, Entrant, SuiteResult, Timer, mean_std, table, versus
+from .core import EvalContext, Entrant, SuiteResult, Timer, mean_std, memory_empty, table, versus
 from .scoring import Prefix
 from .squad import QA, answer_from_generation, exact_match, f1, format_demo, format_prompt, read_squad, split_squad
 
@@ -96,9 +96,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     qas = read_squad(ctx.data_dir / "squad" / "dev-v1.1.json")
     stops = newline_ids(ctx.tokenizer)
     runs = []
-    longmem = ctx.entrant("longmem")
-    # LongMem with nothing in memory: what the SideNet does on its own, apart from what memory adds
-    empty = [Entrant("longmem_empty", "LongMem, memory empty (the SideNet alone)", longmem.lm)] if longmem else []
+    empty = memory_empty(ctx.entrants)
     for s in range(size.seeds):
         split = split_squad(qas, size.n_context, size.n_memory, size.test, seed=ctx.seed + s)
         for e in ctx.entrants + empty:
@@ -118,7 +116,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     scores = {k: {"EM": v["em"][0], "F1": v["f1"][0]} for k, v in summary.items()}
     notes = [versus(scores, lambda v: v, False) + f" Every model reads the same {size.n_context} demonstrations; "
              f"the models with memory hold {size.n_memory} more there (chunk size {size.csz})."]
-    if longmem:
+    if empty:
         em = {k: summary[k]["em"][0] for k in ("backbone_1k", "longmem_empty", "longmem")}
         notes.append(f"EM: the SideNet alone moves the 1k backbone's {em['backbone_1k']:.1f} to "
                      f"{em['longmem_empty']:.1f}; memory then moves it to {em['longmem']:.1f}.")
