@@ -98,6 +98,14 @@ def test_split_of_follows_the_paper_ranges():
         "<5k", "5k-10k", "5k-10k", "10k-100k", "10k-100k", "100k-500k", "500k-1M", ">1M"]
 
 
+def test_memory_share_is_the_change_from_the_memory_empty_sidenet():
+    results = {"longmem_empty": {"splits": {"5k-10k": {"ppl": 25.0}, "ArXiv": {"ppl": 10.0}}},
+               "longmem": {"splits": {"5k-10k": {"ppl": 24.0}, "ArXiv": {"ppl": 10.5}}}}
+    assert books._memory_share(results, ["5k-10k", "ArXiv"]) == (
+        "Memory's own share (LongMem with its memory empty -> with memory): 5k-10k 25.00 -> 24.00 (-4.0%), "
+        "ArXiv 10.00 -> 10.50 (+5.0%).")
+
+
 def test_book_documents_are_openings_and_whole_books():
     b = [Document("x", np.arange(20_000)), Document("y", np.arange(3_000))]
     docs = books.book_documents(b, books.Size(books=2, opening_tokens=8192, max_tokens=15_000))

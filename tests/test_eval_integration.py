@@ -49,7 +49,7 @@ def test_eval_all_quick_writes_every_suite_and_the_results_document(tmp_path, ca
         for plot in result["plots"]:
             assert (out / plot).stat().st_size > 1000 and (docs.parent / "results" / plot).is_file()
     books = json.loads((out / "books.json").read_text())["data"]["results"]
-    assert set(books) == {"backbone_1k", "backbone_full", "longmem"}
+    assert set(books) == {"backbone_1k", "backbone_full", "longmem", "longmem_empty"}
     for r in books.values():  # a real model on real text: perplexity far below the 49k-token vocabulary
         assert all(1 < s["ppl"] < 200 for s in r["splits"].values())
     squad = json.loads((out / "squad.json").read_text())

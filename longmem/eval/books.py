@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..backbone import cache_root
 from ..corpus import Document, tokenize_files
-from .core import EvalContext, Entrant, SuiteResult, Timer, figure, ppl, table, versus
+from .core import EvalContext, Entrant, SuiteResult, Timer, figure, memory_empty, ppl, table, versus
 from .measures import perplexity
 
 SPLITS = ((0, 5_000, "<5k"), (5_000, 10_000, "5k-10k"), (10_000, 100_000, "10k-100k"),
@@ -73,7 +73,7 @@ def score_documents(entrant: Entrant, docs: list[tuple[str, Document]], capacity
     out: dict = {"splits": {}, "documents": {}}
     for split, doc in docs:
         t = Timer()
-        nll, count = perplexity(entrant.lm, doc.ids, capacity=capacity)
+        nll, count = perplexity(entrant.lm, doc.ids, use_memory=entrant.key != "longmem_empty", capacity=capacity)
         s = out["splits"].setdefault(split, {"nll": 0.0, "tokens": 0, "documents": 0, "s": 0.0})
         s["nll"] += nll
         s["tokens"] += count
@@ -91,19 +91,20 @@ def run(ctx: EvalContext) -> SuiteResult:
     timer = Timer()
     docs = book_documents(ctx.held_out_books(), size) + (arxiv_documents(ctx, size) if size.arxiv else [])
     splits = [name for _, _, name in SPLITS if any(s == name for s, _ in docs)] + (["ArXiv"] if size.arxiv else [])
-    results = {e.key: score_documents(e, docs, size.memory, ctx.log) for e in ctx.entrants}
+    entrants = ctx.entrants + memory_empty(ctx.entrants)
+    results = {e.key: score_documents(e, docs, size.memory, ctx.log) for e in entrants}
     rows = []
-    for e in ctx.entrants:
+    for e in entrants:
         sp = results[e.key]["splits"]
         rows.append([e.label] + [f"{sp[s]['ppl']:.2f}" for s in splits])
     count = {s: sum(1 for d, _ in docs if d == s) for s in splits}
     tokens = {s: results[ctx.entrants[0].key]["splits"][s]["tokens"] for s in splits}
     header = ["model"] + [f"{s} ({count[s]} docs, {tokens[s] / 1000:.0f}k tok)" for s in splits]
     tables = [table(header, rows)]
-    notes = [_verdict(results, splits)]
-    plot = _plot(ctx, results, splits)
+    notes = [_verdict(results, splits)] + ([_memory_share(results, splits)] if "longmem_empty" in results else [])
+    plot = _plot(ctx, entrants, results, splits)
     return SuiteResult("books", "Long-context language modelling (paper table 3): perplexity, lower is better",
-                       tables, {"models": {e.key: e.label for e in ctx.entrants}, "results": results,
+                       tables, {"models": {e.key: e.label for e in entrants}, "results": results,
                                 "splits": splits}, asdict(size), [plot], notes, timer.seconds)
 
 
@@ -112,11 +113,20 @@ def _verdict(results: dict, splits: list[str]) -> str:
     return versus({k: {s: r["splits"][s] for s in splits} for k, r in results.items()}, lambda r: r["ppl"], True)
 
 
-def _plot(ctx: EvalContext, results: dict, splits: list[str]) -> str:
+def _memory_share(results: dict, splits: list[str]) -> str:
+    """How much of LongMem's perplexity change memory makes, per split (the rest is the SideNet's)."""
+    cells = []
+    for s in splits:
+        empty, full = results["longmem_empty"]["splits"][s]["ppl"], results["longmem"]["splits"][s]["ppl"]
+        cells.append(f"{s} {empty:.2f} -> {full:.2f} ({100 * (full / empty - 1):+.1f}%)")
+    return "Memory's own share (LongMem with its memory empty -> with memory): " + ", ".join(cells) + "."
+
+
+def _plot(ctx: EvalContext, entrants: list[Entrant], results: dict, splits: list[str]) -> str:
     fig = figure(1.6 + 1.4 * len(splits), 3.6)
     ax = fig.add_subplot()
-    width = 0.8 / len(ctx.entrants)
-    for i, e in enumerate(ctx.entrants):
+    width = 0.8 / len(entrants)
+    for i, e in enumerate(entrants):
         xs = [j + i * width for j in range(len(splits))]
         ax.bar(xs, [results[e.key]["splits"][s]["ppl"] for s in splits], width, label=e.label)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(splits))], splits)
