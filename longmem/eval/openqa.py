@@ -122,5 +122,5 @@ def run(ctx: EvalContext) -> SuiteResult:
                      f"{em['longmem_empty']:.1f}; memory then moves it to {em['longmem']:.1f}.")
     return SuiteResult("squad", f"Open-ended in-context learning on SQuAD (paper table 6): {size.n_context} "
                        f"demonstrations in context, {size.n_memory} in memory", [table(["model", "EM", "F1"], rows)],
-                       {"runs": runs, "summary": summary, "models": {e.key: e.label for e in ctx.entrants}},
+                       {"runs": runs, "summary": summary, "models": {e.key: e.label for e in ctx.entrants + empty}},
                        asdict(size), [], notes, timer.seconds)
