@@ -339,6 +339,18 @@ def test_resume_with_other_data_is_refused(tmp_path):
         Trainer(config(tmp_path), documents(6), model=model(), resume=True)
 
 
+def test_resume_with_documents_cut_into_parts(tmp_path):
+    """``max_doc_segments`` cuts the 10-segment documents into parts; the checkpoint counts the parts, and a resume
+    with the same data must count them the same way (it was refused as "other data")."""
+    cut = config(tmp_path, max_doc_segments=4)
+    first = Trainer(cut, documents(), model=model())
+    first.fit(progress=False, until=2)
+    assert len(first.data.documents) > len(documents())
+    assert Trainer(cut, documents(), model=model(), resume=True).step == 2
+    with pytest.raises(ValueError, match="cannot resume with other data"):
+        Trainer(cut, documents(6), model=model(), resume=True)
+
+
 def test_a_run_starts_untrained_or_from_init_with_its_own_top_k(tmp_path, monkeypatch):
     import longmem.model as lm_model
     from longmem.model import LongMemModel

@@ -288,13 +288,14 @@ class Trainer:
     def set_data(self, documents: list[Document], held_out: list[Document] | None = None) -> None:
         cfg = self.cfg
         before = getattr(self, "resumed_data", {})
-        now = {"documents": len(documents), "tokens": int(sum(len(d.ids) for d in documents))}
+        self.data = Batchfier(documents, cfg.batch_size, cfg.segment_len, seed=cfg.seed, rank=self.rank,
+                              world_size=self.world, max_doc_segments=cfg.max_doc_segments or None)
+        # compared as the checkpoint counts them: the batchfier's documents (long ones cut into parts)
+        now = {"documents": len(self.data.documents), "tokens": int(sum(len(d.ids) for d in self.data.documents))}
         if self.step and "tokens" in before and {k: before[k] for k in now} != now:
             raise ValueError(f"cannot resume with other data: the run trained on {before['documents']} documents "
                              f"({before['tokens']:,} tokens), this one has {now['documents']} ({now['tokens']:,}); "
                              "give the same data options as the first run")
-        self.data = Batchfier(documents, cfg.batch_size, cfg.segment_len, seed=cfg.seed, rank=self.rank,
-                              world_size=self.world, max_doc_segments=cfg.max_doc_segments or None)
         self.held_out = held_out or []
         self.memory = self.model.new_memory(batch_size=cfg.batch_size, capacity=cfg.memory_tokens)
         if self.step:
