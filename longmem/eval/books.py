@@ -73,7 +73,7 @@ def score_documents(entrant: Entrant, docs: list[tuple[str, Document]], capacity
     out: dict = {"splits": {}, "documents": {}}
     for split, doc in docs:
         t = Timer()
-        nll, count = perplexity(entrant.lm, doc.ids, use_memory=entrant.key != "longmem_empty", capacity=capacity)
+        nll, count = perplexity(entrant.lm, doc.ids, use_memory=entrant.fills_memory, capacity=capacity)
         s = out["splits"].setdefault(split, {"nll": 0.0, "tokens": 0, "documents": 0, "s": 0.0})
         s["nll"] += nll
         s["tokens"] += count

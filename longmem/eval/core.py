@@ -43,6 +43,7 @@ class Entrant:
     key: str  # JSON key: "backbone_1k", "backbone_full", "memtrm", "longmem"
     label: str  # its name in tables
     lm: SegmentLM
+    fills_memory: bool = True  # a model with memory gets the suite's memory; False: it runs with an empty one
 
     @property
     def context(self) -> int:
@@ -68,8 +69,8 @@ def lineup(model: LongMemModel, full_context: int | None = None, memtrm: Segment
 def memory_empty(entrants: list[Entrant]) -> list[Entrant]:
     """LongMem again, to be run with nothing in memory (the SideNet alone): the difference to LongMem is what memory
     adds, the difference to the 1k backbone what adaptation training did to the SideNet. Empty without LongMem."""
-    return [Entrant("longmem_empty", "LongMem, memory empty (the SideNet alone)", e.lm) for e in entrants
-            if e.key == "longmem"]
+    return [Entrant("longmem_empty", "LongMem, memory empty (the SideNet alone)", e.lm, fills_memory=False)
+            for e in entrants if e.key == "longmem"]
 
 
 def versus(results: dict, score, lower_is_better: bool, rivals=("backbone_1k", "memtrm")) -> str:

@@ -144,9 +144,10 @@ def context_ids(tokenizer, template: str, demos: Sequence[Example]) -> list[int]
 
 
 def memory_bank(lm: SegmentLM, demos: Sequence[Example], template: str, csz: int) -> MemoryBank:
+    """A memory of chunk size ``csz`` holding ``demos`` (none: an empty memory)."""
     bank = lm.new_memory(capacity=None, csz=csz)
-    ids = encode(lm.backbone.tokenizer, demo_stream(template, demos, MEMORY_SEPARATOR))
-    lm.memorize(ids, bank)
+    if demos:
+        lm.memorize(encode(lm.backbone.tokenizer, demo_stream(template, demos, MEMORY_SEPARATOR)), bank)
     return bank
 
 
@@ -193,8 +194,8 @@ def run(ctx: EvalContext) -> SuiteResult:
         for k in size.shots:
             for e in entrants:
                 if e.lm.uses_memory and e.key not in banks:
-                    banks[e.key] = (e.lm.new_memory(capacity=None, csz=size.csz) if e.key == "longmem_empty" else
-                                    memory_bank(e.lm, task.memory, task.preset.template, size.csz))
+                    banks[e.key] = memory_bank(e.lm, task.memory if e.fills_memory else [], task.preset.template,
+                                               size.csz)
                 r = run_entrant(e, task, k, banks.get(e.key))
                 runs.append({"set": task.preset.name, "seed": task.seed, "k": k, "model": e.key,
                              "greedy": r.greedy_acc, "label": r.label_acc, "agree": r.agree, "n": len(task.test)})

@@ -103,7 +103,7 @@ def run(ctx: EvalContext) -> SuiteResult:
             bank = None
             if e.lm.uses_memory:
                 bank = e.lm.new_memory(capacity=None, csz=size.csz)
-                if e.key != "longmem_empty":
+                if e.fills_memory:
                     e.lm.memorize(demos_ids(ctx.tokenizer, split.memory), bank)
             r = run_entrant(e, split.context, split.memory, split.test, size, bank, stops, ctx.log)
             runs.append({"model": e.key, "seed": ctx.seed + s, **r})
