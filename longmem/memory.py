@@ -201,22 +201,27 @@ class _Row:
         """Chunk serial numbers since the last clear of positions ``ids`` (-1 stays -1)."""
         return torch.where(ids >= 0, ids + self.evicted, torch.full_like(ids, -1))
 
-    def search(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None):
-        """q (Hq, T, d) -> keys, values (Hq, T, K, d), mask (Hq, T, K), ids (Hq, T, n_chunks)."""
+    def search(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None,
+               out: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """q (Hq, T, d) -> keys, values (Hq, T, K, d), mask (Hq, T, K), ids (Hq, T, n_chunks). ``out``: contiguous
+        (Hq, T, K, d) tensors of this row's dtype the keys and values are gathered into (a batch's slices, no copy)."""
         hq, T, d = q.shape
+        K = n_chunks * self.csz
         ids_t = self.top_chunks(q, n_chunks, group, max_sinks)
         valid = ids_t >= 0  # (Hq, T, n)
-        safe = ids_t.clamp(min=0)
-        kv_head = torch.arange(hq) // group  # (Hq,)
-        if self.n > 0:
-            keys = self.k[kv_head[:, None, None], safe]  # (Hq, T, n, csz, d)
-            values = self.v[kv_head[:, None, None], safe]
+        keys, values = out if out is not None else (torch.empty(hq, T, K, d, dtype=self.dtype) for _ in range(2))
+        if self.n > 0:  # per KV head, its query heads' chunks in one index_select (self.k may be a strided view)
+            safe = ids_t.clamp(min=0)
+            for j in range(self.hkv):
+                heads = slice(j * group, (j + 1) * group)
+                pos = safe[heads].reshape(-1)  # (group * T * n,)
+                torch.index_select(self.k[j], 0, pos, out=keys[heads].view(-1, self.csz, d))
+                torch.index_select(self.v[j], 0, pos, out=values[heads].view(-1, self.csz, d))
         else:
-            keys = torch.zeros(hq, T, n_chunks, self.csz, d, dtype=self.dtype)
-            values = torch.zeros_like(keys)
-        K = n_chunks * self.csz
+            keys.zero_()
+            values.zero_()
         mask = valid[..., None].expand(hq, T, n_chunks, self.csz).reshape(hq, T, K)
-        return keys.reshape(hq, T, K, d), values.reshape(hq, T, K, d), mask, self.serials(ids_t)
+        return keys, values, mask, self.serials(ids_t)
 
     def select(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None, n_max: int):
         """q (Hq, T, d) -> keys, values (Hkv, n_max * csz, d) (views when n_max is this row's size), token mask
@@ -352,9 +357,13 @@ class MemoryBank:
         """Top ``n_chunks`` chunks per query token and head for queries (B, Hq, T, d), by inner product: their
         keys and values gathered per query."""
         group = self._group(queries)
-        parts = [row.search(queries[b], n_chunks, group, self.max_sinks) for b, row in enumerate(self.rows)]
-        keys, values, mask, ids = self._join(parts, queries.device)
-        return Retrieved(keys=keys, values=values, mask=mask, chunk_ids=ids)
+        B, hq, T, d = queries.shape
+        # gathered straight into the batch's tensors: stacking per-row results copied every K/V twice
+        keys, values = (torch.empty(B, hq, T, n_chunks * self.csz, d, dtype=self.dtype) for _ in range(2))
+        parts = [row.search(queries[b], n_chunks, group, self.max_sinks, out=(keys[b], values[b]))
+                 for b, row in enumerate(self.rows)]
+        mask, ids = self._join([p[2:] for p in parts], queries.device)
+        return Retrieved(keys=keys.to(queries.device), values=values.to(queries.device), mask=mask, chunk_ids=ids)
 
     @torch.no_grad()
     def select(self, queries: torch.Tensor, n_chunks: int) -> Selected:

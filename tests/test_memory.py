@@ -36,6 +36,37 @@ def test_search_equals_brute_force_topk():
     assert r.keys.shape == (1, 6, 5, 12, 8) and r.mask.all()
 
 
+def _assert_gathered(bank, r, k, v, b=0, group=1):
+    """Every valid retrieved token is the stored token of the chunk search named (k, v: (Hkv, T, d) as added)."""
+    csz = bank.csz
+    for h in range(r.keys.shape[1]):
+        for t in range(r.keys.shape[2]):
+            for j, c in enumerate(r.chunk_ids[b, h, t].tolist()):
+                if c < 0:
+                    assert not r.mask[b, h, t, j * csz:(j + 1) * csz].any()
+                    continue
+                torch.testing.assert_close(r.keys[b, h, t, j * csz:(j + 1) * csz], k[h // group, c * csz:(c + 1) * csz])
+                torch.testing.assert_close(r.values[b, h, t, j * csz:(j + 1) * csz],
+                                           v[h // group, c * csz:(c + 1) * csz])
+
+
+def test_batched_rows_and_strided_chunks_gather_their_own_tokens():
+    bank = _bank(batch_size=2)
+    k, v = _kv(40, B=2)
+    bank.add(k, v)
+    bank.add(*_kv(20, B=2, seed=1))  # grows the chunk tables: capacity > chunks stored
+    k2, v2 = _kv(20, B=2, seed=1)
+    kk, vv = torch.cat([k, k2], dim=2), torch.cat([v, v2], dim=2)
+    r = bank.search(torch.randn(2, 4, 3, 8), n_chunks=5)
+    for b in range(2):
+        _assert_gathered(bank, r, kk[b], vv[b], b=b, group=2)
+    fine = _bank()
+    fine.add(kk[:1], vv[:1])
+    fine = fine.rechunk(2)  # adopts a strided view of the coarse chunk tables
+    assert not fine.rows[0].k.is_contiguous()
+    _assert_gathered(fine, fine.search(torch.randn(1, 2, 4, 8), n_chunks=6), kk[0], vv[0])
+
+
 def test_fewer_chunks_than_asked_are_masked():
     bank = _bank()
     bank.add(*_kv(8))  # 2 chunks

@@ -51,6 +51,27 @@ def test_a_few_steps_reduce_the_loss(tmp_path):
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 40
 
 
+def test_loss_recomputed_in_backward_equals_the_loss_kept(monkeypatch):
+    import training.train as train
+
+    m = model()
+    hidden = torch.randn(2, 9, m.backbone.spec.hidden)
+    targets = torch.randint(0, m.backbone.spec.vocab_size, (2, 9))
+    monkeypatch.setattr(train, "LOSS_CHUNK", 4)  # several chunks, the last one short
+    results = []
+    for keep in (1 << 30, 0):  # logits kept for backward, then recomputed in it
+        monkeypatch.setattr(train, "LOSS_KEEP_BYTES", keep)
+        h = hidden.clone().requires_grad_(True)
+        nll = train.token_nll(m, h, targets)
+        nll.sum().backward()
+        results.append((nll.detach(), h.grad))
+    want = torch.nn.functional.cross_entropy(m.backbone.logits(hidden).flatten(0, 1), targets.flatten(),
+                                             reduction="none").view(2, 9)
+    torch.testing.assert_close(results[0][0], want)
+    torch.testing.assert_close(results[1][0], want)
+    torch.testing.assert_close(results[0][1], results[1][1])
+
+
 def test_backbone_weights_do_not_change(tmp_path):
     m = model()
     before = {k: v.clone() for k, v in m.backbone.model.state_dict().items()}

@@ -44,7 +44,8 @@ from longmem.model import LongMemConfig, LongMemModel
 from .data import Batchfier, Document
 
 RUN_SETTINGS = ("out", "steps", "device", "amp", "save_every", "eval_every", "eval_segments")  # free on --resume
-LOSS_CHUNK = 256  # positions per LM-head call in the loss (recomputed in backward: no (B, T, V) logits kept)
+LOSS_CHUNK = 256  # positions per LM-head call in the loss
+LOSS_KEEP_BYTES = 1 << 30  # float32 log-probabilities up to this size are kept for backward, larger ones recomputed
 
 
 @dataclass
@@ -89,14 +90,19 @@ class TrainConfig:
 
 
 def token_nll(model: SegmentLM, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy (B, T) of hidden (B, T, E) against targets (B, T), the LM head applied in chunks under
-    activation checkpointing, so the (B, T, 49k) logits never exist at once."""
+    """Next-token cross-entropy (B, T) of hidden (B, T, E) against targets (B, T), the LM head applied in chunks. When
+    backward would keep more than ``LOSS_KEEP_BYTES`` of log-probabilities (B * T * 49k floats), each chunk runs under
+    activation checkpointing and its logits are recomputed in backward instead (at 2 x 1k tokens, 0.4 GB are kept:
+    the recomputation cost ~9% of a MemTRM step on CPU)."""
     def chunk_nll(h, t):
         logits = model.backbone.logits(h).float()  # (B, t, V)
         return F.cross_entropy(logits.flatten(0, 1), t.flatten(), reduction="none").view(t.shape)
 
-    return torch.cat([checkpoint(chunk_nll, hidden[:, s:s + LOSS_CHUNK], targets[:, s:s + LOSS_CHUNK],
-                                 use_reentrant=False) for s in range(0, hidden.shape[1], LOSS_CHUNK)], dim=1)
+    B, T, _ = hidden.shape
+    recompute = torch.is_grad_enabled() and B * T * model.backbone.spec.vocab_size * 4 > LOSS_KEEP_BYTES
+    run = (lambda h, t: checkpoint(chunk_nll, h, t, use_reentrant=False)) if recompute else chunk_nll
+    return torch.cat([run(hidden[:, s:s + LOSS_CHUNK], targets[:, s:s + LOSS_CHUNK])
+                      for s in range(0, T, LOSS_CHUNK)], dim=1)
 
 
 class SegmentLoss(nn.Module):
