@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from tiny import VOCAB, small_config
 
-from longmem.baselines import BackboneLM
+from longmem.baselines import BackboneLM, MemTRM
 from longmem.classifiers import Example, Preset
 from longmem.corpus import Document
 from longmem.eval import books, distance, icl
 from longmem.eval.chapterbreak import Item, choose
-from longmem.eval.core import Entrant, apply_overrides, lineup, mean_std
+from longmem.eval.core import EMPTY_LABELS, Entrant, apply_overrides, lineup, mean_std
 from longmem.eval.cli import parse_overrides
 from longmem.eval.scoring import Prefix
 from longmem.model import LongMemModel
@@ -101,9 +101,12 @@ def test_split_of_follows_the_paper_ranges():
 def test_memory_share_is_the_change_from_the_memory_empty_sidenet():
     results = {"longmem_empty": {"splits": {"5k-10k": {"ppl": 25.0}, "ArXiv": {"ppl": 10.0}}},
                "longmem": {"splits": {"5k-10k": {"ppl": 24.0}, "ArXiv": {"ppl": 10.5}}}}
-    assert books._memory_share(results, ["5k-10k", "ArXiv"]) == (
+    assert books._memory_share(results, ["5k-10k", "ArXiv"], "longmem", EMPTY_LABELS["longmem"]) == (
         "Memory's own share (LongMem with its memory empty -> with memory): 5k-10k 25.00 -> 24.00 (-4.0%), "
         "ArXiv 10.00 -> 10.50 (+5.0%).")
+    results = {"memtrm_empty": {"splits": {"ArXiv": {"ppl": 8.0}}}, "memtrm": {"splits": {"ArXiv": {"ppl": 7.0}}}}
+    assert books._memory_share(results, ["ArXiv"], "memtrm", EMPTY_LABELS["memtrm"]) == (
+        "Memory's own share (MemTRM with its memory empty -> with memory): ArXiv 8.00 -> 7.00 (-12.5%).")
 
 
 def test_book_documents_are_openings_and_whole_books():
@@ -230,8 +233,6 @@ def test_every_registered_suite_has_quick_and_full_sizes():
 def test_lineup_takes_a_memtrm_of_the_same_backbone_only(llama):
     from tiny import tiny_llama
 
-    from longmem.baselines import MemTRM
-
     lm = memory_model(llama, segment_len=64)
     rows = lineup(lm, memtrm=MemTRM(llama, cached_layer=2, csz=2, topk=8, segment_len=64))
     assert [e.key for e in rows] == ["backbone_1k", "backbone_full", "memtrm", "longmem"]
@@ -245,12 +246,23 @@ def test_icl_verdict_says_what_memory_adds(llama):
     rows = lineup(memory_model(llama, segment_len=64))
     assert [e.key for e in memory_empty(rows)] == ["longmem_empty"] and memory_empty(rows[:1]) == []
     assert memory_empty(rows)[0].lm is rows[-1].lm  # the same model, run with an empty memory
+    with_memtrm = lineup(memory_model(llama, segment_len=64), memtrm=MemTRM(llama, cached_layer=2, csz=2, topk=8,
+                                                                              segment_len=64))
+    empty = memory_empty(with_memtrm)
+    assert [e.key for e in empty] == ["memtrm_empty", "longmem_empty"] and not any(e.fills_memory for e in empty)
+    assert empty[0].lm is with_memtrm[2].lm and empty[0].label == EMPTY_LABELS["memtrm"]
     avg = {"longmem": (70.0, 60.0), "longmem_empty": (65.0, 62.5), "backbone_1k": (60.0, 61.0)}
     summary = {f"{m}/20/Avg": {"greedy": (g, float("nan")), "label": (w, float("nan"))} for m, (g, w) in avg.items()}
     text = icl.verdict(summary, ["SST-2"], 20)
     assert "longmem_empty 65.0, 62.5" in text
     assert "LongMem beats the 1k-context backbone on 1 of 2 (not on label-word scoring)." in text
     assert text.endswith("What memory adds (LongMem minus its memory-empty self): +5.0, -2.5 points.")
+    avg.update(memtrm=(72.0, 64.0), memtrm_empty=(71.0, 66.0))
+    summary = {f"{m}/20/Avg": {"greedy": (g, float("nan")), "label": (w, float("nan"))} for m, (g, w) in avg.items()}
+    text = icl.verdict(summary, ["SST-2"], 20)
+    assert "MemTRM on 0 of 2 (not on the paper's protocol, label-word scoring)." in text
+    assert text.endswith("What memory adds (LongMem minus its memory-empty self): +5.0, -2.5 points. What memory "
+                         "adds (MemTRM minus its memory-empty self): +1.0, -2.0 points.")
 
 
 def test_versus_counts_wins_and_names_the_losses():

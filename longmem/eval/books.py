@@ -101,7 +101,8 @@ def run(ctx: EvalContext) -> SuiteResult:
     tokens = {s: results[ctx.entrants[0].key]["splits"][s]["tokens"] for s in splits}
     header = ["model"] + [f"{s} ({count[s]} docs, {tokens[s] / 1000:.0f}k tok)" for s in splits]
     tables = [table(header, rows)]
-    notes = [_verdict(results, splits)] + ([_memory_share(results, splits)] if "longmem_empty" in results else [])
+    notes = [_verdict(results, splits)] + [_memory_share(results, splits, e.key.removesuffix("_empty"), e.label)
+                                           for e in entrants if not e.fills_memory]
     plot = _plot(ctx, entrants, results, splits)
     return SuiteResult("books", "Long-context language modelling (paper table 3): perplexity, lower is better",
                        tables, {"models": {e.key: e.label for e in entrants}, "results": results,
@@ -113,13 +114,14 @@ def _verdict(results: dict, splits: list[str]) -> str:
     return versus({k: {s: r["splits"][s] for s in splits} for k, r in results.items()}, lambda r: r["ppl"], True)
 
 
-def _memory_share(results: dict, splits: list[str]) -> str:
-    """How much of LongMem's perplexity change memory makes, per split (the rest is the SideNet's)."""
+def _memory_share(results: dict, splits: list[str], model: str, label: str) -> str:
+    """How much of a model's perplexity change memory makes, per split (the rest is its training's without memory):
+    ``model`` is "longmem" or "memtrm", ``label`` its memory-empty row's name."""
     cells = []
     for s in splits:
-        empty, full = results["longmem_empty"]["splits"][s]["ppl"], results["longmem"]["splits"][s]["ppl"]
+        empty, full = results[f"{model}_empty"]["splits"][s]["ppl"], results[model]["splits"][s]["ppl"]
         cells.append(f"{s} {empty:.2f} -> {full:.2f} ({100 * (full / empty - 1):+.1f}%)")
-    return "Memory's own share (LongMem with its memory empty -> with memory): " + ", ".join(cells) + "."
+    return f"Memory's own share ({label.split(',')[0]} with its memory empty -> with memory): " + ", ".join(cells) + "."
 
 
 def _plot(ctx: EvalContext, entrants: list[Entrant], results: dict, splits: list[str]) -> str:

@@ -66,11 +66,16 @@ def lineup(model: LongMemModel, full_context: int | None = None, memtrm: Segment
     return rows
 
 
+EMPTY_LABELS = {"memtrm": "MemTRM, memory empty (its trained layer alone)",
+                "longmem": "LongMem, memory empty (the SideNet alone)"}
+
+
 def memory_empty(entrants: list[Entrant]) -> list[Entrant]:
-    """LongMem again, to be run with nothing in memory (the SideNet alone): the difference to LongMem is what memory
-    adds, the difference to the 1k backbone what adaptation training did to the SideNet. Empty without LongMem."""
-    return [Entrant("longmem_empty", "LongMem, memory empty (the SideNet alone)", e.lm, fills_memory=False)
-            for e in entrants if e.key == "longmem"]
+    """MemTRM and LongMem again, keyed ``<key>_empty``, to be run with nothing in memory: the difference to the model
+    with memory is what memory adds, the difference to the 1k backbone what training did without it (LongMem's
+    SideNet, MemTRM's fine-tuned layer). None for a lineup without either."""
+    return [Entrant(f"{e.key}_empty", EMPTY_LABELS[e.key], e.lm, fills_memory=False)
+            for e in entrants if e.key in EMPTY_LABELS]
 
 
 def versus(results: dict, score, lower_is_better: bool, rivals=("backbone_1k", "memtrm")) -> str:

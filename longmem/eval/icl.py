@@ -259,13 +259,14 @@ def verdict(summary: dict, sets: list[str], k: int) -> str:
     """LongMem against the same k-shot 1k backbone (and MemTRM) on the average, for both protocols."""
     avg = {m: {name: summary[f"{m}/{k}/Avg"][p][0] for p, name in (("greedy", "the paper's protocol"),
                                                                   ("label", "label-word scoring"))}
-           for m in ("longmem", "longmem_empty", "backbone_1k", "memtrm") if f"{m}/{k}/Avg" in summary}
+           for m in ("longmem", "longmem_empty", "backbone_1k", "memtrm", "memtrm_empty") if f"{m}/{k}/Avg" in summary}
     numbers = "; ".join(f"{m} " + ", ".join(f"{v:.1f}" for v in cols.values()) for m, cols in avg.items())
     out = f"At {k}-shot, average over {len(sets)} sets (paper's protocol, label words): {numbers}. " + versus(
-        {m: v for m, v in avg.items() if m != "longmem_empty"}, lambda v: v, False)
-    if "longmem" in avg and "longmem_empty" in avg:
-        gain = [avg["longmem"][p] - avg["longmem_empty"][p] for p in avg["longmem"]]
-        out += f" What memory adds (LongMem minus its memory-empty self): {gain[0]:+.1f}, {gain[1]:+.1f} points."
+        {m: v for m, v in avg.items() if not m.endswith("_empty")}, lambda v: v, False)
+    for m, name in (("longmem", "LongMem"), ("memtrm", "MemTRM")):
+        if m in avg and f"{m}_empty" in avg:
+            gain = [avg[m][p] - avg[f"{m}_empty"][p] for p in avg[m]]
+            out += f" What memory adds ({name} minus its memory-empty self): {gain[0]:+.1f}, {gain[1]:+.1f} points."
     return out
 
 
