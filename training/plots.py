@@ -23,11 +23,11 @@ def _weighted_average(rows: list[dict], kind: str, smooth: int) -> tuple[list[in
     return [r["step"] for r in rows], [sum(nll[w]) / sum(count[w]) for w in window]
 
 
-def plot_metrics(metrics: Path, out: Path, smooth: int = 20) -> Path | None:
+def plot_metrics(metrics: Path, out: Path, smooth: int = 20, model: str = "LongMem") -> Path | None:
     """Plot the training loss (raw and a moving average); when the run has recall answers (``answer_nll``), their NLL
     (token-weighted moving averages: all answers, and names and numbers apart when the metrics split them); and,
-    when evaluated, held-out perplexity of LongMem (with and without memory) relative to the backbone with the same
-    local window. Returns the PNG path, or None when there is nothing to plot."""
+    when evaluated, held-out perplexity of the trained ``model`` ("LongMem" or "MemTRM", with and without memory)
+    relative to the backbone with the same local window. Returns the PNG path, or None when there is nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,10 +67,10 @@ def plot_metrics(metrics: Path, out: Path, smooth: int = 20) -> Path | None:
         ax = next(panels)
         at = [st for st, _ in evals]  # as ratios to the backbone: comparable across differently sized evaluations
         ax.plot(at, [e["longmem_ppl"] / e["backbone_ppl"] for _, e in evals], marker="o",
-                label="LongMem (local + memory)")
+                label=f"{model} (local + memory)")
         nomem = [(st, e["no_memory_ppl"] / e["backbone_ppl"]) for st, e in evals if "no_memory_ppl" in e]
         if nomem:
-            ax.plot(*zip(*nomem), marker="^", label="LongMem, memory empty")
+            ax.plot(*zip(*nomem), marker="^", label=f"{model}, memory empty")
         ax.axhline(1.0, color="gray", linestyle="--", label="backbone, same local window")
         ax.set_xlabel("step")
         ax.set_ylabel("held-out perplexity / backbone's")

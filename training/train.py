@@ -444,5 +444,6 @@ class Trainer:
                 signal.signal(signal.SIGTERM, old)
                 from .plots import plot_metrics
 
-                plot_metrics(self.run / "metrics.jsonl", self.run / "loss.png")
+                plot_metrics(self.run / "metrics.jsonl", self.run / "loss.png",
+                             model="MemTRM" if self.cfg.model == "memtrm" else "LongMem")
         return history
