@@ -101,11 +101,11 @@ def test_split_of_follows_the_paper_ranges():
 def test_memory_share_is_the_change_from_the_memory_empty_sidenet():
     results = {"longmem_empty": {"splits": {"5k-10k": {"ppl": 25.0}, "ArXiv": {"ppl": 10.0}}},
                "longmem": {"splits": {"5k-10k": {"ppl": 24.0}, "ArXiv": {"ppl": 10.5}}}}
-    assert books._memory_share(results, ["5k-10k", "ArXiv"], "longmem", EMPTY_LABELS["longmem"]) == (
+    assert books._memory_share(results, ["5k-10k", "ArXiv"], "longmem") == (
         "Memory's own share (LongMem with its memory empty -> with memory): 5k-10k 25.00 -> 24.00 (-4.0%), "
         "ArXiv 10.00 -> 10.50 (+5.0%).")
     results = {"memtrm_empty": {"splits": {"ArXiv": {"ppl": 8.0}}}, "memtrm": {"splits": {"ArXiv": {"ppl": 7.0}}}}
-    assert books._memory_share(results, ["ArXiv"], "memtrm", EMPTY_LABELS["memtrm"]) == (
+    assert books._memory_share(results, ["ArXiv"], "memtrm") == (
         "Memory's own share (MemTRM with its memory empty -> with memory): ArXiv 8.00 -> 7.00 (-12.5%).")
 
 

@@ -54,7 +54,7 @@ def test_eval_all_quick_writes_every_suite_and_the_results_document(tmp_path, ca
         assert all(1 < s["ppl"] < 200 for s in r["splits"].values())
     squad = json.loads((out / "squad.json").read_text())
     assert {r["model"] for r in squad["data"]["runs"]} == {"backbone_1k", "backbone_full", "longmem", "longmem_empty"}
-    assert any("the SideNet alone moves the 1k backbone's" in n for n in squad["notes"])
+    assert any("LongMem with its memory empty (the SideNet alone) moves the 1k backbone's" in n for n in squad["notes"])
     icl = json.loads((out / "icl.json").read_text())["data"]["runs"]
     assert {r["model"] for r in icl} == {"majority", "backbone_1k", "backbone_full", "longmem", "longmem_empty"}
     assert all(0 <= r["label"] <= 1 and r["n"] == 8 for r in icl)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..backbone import cache_root
 from ..corpus import Document, tokenize_files
-from .core import EvalContext, Entrant, SuiteResult, Timer, figure, memory_empty, ppl, table, versus
+from .core import WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, figure, memory_empty, ppl, table, versus
 from .measures import perplexity
 
 SPLITS = ((0, 5_000, "<5k"), (5_000, 10_000, "5k-10k"), (10_000, 100_000, "10k-100k"),
@@ -101,7 +101,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     tokens = {s: results[ctx.entrants[0].key]["splits"][s]["tokens"] for s in splits}
     header = ["model"] + [f"{s} ({count[s]} docs, {tokens[s] / 1000:.0f}k tok)" for s in splits]
     tables = [table(header, rows)]
-    notes = [_verdict(results, splits)] + [_memory_share(results, splits, e.key.removesuffix("_empty"), e.label)
+    notes = [_verdict(results, splits)] + [_memory_share(results, splits, e.key.removesuffix("_empty"))
                                            for e in entrants if not e.fills_memory]
     plot = _plot(ctx, entrants, results, splits)
     return SuiteResult("books", "Long-context language modelling (paper table 3): perplexity, lower is better",
@@ -114,14 +114,15 @@ def _verdict(results: dict, splits: list[str]) -> str:
     return versus({k: {s: r["splits"][s] for s in splits} for k, r in results.items()}, lambda r: r["ppl"], True)
 
 
-def _memory_share(results: dict, splits: list[str], model: str, label: str) -> str:
+def _memory_share(results: dict, splits: list[str], model: str) -> str:
     """How much of a model's perplexity change memory makes, per split (the rest is its training's without memory):
-    ``model`` is "longmem" or "memtrm", ``label`` its memory-empty row's name."""
+    ``model`` is "longmem" or "memtrm"."""
     cells = []
     for s in splits:
         empty, full = results[f"{model}_empty"]["splits"][s]["ppl"], results[model]["splits"][s]["ppl"]
         cells.append(f"{s} {empty:.2f} -> {full:.2f} ({100 * (full / empty - 1):+.1f}%)")
-    return f"Memory's own share ({label.split(',')[0]} with its memory empty -> with memory): " + ", ".join(cells) + "."
+    name = WITH_MEMORY[model][0]
+    return f"Memory's own share ({name} with its memory empty -> with memory): " + ", ".join(cells) + "."
 
 
 def _plot(ctx: EvalContext, entrants: list[Entrant], results: dict, splits: list[str]) -> str:

@@ -66,8 +66,9 @@ def lineup(model: LongMemModel, full_context: int | None = None, memtrm: Segment
     return rows
 
 
-EMPTY_LABELS = {"memtrm": "MemTRM, memory empty (its trained layer alone)",
-                "longmem": "LongMem, memory empty (the SideNet alone)"}
+# the models that have a memory-empty twin: (name, what runs without memory)
+WITH_MEMORY = {"longmem": ("LongMem", "the SideNet alone"), "memtrm": ("MemTRM", "its trained layer alone")}
+EMPTY_LABELS = {k: f"{name}, memory empty ({alone})" for k, (name, alone) in WITH_MEMORY.items()}
 
 
 def memory_empty(entrants: list[Entrant]) -> list[Entrant]:

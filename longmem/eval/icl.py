@@ -24,7 +24,7 @@ from typing import Sequence
 from ..classifiers import PRESETS, Example, Preset, demo_stream, format_demo, majority_accuracy, split_examples
 from ..lm import SegmentLM
 from ..memory import MemoryBank
-from .core import EvalContext, Entrant, SuiteResult, Timer, figure, mean_std, memory_empty, table, versus
+from .core import WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, figure, mean_std, memory_empty, table, versus
 from .scoring import Prefix
 
 SEPARATOR = "\n"  # between the prompt's demonstrations (and before the test sentence)
@@ -263,7 +263,7 @@ def verdict(summary: dict, sets: list[str], k: int) -> str:
     numbers = "; ".join(f"{m} " + ", ".join(f"{v:.1f}" for v in cols.values()) for m, cols in avg.items())
     out = f"At {k}-shot, average over {len(sets)} sets (paper's protocol, label words): {numbers}. " + versus(
         {m: v for m, v in avg.items() if not m.endswith("_empty")}, lambda v: v, False)
-    for m, name in (("longmem", "LongMem"), ("memtrm", "MemTRM")):
+    for m, (name, _) in WITH_MEMORY.items():
         if m in avg and f"{m}_empty" in avg:
             gain = [avg[m][p] - avg[f"{m}_empty"][p] for p in avg[m]]
             out += f" What memory adds ({name} minus its memory-empty self): {gain[0]:+.1f}, {gain[1]:+.1f} points."

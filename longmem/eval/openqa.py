@@ -14,7 +14,7 @@ from typing import Sequence
 
 from ..lm import SegmentLM
 from ..memory import MemoryBank
-from .core import EvalContext, Entrant, SuiteResult, Timer, mean_std, memory_empty, table, versus
+from .core import WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, mean_std, memory_empty, table, versus
 from .scoring import Prefix
 from .squad import QA, answer_from_generation, exact_match, f1, format_demo, format_prompt, read_squad, split_squad
 
@@ -116,12 +116,12 @@ def run(ctx: EvalContext) -> SuiteResult:
     scores = {k: {"EM": v["em"][0], "F1": v["f1"][0]} for k, v in summary.items()}
     notes = [versus(scores, lambda v: v, False) + f" Every model reads the same {size.n_context} demonstrations; "
              f"the models with memory hold {size.n_memory} more there (chunk size {size.csz})."]
-    alone = {"longmem": "the SideNet alone", "memtrm": "MemTRM's trained layer alone"}
     for e in empty:
         m = e.key.removesuffix("_empty")
         em = {k: summary[k]["em"][0] for k in ("backbone_1k", e.key, m)}
-        notes.append(f"EM: {alone[m]} moves the 1k backbone's {em['backbone_1k']:.1f} to {em[e.key]:.1f}; memory "
-                     f"then moves it to {em[m]:.1f}.")
+        name, alone = WITH_MEMORY[m]
+        notes.append(f"EM: {name} with its memory empty ({alone}) moves the 1k backbone's {em['backbone_1k']:.1f} to "
+                     f"{em[e.key]:.1f}; memory then moves it to {em[m]:.1f}.")
     return SuiteResult("squad", f"Open-ended in-context learning on SQuAD (paper table 6): {size.n_context} "
                        f"demonstrations in context, {size.n_memory} in memory", [table(["model", "EM", "F1"], rows)],
                        {"runs": runs, "summary": summary, "models": {e.key: e.label for e in ctx.entrants + empty}},
