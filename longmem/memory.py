@@ -201,15 +201,14 @@ class _Row:
         """Chunk serial numbers since the last clear of positions ``ids`` (-1 stays -1)."""
         return torch.where(ids >= 0, ids + self.evicted, torch.full_like(ids, -1))
 
-    def search(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None,
-               out: tuple[torch.Tensor, torch.Tensor] | None = None):
-        """q (Hq, T, d) -> keys, values (Hq, T, K, d), mask (Hq, T, K), ids (Hq, T, n_chunks). ``out``: contiguous
-        (Hq, T, K, d) tensors of this row's dtype the keys and values are gathered into (a batch's slices, no copy)."""
+    def search(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None, keys: torch.Tensor,
+               values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (Hq, T, d) -> mask (Hq, T, K), ids (Hq, T, n_chunks); the chunks' keys and values are gathered into
+        ``keys``, ``values``: contiguous (Hq, T, K, d) tensors of this row's dtype (a batch's slices, no copy)."""
         hq, T, d = q.shape
         K = n_chunks * self.csz
         ids_t = self.top_chunks(q, n_chunks, group, max_sinks)
         valid = ids_t >= 0  # (Hq, T, n)
-        keys, values = out if out is not None else (torch.empty(hq, T, K, d, dtype=self.dtype) for _ in range(2))
         if self.n > 0:  # per KV head, its query heads' chunks in one index_select (self.k may be a strided view)
             safe = ids_t.clamp(min=0)
             for j in range(self.hkv):
@@ -221,7 +220,7 @@ class _Row:
             keys.zero_()
             values.zero_()
         mask = valid[..., None].expand(hq, T, n_chunks, self.csz).reshape(hq, T, K)
-        return keys, values, mask, self.serials(ids_t)
+        return mask, self.serials(ids_t)
 
     def select(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None, n_max: int):
         """q (Hq, T, d) -> keys, values (Hkv, n_max * csz, d) (views when n_max is this row's size), token mask
@@ -360,9 +359,9 @@ class MemoryBank:
         B, hq, T, d = queries.shape
         # gathered straight into the batch's tensors: stacking per-row results copied every K/V twice
         keys, values = (torch.empty(B, hq, T, n_chunks * self.csz, d, dtype=self.dtype) for _ in range(2))
-        parts = [row.search(queries[b], n_chunks, group, self.max_sinks, out=(keys[b], values[b]))
+        parts = [row.search(queries[b], n_chunks, group, self.max_sinks, keys[b], values[b])
                  for b, row in enumerate(self.rows)]
-        mask, ids = self._join([p[2:] for p in parts], queries.device)
+        mask, ids = self._join(parts, queries.device)
         return Retrieved(keys=keys.to(queries.device), values=values.to(queries.device), mask=mask, chunk_ids=ids)
 
     @torch.no_grad()

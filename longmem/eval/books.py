@@ -101,8 +101,8 @@ def run(ctx: EvalContext) -> SuiteResult:
     tokens = {s: results[ctx.entrants[0].key]["splits"][s]["tokens"] for s in splits}
     header = ["model"] + [f"{s} ({count[s]} docs, {tokens[s] / 1000:.0f}k tok)" for s in splits]
     tables = [table(header, rows)]
-    notes = [_verdict(results, splits)] + [_memory_share(results, splits, e.key.removesuffix("_empty"))
-                                           for e in entrants if not e.fills_memory]
+    notes = [_verdict(results, splits)] + [_memory_share(results, splits, e.empty_of)
+                                           for e in entrants if e.empty_of is not None]
     plot = _plot(ctx, entrants, results, splits)
     return SuiteResult("books", "Long-context language modelling (paper table 3): perplexity, lower is better",
                        tables, {"models": {e.key: e.label for e in entrants}, "results": results,

@@ -43,7 +43,12 @@ class Entrant:
     key: str  # JSON key: "backbone_1k", "backbone_full", "memtrm", "longmem"
     label: str  # its name in tables
     lm: SegmentLM
-    fills_memory: bool = True  # a model with memory gets the suite's memory; False: it runs with an empty one
+    empty_of: str | None = None  # a memory-empty run: the key of the model it repeats without memory ("longmem")
+
+    @property
+    def fills_memory(self) -> bool:
+        """Whether a model with memory gets the suite's memory (False: it runs with an empty one)."""
+        return self.empty_of is None
 
     @property
     def context(self) -> int:
@@ -74,8 +79,8 @@ EMPTY_LABELS = {k: f"{name}, memory empty ({alone})" for k, (name, alone) in WIT
 def memory_empty(entrants: list[Entrant]) -> list[Entrant]:
     """MemTRM and LongMem again, keyed ``<key>_empty``, to be run with nothing in memory: the difference to the model
     with memory is what memory adds, the difference to the 1k backbone what training did without it (LongMem's
-    SideNet, MemTRM's fine-tuned layer). None for a lineup without either."""
-    return [Entrant(f"{e.key}_empty", EMPTY_LABELS[e.key], e.lm, fills_memory=False)
+    SideNet, MemTRM's fine-tuned layer). Empty for a lineup without either."""
+    return [Entrant(f"{e.key}_empty", EMPTY_LABELS[e.key], e.lm, empty_of=e.key)
             for e in entrants if e.key in EMPTY_LABELS]
 
 

@@ -117,7 +117,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     notes = [versus(scores, lambda v: v, False) + f" Every model reads the same {size.n_context} demonstrations; "
              f"the models with memory hold {size.n_memory} more there (chunk size {size.csz})."]
     for e in empty:
-        m = e.key.removesuffix("_empty")
+        m = e.empty_of
         em = {k: summary[k]["em"][0] for k in ("backbone_1k", e.key, m)}
         name, alone = WITH_MEMORY[m]
         notes.append(f"EM: {name} with its memory empty ({alone}) moves the 1k backbone's {em['backbone_1k']:.1f} to "
