@@ -66,14 +66,12 @@ def scenario_startup(args) -> dict:
 
 
 def scenario_first_token(args) -> dict:
-    import torch
-
+    from longmem.cpu import setup_cpu
     from longmem.model import LongMemConfig, LongMemModel
     from longmem.store import Store
     from longmem.workspace import Settings, Workspace
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_cpu(args.threads)
     model = LongMemModel.from_config(LongMemConfig(dtype=args.dtype)).eval()
     ws = Workspace(model, Store(args.banks_dir))
     name = f"bench-{args.bank_tokens // 1000}k"

@@ -44,14 +44,12 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
 
 def make_workspace(args):
     """The model (loaded once, shared by every visitor) and the banks directory."""
-    import torch
-
+    from longmem.cpu import setup_cpu
     from longmem.model import LongMemConfig, LongMemModel
     from longmem.store import Store
     from longmem.workspace import Workspace
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_cpu(args.threads)
     if args.checkpoint:
         from longmem.backbone import load_backbone
 

@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from .backbone import Backbone, cpu_has_fast_bf16, load_backbone, resolve_dtype
 from .baselines import BackboneLM
+from .cpu import setup_cpu
 from .lm import Sampling, SegmentLM
 from .memory import MemoryBank
 from .model import LongMemConfig, LongMemModel
@@ -382,7 +383,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    setup_cpu(args.threads)
     if args.scenario is not None:
         result = run_scenario(args)
         print(json.dumps(result))

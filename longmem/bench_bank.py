@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from .bench import DEFAULT_TEXT, cpu_times, log, machine_facts, report, reset_peak_rss, status_mb, target
+from .cpu import setup_cpu
 
 TARGETS = {"ingest_vs_memorize": 0.9, "reopen_s": 3.0, "reopen_peak_vs_kv": 1.5}
 
@@ -258,7 +259,7 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    setup_cpu(args.threads)
     if args.scenario is not None:
         steal0, total0 = cpu_times()
         fn = {"ingest": scenario_ingest, "build": scenario_build, "reopen": scenario_reopen}[args.scenario]

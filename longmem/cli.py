@@ -14,10 +14,10 @@ import argparse
 import logging
 import sys
 
-import torch
 from tqdm import tqdm
 
 from . import cli_bank
+from .cpu import setup_cpu
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -41,8 +41,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 def _load_model(args):
     from .model import LongMemConfig, LongMemModel
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_cpu(args.threads)
     if args.checkpoint:
         return LongMemModel.load(args.checkpoint)
     return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype),

@@ -14,7 +14,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-import torch
+from longmem.cpu import setup_cpu
 
 from .train import TrainConfig, Trainer
 
@@ -120,8 +120,7 @@ def build_data(args, tokenizer, segment_len: int):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_cpu(args.threads)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     trainer = Trainer(cfg, documents=[], resume=args.resume, log=lambda m: print(m, file=sys.stderr),
                       defer_data=True)

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from longmem.baselines import BackboneLM
+from longmem.cpu import setup_cpu
 from longmem.eval.measures import answer_match, perplexity, question_window, recall_record, recalled
 from longmem.memory import MAX_SINKS, MemoryView
 from longmem.model import LongMemConfig, LongMemModel
@@ -154,8 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_cpu(args.threads)
     if (args.checkpoint is None) == (not args.untrained):
         p.error("give --checkpoint DIR or --untrained")
     runtime = {"max_sinks": None if args.max_sinks < 0 else args.max_sinks}

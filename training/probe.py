@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from longmem.backbone import cache_root, load_backbone
+from longmem.cpu import setup_cpu
 from longmem.memory import MAX_SINKS, MemoryView
 from longmem.model import LongMemConfig, LongMemModel
 
@@ -400,8 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
         p.error("--readout needs --heads (the query heads that read memory, e.g. --heads 6,7)")
     if args.answers and not (args.checkpoint or args.untrained):
         p.error("--answers follows a SideNet's memory layer: give --checkpoint DIR or --untrained")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_cpu(args.threads)
     max_sinks = None if args.max_sinks < 0 else args.max_sinks
     log = lambda m: print(f"[probe] {m}", file=sys.stderr, flush=True)  # noqa: E731
     model = None

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from longmem.cpu import setup_cpu
+
 from . import SUITES
 from .core import EvalContext, SuiteResult, data_dir_default, lineup
 
@@ -183,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    setup_cpu(args.threads)
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(args)
     sidenet = args.checkpoint or ("untrained" if args.untrained else "shipped with the package")
