@@ -1,13 +1,14 @@
 """How a command sets up torch on the CPU before it loads a model: its thread count and huge pages.
 
-Every entry point (CLI, app, training, evaluation, benchmarks) calls ``setup_cpu(args.threads)`` first thing.
+Every entry point (CLI, app, training, evaluation, benchmarks) calls ``setup_cpu(args.threads)`` before its model.
 Huge pages: PyTorch backs CPU tensors of 2 MB and more with 2 MB transparent huge pages when the environment
 variable ``THP_MEM_ALLOC_ENABLE`` is set (it calls ``madvise(MADV_HUGEPAGE)``; kernels in the common ``madvise``
 mode otherwise give 4 KB pages). LongMem allocates large short-lived tensors every step (gathered memory keys and
 values, attention scores, logits), and with 4 KB pages the kernel faulted and zeroed each of them page by page:
 a MemTRM training step spent about 15% of its CPU time in the kernel. Measured on this project's 2-core machine
-(``python -m training --model memtrm ...``, the run in ``training/runs/memtrm-l18``): median step 16.2 s over
-56 steps without, 13.7 s with (the same run resumed), kernel time 832 -> 288 clock ticks per 30 s.
+(``python -m training --model memtrm ...``, the run in ``training/runs/memtrm-l18``, resumed at step 926 with them):
+median step 16.2 s over steps 871-926 without, 13.2 s over 928-1,021 with; the process's kernel time fell from 832 to
+288 clock ticks per 30 s and its user time rose from 4,836 to 5,511 (``/proc/PID/stat``).
 """
 
 from __future__ import annotations
