@@ -253,16 +253,16 @@ def test_icl_verdict_says_what_memory_adds(llama):
     assert empty[0].lm is with_memtrm[2].lm and empty[0].label == EMPTY_LABELS["memtrm"]
     avg = {"longmem": (70.0, 60.0), "longmem_empty": (65.0, 62.5), "backbone_1k": (60.0, 61.0)}
     summary = {f"{m}/20/Avg": {"greedy": (g, float("nan")), "label": (w, float("nan"))} for m, (g, w) in avg.items()}
-    text = icl.verdict(summary, ["SST-2"], 20)
-    assert "longmem_empty 65.0, 62.5" in text
+    text = icl.verdict(summary, rows + memory_empty(rows), ["SST-2"], 20)
+    assert "backbone_1k 60.0, 61.0; longmem 70.0, 60.0; longmem_empty 65.0, 62.5" in text
     assert "LongMem beats the 1k-context backbone on 1 of 2 (not on label-word scoring)." in text
     assert text.endswith("What memory adds (LongMem minus its memory-empty self): +5.0, -2.5 points.")
     avg.update(memtrm=(72.0, 64.0), memtrm_empty=(71.0, 66.0))
     summary = {f"{m}/20/Avg": {"greedy": (g, float("nan")), "label": (w, float("nan"))} for m, (g, w) in avg.items()}
-    text = icl.verdict(summary, ["SST-2"], 20)
+    text = icl.verdict(summary, with_memtrm + empty, ["SST-2"], 20)
     assert "MemTRM on 0 of 2 (not on the paper's protocol, label-word scoring)." in text
-    assert text.endswith("What memory adds (LongMem minus its memory-empty self): +5.0, -2.5 points. What memory "
-                         "adds (MemTRM minus its memory-empty self): +1.0, -2.0 points.")
+    assert text.endswith("What memory adds (MemTRM minus its memory-empty self): +1.0, -2.0 points. What memory "
+                         "adds (LongMem minus its memory-empty self): +5.0, -2.5 points.")
 
 
 def test_versus_counts_wins_and_names_the_losses():
@@ -304,4 +304,10 @@ def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path,
     assert "1 of 2 suites ran at the full size" in text
     assert text.count("Hardware: Test CPU") == 1 and "no trained MemTRM checkpoint" in text
     assert (docs.parent / "results" / "recall.png").read_bytes() == b"png" and "](results/recall.png)" in text
+    kept = docs.parent / "results"
+    assert sorted(f.name for f in kept.iterdir()) == ["books.json", "recall.json", "recall.png"]
+    (out / "books.json").unlink()  # the document's own copy of the data is enough to write it again
+    docs.unlink()
+    assert main(["report", "--out", str(kept), "--docs", str(docs)]) == 0
+    assert docs.read_text() == text and (kept / "recall.png").read_bytes() == b"png"
     assert main(["report", "--out", str(out)]) == 2  # report needs --docs

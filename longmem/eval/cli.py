@@ -5,11 +5,12 @@
     longmem eval all --docs docs/results.md         # every suite, full size: the record (hours on a CPU)
     longmem eval icl --set icl.seeds=2 --set icl.test=100   # change one size setting of a suite
     longmem eval report --out runs/eval --docs docs/results.md   # the document from suites run before
+    longmem eval report --out docs/results --docs docs/results.md  # the document again from its own copy of the data
 
 Every run writes ``<out>/<suite>.json`` (all numbers, sizes, wall time, and the command, commit and machine that
 made them) and ``<out>/<suite>.md`` (the tables), plus its PNG plots. ``--docs`` writes one markdown document from
 every suite result in ``<out>`` (so suites run at different times, or re-run alone, make one document), each with its
-exact command, commit, hardware and wall time, and copies the plots next to it.
+exact command, commit, hardware and wall time, and copies the suites' JSON and plots next to it.
 """
 
 from __future__ import annotations
@@ -152,17 +153,23 @@ def results_document(results: list[SuiteResult], plot_dir: str) -> str:
 
 
 def write_document(out: Path, docs: Path) -> Path:
-    """``docs`` from every suite result in ``out`` (in suite order), its plots copied to ``docs``'s folder."""
-    results = [SuiteResult.from_json(json.loads((out / f"{name}.json").read_text())) for name in SUITES
-               if (out / f"{name}.json").is_file()]
+    """``docs`` from every suite result in ``out`` (in suite order). Each suite's JSON and plots are copied to
+    ``docs``'s folder (docs/results.md -> docs/results/), so the document can be written again from there alone:
+    ``longmem eval report --out docs/results --docs docs/results.md``."""
+    names = [name for name in SUITES if (out / f"{name}.json").is_file()]
+    results = [SuiteResult.from_json(json.loads((out / f"{name}.json").read_text())) for name in names]
     if not results:
         raise FileNotFoundError(f"{out}: no suite results (<suite>.json) to write a document from")
-    plot_dir = docs.parent / docs.stem  # docs/results.md -> docs/results/*.png
-    plot_dir.mkdir(parents=True, exist_ok=True)
-    for r in results:
-        for plot in r.plots:
-            shutil.copyfile(out / plot, plot_dir / plot)
-    docs.write_text(results_document(results, plot_dir.name))
+    data_dir = docs.parent / docs.stem
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if data_dir.resolve() != out.resolve():
+        for name, r in zip(names, results):
+            for file in [f"{name}.json", *r.plots]:
+                shutil.copyfile(out / file, data_dir / file)
+    text = results_document(results, data_dir.name)
+    tmp = docs.with_name(docs.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(docs)
     return docs
 
 

@@ -211,7 +211,7 @@ def run(ctx: EvalContext) -> SuiteResult:
               for protocol, title in (("greedy", "The paper's protocol: the greedy next token starts the gold label"),
                                       ("label", "Label-word scoring: the likeliest label word wins"))]
     scored = [r for r in runs if r["model"] != "majority"]
-    notes = [verdict(summary, size.sets, max(size.shots)),
+    notes = [verdict(summary, entrants, size.sets, max(size.shots)),
              f"The two protocols gave the same verdict on {sum(r['agree'] for r in scored):,} of "
              f"{sum(r['n'] for r in scored):,} test sentences (every model, shot count and seed): they differ only "
              "where the greedy next token is not a label word.",
@@ -255,18 +255,20 @@ def results_table(summary: dict, rows_for: list[tuple[str, int, str]], sets: lis
     return table(["model"] + sets + ["Avg"], rows)
 
 
-def verdict(summary: dict, sets: list[str], k: int) -> str:
-    """LongMem against the same k-shot 1k backbone (and MemTRM) on the average, for both protocols."""
-    avg = {m: {name: summary[f"{m}/{k}/Avg"][p][0] for p, name in (("greedy", "the paper's protocol"),
-                                                                  ("label", "label-word scoring"))}
-           for m in ("longmem", "longmem_empty", "backbone_1k", "memtrm", "memtrm_empty") if f"{m}/{k}/Avg" in summary}
+def verdict(summary: dict, entrants: list[Entrant], sets: list[str], k: int) -> str:
+    """Every model's average at ``k`` shots for both protocols; LongMem against the same k-shot 1k backbone (and
+    MemTRM); what memory adds to each model that has a memory-empty twin among ``entrants``."""
+    avg = {e.key: {name: summary[f"{e.key}/{k}/Avg"][p][0] for p, name in (("greedy", "the paper's protocol"),
+                                                                          ("label", "label-word scoring"))}
+           for e in entrants if f"{e.key}/{k}/Avg" in summary}
     numbers = "; ".join(f"{m} " + ", ".join(f"{v:.1f}" for v in cols.values()) for m, cols in avg.items())
     out = f"At {k}-shot, average over {len(sets)} sets (paper's protocol, label words): {numbers}. " + versus(
-        {m: v for m, v in avg.items() if not m.endswith("_empty")}, lambda v: v, False)
-    for m, (name, _) in WITH_MEMORY.items():
-        if m in avg and f"{m}_empty" in avg:
-            gain = [avg[m][p] - avg[f"{m}_empty"][p] for p in avg[m]]
-            out += f" What memory adds ({name} minus its memory-empty self): {gain[0]:+.1f}, {gain[1]:+.1f} points."
+        {e.key: avg[e.key] for e in entrants if e.key in avg and e.fills_memory}, lambda v: v, False)
+    for e in entrants:
+        if e.empty_of in avg and e.key in avg:
+            gain = [avg[e.empty_of][p] - avg[e.key][p] for p in avg[e.key]]
+            out += (f" What memory adds ({WITH_MEMORY[e.empty_of][0]} minus its memory-empty self): {gain[0]:+.1f}, "
+                    f"{gain[1]:+.1f} points.")
     return out
 
 
