@@ -277,6 +277,7 @@ def test_versus_counts_wins_and_names_the_losses():
 
 
 def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path, capsys):
+    import dataclasses
     import json
 
     from longmem.eval.cli import main
@@ -310,4 +311,8 @@ def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path,
     docs.unlink()
     assert main(["report", "--out", str(kept), "--docs", str(docs)]) == 0
     assert docs.read_text() == text and (kept / "recall.png").read_bytes() == b"png"
+    with_memtrm = dataclasses.replace(r, provenance={**prov, "memtrm": "runs/memtrm/weights"})  # r: books
+    (kept / "books.json").write_text(json.dumps(with_memtrm.to_json()))
+    assert main(["report", "--out", str(kept), "--docs", str(docs)]) == 0
+    assert "MemTRM baseline: `runs/memtrm/weights` (`--memtrm`)." in docs.read_text()
     assert main(["report", "--out", str(out)]) == 2  # report needs --docs

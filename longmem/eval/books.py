@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..backbone import cache_root
 from ..corpus import Document, tokenize_files
-from .core import WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, figure, memory_empty, ppl, table, versus
+from .core import (WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, figure, legend_below, memory_empty, ppl,
+                   table, versus)
 from .measures import perplexity
 
 SPLITS = ((0, 5_000, "<5k"), (5_000, 10_000, "5k-10k"), (10_000, 100_000, "10k-100k"),
@@ -126,7 +127,7 @@ def _memory_share(results: dict, splits: list[str], model: str) -> str:
 
 
 def _plot(ctx: EvalContext, entrants: list[Entrant], results: dict, splits: list[str]) -> str:
-    fig = figure(1.6 + 1.4 * len(splits), 3.6)
+    fig = figure(1.6 + 1.4 * len(splits), 3.0 + 0.17 * len(entrants))
     ax = fig.add_subplot()
     width = 0.8 / len(entrants)
     for i, e in enumerate(entrants):
@@ -135,8 +136,8 @@ def _plot(ctx: EvalContext, entrants: list[Entrant], results: dict, splits: list
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(splits))], splits)
     ax.set_ylabel("perplexity (lower is better)")
     ax.set_title("Held-out perplexity by document length")
-    ax.legend(fontsize=7)
+    legend_below(ax)
     fig.tight_layout()
     name = "books.png"
-    fig.savefig(Path(ctx.out_dir) / name)
+    fig.savefig(Path(ctx.out_dir) / name, bbox_inches="tight")  # the legend below may be wider than the axes
     return name

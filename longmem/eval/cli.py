@@ -147,7 +147,8 @@ def results_document(results: list[SuiteResult], plot_dir: str) -> str:
         sidenets.add(f"{p.get('sidenet', '?')} (K = {p.get('topk', '?')} memory tokens per query, chunks of "
                      f"{p.get('csz', '?')})")
     head += [""] + [f"Hardware: {m}." for m in machines] + [f"LongMem SideNet: {s}." for s in sorted(sidenets)]
-    head.append("MemTRM baseline: " + (", ".join(f"`{m}`" for m in sorted(memtrm - {None})) if memtrm - {None} else
+    head.append("MemTRM baseline: " + (", ".join(f"`{m}`" for m in sorted(memtrm - {None})) + " (`--memtrm`)."
+                                       if memtrm - {None} else
                                        "not in these tables (no trained MemTRM checkpoint was given: `--memtrm`)."))
     return "\n".join(head) + "\n\n" + "\n".join(r.markdown(plot_dir) for r in results)
 

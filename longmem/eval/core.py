@@ -28,6 +28,11 @@ from ..lm import SegmentLM
 from ..model import LongMemModel
 
 Log = Callable[[str], None]
+
+
+def legend_below(ax, ncol: int = 1) -> None:
+    """The legend under the axes (and their tick labels), where it cannot hide the bars of many models."""
+    ax.legend(fontsize=7, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
 DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # the shared data next to the checkout
 
 

@@ -24,7 +24,8 @@ from typing import Sequence
 from ..classifiers import PRESETS, Example, Preset, demo_stream, format_demo, majority_accuracy, split_examples
 from ..lm import SegmentLM
 from ..memory import MemoryBank
-from .core import WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, figure, mean_std, memory_empty, table, versus
+from .core import (WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, figure, legend_below, mean_std, memory_empty,
+                   table, versus)
 from .scoring import Prefix
 
 SEPARATOR = "\n"  # between the prompt's demonstrations (and before the test sentence)
@@ -273,17 +274,20 @@ def verdict(summary: dict, entrants: list[Entrant], sets: list[str], k: int) -> 
 
 
 def plot_icl(out_dir: Path, summary: dict, rows_for: list[tuple[str, int, str]], sets: list[str]) -> str:
-    fig = figure(2.0 + 1.3 * (len(sets) + 1), 3.8)
+    from matplotlib import colormaps
+
+    fig = figure(2.0 + 1.3 * (len(sets) + 1), 3.0 + 0.09 * len(rows_for))
     ax = fig.add_subplot()
     cols = sets + ["Avg"]
     width = 0.85 / len(rows_for)
+    colours = colormaps["tab20"]  # 20 distinct colours: the default cycle repeats after 10 bars
     for i, (model, k, label) in enumerate(rows_for):
         vals = [summary.get(f"{model}/{k}/{s}", {}).get("label", (float("nan"), 0))[0] for s in cols]
-        ax.bar([j + i * width for j in range(len(cols))], vals, width, label=label)
+        ax.bar([j + i * width for j in range(len(cols))], vals, width, label=label, color=colours(i % 20))
     ax.set_xticks([j + 0.425 - width / 2 for j in range(len(cols))], cols)
     ax.set_ylabel("accuracy % (label-word scoring)")
     ax.set_ylim(0, 100)
-    ax.legend(fontsize=6, ncol=2)
+    legend_below(ax, ncol=2)
     fig.tight_layout()
-    fig.savefig(Path(out_dir) / "icl.png")
+    fig.savefig(Path(out_dir) / "icl.png", bbox_inches="tight")  # the legend below may be wider than the axes
     return "icl.png"
