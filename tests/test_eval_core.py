@@ -315,4 +315,8 @@ def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path,
     (kept / "books.json").write_text(json.dumps(with_memtrm.to_json()))
     assert main(["report", "--out", str(kept), "--docs", str(docs)]) == 0
     assert "MemTRM baseline: `runs/memtrm/weights` (`--memtrm`)." in docs.read_text()
+    (out / "books.json").write_text(json.dumps(with_memtrm.to_json()))
+    (out / "recall.json").unlink()  # a document of books alone: recall's data leaves the document's folder
+    assert main(["report", "--out", str(out), "--docs", str(docs)]) == 0
+    assert "Title of recall" not in docs.read_text() and not (kept / "recall.json").exists()
     assert main(["report", "--out", str(out)]) == 2  # report needs --docs

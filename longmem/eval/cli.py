@@ -167,6 +167,8 @@ def write_document(out: Path, docs: Path) -> Path:
         for name, r in zip(names, results):
             for file in [f"{name}.json", *r.plots]:
                 shutil.copyfile(out / file, data_dir / file)
+        for stale in set(SUITES) - set(names):  # the folder holds the data of this document, no other suite's
+            (data_dir / f"{stale}.json").unlink(missing_ok=True)
     text = results_document(results, data_dir.name)
     tmp = docs.with_name(docs.name + ".tmp")
     tmp.write_text(text)

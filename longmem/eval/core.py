@@ -28,17 +28,17 @@ from ..lm import SegmentLM
 from ..model import LongMemModel
 
 Log = Callable[[str], None]
-
-
-def legend_below(ax, ncol: int = 1) -> None:
-    """The legend under the axes (and their tick labels), where it cannot hide the bars of many models."""
-    ax.legend(fontsize=7, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
 DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # the shared data next to the checkout
 
 
 def data_dir_default() -> Path:
     """``$LONGMEM_DATA_DIR``, else the ``shared/data`` folder beside the repository."""
     return Path(os.environ.get("LONGMEM_DATA_DIR", DEFAULT_DATA))
+
+
+def legend_below(ax, ncol: int = 1) -> None:
+    """The legend under the axes (and their tick labels), where it cannot hide the bars of many models."""
+    ax.legend(fontsize=7, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
 
 
 @dataclass
