@@ -18,6 +18,26 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def write_file_atomic(path: str | os.PathLike, data: bytes | memoryview) -> None:
+    """Write ``data`` to ``path`` through a temporary file beside it (``.<name>.tmp-*``), fsynced and renamed over
+    ``path``: a crash leaves the old file or the new one, never half. The file is readable by all (mode 0644)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes it private
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # not every platform can fsync a directory
+        _fsync(path.parent)
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temporary directory beside ``path``; when the block succeeds its files are fsynced and it

@@ -10,15 +10,14 @@ the old file or the new one, never half.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
+
+from .files import write_file_atomic
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +35,6 @@ class IndexRecord:
     bytes: int
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # not every platform can fsync a directory
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _crc32_file(path: Path, block: int = 8 << 20) -> str:
     crc = 0
     with open(path, "rb") as f:
@@ -58,19 +48,7 @@ def write_index(index: faiss.Index, path: Path) -> tuple[str, int]:
     data = faiss.serialize_index(faiss.index_gpu_to_cpu(index) if hasattr(index, "getDevice") else index)
     buf = memoryview(data)
     digest = f"crc32:{zlib.crc32(buf):08x}"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; the bank's other files are not
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+    write_file_atomic(path, buf)
     return digest, len(buf)
 
 

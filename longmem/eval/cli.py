@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from longmem.cpu import setup_cpu
+from longmem.files import write_file_atomic
 
 from . import SUITES
 from .core import EvalContext, SuiteResult, data_dir_default, lineup
@@ -169,10 +170,7 @@ def write_document(out: Path, docs: Path) -> Path:
                 shutil.copyfile(out / file, data_dir / file)
         for stale in set(SUITES) - set(names):  # the folder holds the data of this document, no other suite's
             (data_dir / f"{stale}.json").unlink(missing_ok=True)
-    text = results_document(results, data_dir.name)
-    tmp = docs.with_name(docs.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(docs)
+    write_file_atomic(docs, results_document(results, data_dir.name).encode())
     return docs
 
 
