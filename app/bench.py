@@ -124,6 +124,8 @@ def _prefix(path: Path, n_tokens: int, tokenizer) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from longmem.cpu import add_dtype_flag
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenario", choices=["all", "startup", "first-token"], default="all", help="what to measure")
     p.add_argument("--reps", type=int, default=3, help="start-up runs (median reported)")
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--text", default=DEFAULT_TEXT, help="text the bank is made of (default: The Great Gatsby)")
     p.add_argument("--banks-dir", default=str(Path(tempfile.gettempdir()) / "longmem-bench-banks"),
                    help="where the benchmark bank is kept between runs")
-    p.add_argument("--dtype", default="auto", help="model dtype (auto = bf16 where the CPU has it, else float32)")
+    add_dtype_flag(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)

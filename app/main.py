@@ -17,6 +17,8 @@ log = logging.getLogger("longmem.app")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from longmem.cpu import add_dtype_flag
+
     p = argparse.ArgumentParser(prog="python app.py", description="The LongMem web app (Gradio, local, offline).")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 to let other machines in)")
     p.add_argument("--port", type=int, default=7860, help="port to listen on")
@@ -29,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None, help="SideNet checkpoint directory (default: the shipped one)")
     p.add_argument("--untrained", action="store_true", help="use an untrained SideNet (reproduces the backbone)")
     p.add_argument("--max-upload-mb", type=int, default=512, help="largest file accepted for upload, in MiB")
+    add_dtype_flag(p)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: all cores)")
     return p
 
@@ -53,11 +56,12 @@ def make_workspace(args):
     if args.checkpoint:
         from longmem.backbone import load_backbone
 
-        model = LongMemModel.load(args.checkpoint, load_backbone(args.backbone))
+        model = LongMemModel.load(args.checkpoint, load_backbone(args.backbone, args.dtype))
     else:
-        model = LongMemModel.from_config(LongMemConfig(backbone=args.backbone), pretrained=not args.untrained)
+        model = LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype),
+                                         pretrained=not args.untrained)
     return Workspace(model, Store(args.banks_dir), max_upload_bytes=args.max_upload_mb * 2**20,
-                     checkpoint=args.checkpoint)
+                     checkpoint=args.checkpoint, dtype=args.dtype)
 
 
 def launch(ws, args, block: bool = True):

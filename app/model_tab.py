@@ -7,6 +7,7 @@ import json
 
 import gradio as gr
 
+from longmem.backbone import DTYPES
 from longmem.workspace import Workspace
 
 from .common import friendly, mib
@@ -18,7 +19,8 @@ def info_markdown(ws: Workspace) -> str:
     prov = json.dumps(i["provenance"], indent=2) if i["provenance"] else "none (untrained SideNet)"
     return "\n\n".join([
         f"**Backbone**: `{i['backbone']}` ({i['backbone_params'] / 1e6:,.1f}M parameters, {i['layers']} layers, "
-        f"{i['heads']}, {i['dtype']} on {i['device']}), sha256 `{i['backbone_sha256'][:16]}…`",
+        f"{i['heads']}, on {i['device']}), sha256 `{i['backbone_sha256'][:16]}…`",
+        f"**Dtype**: {i['dtype_reason']}",
         f"**SideNet**: {i['sidenet']} ({i['sidenet_params'] / 1e6:,.1f}M parameters; its memory layer "
         f"{i['memory_layer'] + 1} (1-based) reads the keys/values of backbone layer {i['cached_layer'] + 1}; "
         f"chunk size {i['csz']}, top-K {i['topk']} memory tokens, local window {i['segment_len']} tokens)",
@@ -36,15 +38,17 @@ def build(ws: Workspace, shared: Shared) -> None:
     with gr.Row():
         backbone = gr.Textbox(label="Backbone directory", value="default")
         checkpoint = gr.Textbox(label="SideNet checkpoint directory (optional)")
+        dtype = gr.Dropdown(["auto", *sorted(DTYPES)], value=ws.dtype, label="Dtype",
+                            info="auto: bfloat16 where the CPU or GPU computes it natively, else float32")
     load = gr.Button("Load model", variant="primary")
 
     @friendly
-    def do_load(path, ckpt, progress=gr.Progress()):
+    def do_load(path, ckpt, kind, progress=gr.Progress()):
         progress(0.1, desc="loading the model")
-        ws.load_model(path, ckpt or None)
+        ws.load_model(path, ckpt or None, kind)
         gr.Info(f"loaded {ws.model.backbone.name}")
         return info_markdown(ws), shared.bump()
 
     refresh.click(lambda: info_markdown(ws), None, [info], api_name="model_info")
-    load.click(do_load, [backbone, checkpoint], [info, shared.version], concurrency_id="model", concurrency_limit=1,
-               api_name="load_model")
+    load.click(do_load, [backbone, checkpoint, dtype], [info, shared.version], concurrency_id="model",
+               concurrency_limit=1, api_name="load_model")

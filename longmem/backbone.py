@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -39,26 +40,53 @@ _CACHE_FORMAT = 1  # bump when the layout of the cached safetensors copy changes
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+DTYPE_VARIABLE = "LONGMEM_DTYPE"  # environment: what "auto" means for every command ("bfloat16", "float32", ...)
 
 
-def cpu_has_fast_bf16() -> bool:
-    """True when the CPU multiplies bf16 natively (AVX512-BF16 or AMX). Without it PyTorch emulates bf16 matmuls,
-    which run ~3x slower than fp32 (measured: 50 vs 150-250 GFLOP/s on a 2-core AVX512 Xeon without BF16)."""
+def cpu_bf16_features() -> list[str]:
+    """The CPU's features that multiply bfloat16 natively: "AVX512-BF16" and/or "AMX" (empty: PyTorch emulates bf16
+    matmuls, ~3x slower than float32; measured 50 vs 150-250 GFLOP/s on a 2-core AVX512 Xeon without BF16).
+    Asked of PyTorch's own CPU probe (cpuinfo, any OS), or read from /proc/cpuinfo where this torch lacks it."""
+    probes = {"AVX512-BF16": getattr(torch.cpu, "_is_avx512_bf16_supported", None),
+              "AMX": getattr(torch.cpu, "_is_amx_tile_supported", None)}
+    if all(callable(f) for f in probes.values()):
+        return [name for name, f in probes.items() if f()]
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return []
+    return [name for name, flag in (("AVX512-BF16", "avx512_bf16"), ("AMX", "amx_bf16")) if flag in flags]
+
+
+def dtype_choice(name: str = "auto", device: str | torch.device = "cpu") -> tuple[torch.dtype, str]:
+    """The weights' dtype for ``name`` on ``device``, and why, in words (shown by the app and the benchmarks).
+
+    ``"auto"``: ``$LONGMEM_DTYPE`` when set; else bfloat16 on CUDA GPUs that support it and on CPUs that multiply it
+    natively (``cpu_bf16_features``), float32 elsewhere. Any other name is taken as it is."""
+    if name == "auto" and os.environ.get(DTYPE_VARIABLE, "auto") != "auto":
+        value = os.environ[DTYPE_VARIABLE]
+        if value not in DTYPES:
+            raise ValueError(f"{DTYPE_VARIABLE}={value!r} is not a dtype; use 'auto' or one of {sorted(DTYPES)}")
+        return DTYPES[value], f"{value}, set by {DTYPE_VARIABLE}"
+    if name == "auto":
+        if torch.device(device).type == "cuda":
+            fast = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+            why = "the GPU " + ("computes bfloat16 natively" if fast else "has no native bfloat16")
+        else:
+            features = cpu_bf16_features()
+            fast = bool(features)
+            why = (f"the CPU multiplies bfloat16 natively ({' and '.join(features)})" if fast else
+                   "the CPU has no native bfloat16 (no AVX512-BF16 or AMX), where float32 is faster")
+        chosen = "bfloat16" if fast else "float32"
+        return DTYPES[chosen], f"{chosen}, chosen automatically: {why}"
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use 'auto' or one of {sorted(DTYPES)}")
+    return DTYPES[name], f"{name}, as asked"
 
 
 def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
-    """``"auto"``: bf16 on CUDA and on CPUs with native bf16, float32 elsewhere; otherwise the named dtype."""
-    if name == "auto":
-        fast = torch.device(device).type == "cuda" or cpu_has_fast_bf16()
-        return torch.bfloat16 if fast else torch.float32
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; use 'auto' or one of {sorted(DTYPES)}")
-    return DTYPES[name]
+    """The torch dtype for ``name`` ("auto" or a name in ``DTYPES``); see ``dtype_choice``."""
+    return dtype_choice(name, device)[0]
 
 
 class BackboneError(RuntimeError):
@@ -207,6 +235,8 @@ class Backbone(nn.Module):
             self.spec = BackboneSpec("gpt2", len(base.h), cfg.n_embd, hq, hq, d, cfg.vocab_size, cfg.n_positions)
             self.ops = GPT2Ops(hq, d)
         self._fingerprint: str | None = None
+        # transformers >= 5.2x names the KV cache ``cache`` (argument and output) and deprecates ``past_key_values``
+        self._cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
     # -- structure ------------------------------------------------------------------------------------------------
     @property
@@ -299,12 +329,12 @@ class Backbone(nn.Module):
         try:
             with self._only_first_layers(max(n, 1)), torch.set_grad_enabled(override is not None
                                                                              and torch.is_grad_enabled()):
-                out = self.model.base_model(input_ids=input_ids, position_ids=pos, past_key_values=past_key_values,
-                                            use_cache=use_cache)
+                out = self.model.base_model(input_ids=input_ids, position_ids=pos, use_cache=use_cache,
+                                            **{self._cache_arg: past_key_values})
         finally:
             for hnd in handles:
                 hnd.remove()
-        return BackboneOutput(hidden=hidden[: n + 1], past_key_values=out.past_key_values if use_cache else None)
+        return BackboneOutput(hidden=hidden[: n + 1], past_key_values=out[self._cache_arg] if use_cache else None)
 
     # -- identity -------------------------------------------------------------------------------------------------
     def fingerprint(self) -> str:

@@ -37,9 +37,9 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from .backbone import Backbone, cpu_has_fast_bf16, load_backbone, resolve_dtype
+from .backbone import Backbone, cpu_bf16_features, dtype_choice, load_backbone
 from .baselines import BackboneLM
-from .cpu import setup_cpu
+from .cpu import add_dtype_flag, setup_cpu
 from .lm import Sampling, SegmentLM
 from .memory import MemoryBank
 from .model import LongMemConfig, LongMemModel
@@ -84,16 +84,18 @@ def cpu_times() -> tuple[int, int]:
 
 
 def machine_facts(dtype: str, threads: int) -> dict:
+    """The machine a measurement ran on, and the dtype ``dtype`` ("auto" or a name) gave its model, and why."""
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                    if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    chosen, why = dtype_choice(dtype)
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__, "faiss": faiss.__version__,
-            "dtype_requested": dtype, "dtype": str(resolve_dtype(dtype)).removeprefix("torch."),
-            "cpu_has_fast_bf16": cpu_has_fast_bf16()}
+            "dtype_requested": dtype, "dtype": str(chosen).removeprefix("torch."), "dtype_reason": why,
+            "cpu_bf16": ", ".join(cpu_bf16_features()) or "none"}
 
 
 def report(results: dict, table: str, out: str | None) -> None:
@@ -348,8 +350,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "in about a minute that everything runs")
     p.add_argument("--out", default=None, help="also write the JSON results to this path")
     p.add_argument("--backbone", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF model dir")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="weights dtype; auto = bf16 only where the CPU/GPU computes it natively, else float32")
+    add_dtype_flag(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--text", default=DEFAULT_TEXT, help="UTF-8 text to tokenize (repeated when too short)")
     p.add_argument("--segment-len", type=int, default=1024, help="LongMem local window (and backbone window)")

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from .bench import DEFAULT_TEXT, cpu_times, log, machine_facts, report, reset_peak_rss, status_mb, target
-from .cpu import setup_cpu
+from .cpu import add_dtype_flag, setup_cpu
 
 TARGETS = {"ingest_vs_memorize": 0.9, "reopen_s": 3.0, "reopen_peak_vs_kv": 1.5}
 
@@ -234,7 +234,7 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="small sizes (4k tokens ingested, a 64k-token bank, 1 rep)")
     p.add_argument("--out", default=None, help="also write the JSON results to this path")
     p.add_argument("--backbone", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF model dir")
-    p.add_argument("--dtype", default="auto", help="model dtype: auto, bfloat16 or float32")
+    add_dtype_flag(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--text", default=DEFAULT_TEXT, help="UTF-8 text to ingest (a prefix of it)")
     p.add_argument("--ingest-tokens", type=int, default=None, help="tokens ingested (default 16384; quick 4096)")

@@ -17,7 +17,7 @@ import sys
 from tqdm import tqdm
 
 from . import cli_bank
-from .cpu import setup_cpu
+from .cpu import add_dtype_flag, setup_cpu
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -26,8 +26,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=None,
                    help="SideNet checkpoint directory (default: the shipped trained SideNet of the backbone, if any)")
     p.add_argument("--untrained", action="store_true", help="use an untrained SideNet (reproduces the backbone)")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU/GPU has it, else float32), "
-                                                   "bfloat16 or float32")
+    add_dtype_flag(p)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: all cores)")
 
 
@@ -43,7 +42,7 @@ def _load_model(args):
 
     setup_cpu(args.threads)
     if args.checkpoint:
-        return LongMemModel.load(args.checkpoint)
+        return LongMemModel.load(args.checkpoint, runtime={"dtype": args.dtype})
     return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype),
                                     pretrained=not args.untrained)
 

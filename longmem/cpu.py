@@ -1,4 +1,5 @@
-"""How a command sets up torch on the CPU before it loads a model: its thread count and huge pages.
+"""How a command sets up torch on the CPU before it loads a model: its thread count, huge pages, and the ``--dtype``
+flag every command that loads a model shares.
 
 Every entry point (CLI, app, training, evaluation, benchmarks) calls ``setup_cpu(args.threads)`` before its model.
 Huge pages: PyTorch backs CPU tensors of 2 MB and more with 2 MB transparent huge pages when the environment
@@ -13,11 +14,21 @@ median step 16.2 s over steps 871-926 without, 13.2 s over 928-1,021 with; the p
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import torch
 
+from .backbone import DTYPE_VARIABLE, DTYPES
+
 THP_VARIABLE = "THP_MEM_ALLOC_ENABLE"
+
+
+def add_dtype_flag(p: argparse.ArgumentParser) -> None:
+    """``--dtype`` for a command that loads a model (``longmem.backbone.dtype_choice`` resolves it)."""
+    p.add_argument("--dtype", default="auto", choices=["auto", *sorted(DTYPES)],
+                   help=f"weights dtype; auto: ${DTYPE_VARIABLE} when set, else bfloat16 where the CPU (AVX512-BF16, "
+                        "AMX) or GPU computes it natively and float32 elsewhere")
 
 
 def setup_cpu(threads: int | None = None) -> None:

@@ -4,6 +4,11 @@
 whose weight is stored transposed) so that it computes ``base(x) + scale * (x A^T) B^T`` with A (r, in) random and
 B (out, r) zero: at init the layer is unchanged, and training touches only r * (in + out) numbers per projection.
 The frozen base weight is a copy of the backbone's, so a checkpoint needs only A, B and what else was trained.
+
+Dtypes: A and B stay float32 whatever the backbone's dtype (bfloat16 has too few bits for small low-rank updates);
+the wrapper is the one place where they meet the frozen weights: the input reaches ``base`` in the base weight's dtype,
+the update is computed in float32 and added in that dtype. ``compute_dtype`` tells the dtype a wrapped module computes
+in, which is no longer the dtype of its first parameter (now a float32 factor).
 """
 
 from __future__ import annotations
@@ -27,8 +32,17 @@ class LoRA(nn.Module):
         nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) in the base weight's dtype -> (..., out) in that dtype."""
         update = (x.to(self.lora_a.dtype) @ self.lora_a.t()) @ self.lora_b.t()
         return self.base(x) + (self.scale * update).to(x.dtype)
+
+
+def compute_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype ``module`` computes in: that of its weights other than LoRA factors (the backbone's copy)."""
+    for name, p in module.named_parameters():
+        if not name.rsplit(".", 1)[-1].startswith("lora_"):
+            return p.dtype
+    raise ValueError(f"{type(module).__name__} has no weights besides LoRA factors")
 
 
 def add_lora(module: nn.Module, rank: int) -> list[LoRA]:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .backbone import Backbone, LayerOps
+from .lora import compute_dtype
 from .memory import MemoryBank
 
 RETRIEVAL_BLOCK = 256  # query tokens per memory search + memory attention (bounds the (B, H, T, K, d) gather)
@@ -112,7 +113,8 @@ class SideLayer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.block.parameters()).dtype
+        """The dtype the copied block computes in (the backbone's; LoRA factors and scales are float32)."""
+        return compute_dtype(self.block)
 
     def _attend(self, q, k, v, q_raw, memory: MemoryBank | None, trace: list | None) -> torch.Tensor:
         return local_attention(q, k, v)

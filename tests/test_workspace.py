@@ -22,9 +22,10 @@ JOB_TIMEOUT = 600  # seconds: a guard against a hung job, not a speed target (a 
 FAST = Settings(max_new_tokens=6, temperature=0.0)
 
 
-@pytest.fixture
-def ws(tmp_path):
-    return Workspace(chat_model(), Store(tmp_path / "banks"))
+@pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def ws(tmp_path, request):
+    """Every workspace test in both dtypes (bfloat16 runs on any CPU, emulated where it is not native)."""
+    return Workspace(chat_model(dtype=request.param), Store(tmp_path / "banks"))
 
 
 @pytest.fixture
@@ -202,3 +203,23 @@ def test_close_removes_the_temporary_files_it_made(tmp_path):
     kept.scratch_dir()
     kept.close()
     assert (tmp_path / "mine").is_dir()  # a directory the caller gave is the caller's
+
+
+def test_the_model_panel_says_which_dtype_and_why(tmp_path, monkeypatch):
+    ws = Workspace(chat_model(), Store(tmp_path / "banks"), work_dir=tmp_path / "work")
+    try:
+        info = ws.model_info()
+        assert info["dtype"] == "float32"  # given as float32: "auto" may pick bf16 here, then it says so
+        assert info["dtype_reason"] in ("float32, as the model was given",
+                                        "float32, chosen automatically: the CPU has no native bfloat16 (no "
+                                        "AVX512-BF16 or AMX), where float32 is faster")
+        backbone_dir = tmp_path / "backbone"
+        ws.model.backbone.model.save_pretrained(backbone_dir)
+        ws.model.backbone.tokenizer.save_pretrained(backbone_dir)
+        info = ws.load_model(str(backbone_dir), None, "bfloat16")
+        assert (info["dtype"], info["dtype_reason"]) == ("bfloat16", "bfloat16, as asked") and ws.dtype == "bfloat16"
+        monkeypatch.setenv("LONGMEM_DTYPE", "float32")
+        info = ws.load_model(str(backbone_dir), None, "auto")
+        assert (info["dtype"], info["dtype_reason"]) == ("float32", "float32, set by LONGMEM_DTYPE")
+    finally:
+        ws.close()

@@ -25,19 +25,20 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
 
 
-def tiny_llama(n_layers: int = 4, seed: int = 0) -> Backbone:
+def tiny_llama(n_layers: int = 4, seed: int = 0, dtype: torch.dtype = torch.float32) -> Backbone:
+    """The same random weights for a seed in any dtype (made in float32, then cast)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=n_layers,
                       num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
                       tie_word_embeddings=True)
-    return Backbone(LlamaForCausalLM(cfg).float(), tokenizer=char_tokenizer(), name=f"tiny-llama-{n_layers}")
+    return Backbone(LlamaForCausalLM(cfg).float().to(dtype), tokenizer=char_tokenizer(), name=f"tiny-llama-{n_layers}")
 
 
-def tiny_gpt2(n_layers: int = 4, seed: int = 0) -> Backbone:
+def tiny_gpt2(n_layers: int = 4, seed: int = 0, dtype: torch.dtype = torch.float32) -> Backbone:
     torch.manual_seed(seed)
     cfg = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=n_layers, n_head=4, n_positions=256,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    return Backbone(GPT2LMHeadModel(cfg).float(), tokenizer=char_tokenizer(), name=f"tiny-gpt2-{n_layers}")
+    return Backbone(GPT2LMHeadModel(cfg).float().to(dtype), tokenizer=char_tokenizer(), name=f"tiny-gpt2-{n_layers}")
 
 
 def small_config(**kw) -> LongMemConfig:
@@ -46,16 +47,20 @@ def small_config(**kw) -> LongMemConfig:
     return LongMemConfig(**base)
 
 
-def tiny_model(family: str = "llama", **config) -> LongMemModel:
-    return LongMemModel(tiny_llama() if family == "llama" else tiny_gpt2(), small_config(**config))
+def tiny_backbone(family: str = "llama", dtype: torch.dtype = torch.float32, seed: int = 0) -> Backbone:
+    return (tiny_llama if family == "llama" else tiny_gpt2)(seed=seed, dtype=dtype)
+
+
+def tiny_model(family: str = "llama", dtype: torch.dtype = torch.float32, **config) -> LongMemModel:
+    return LongMemModel(tiny_backbone(family, dtype), small_config(**config))
 
 
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
-def chat_model(seed: int = 0, segment_len: int = 64) -> LongMemModel:
+def chat_model(seed: int = 0, segment_len: int = 64, dtype: torch.dtype = torch.float32) -> LongMemModel:
     """A tiny llama whose tokenizer has a chat template, with a window big enough for a short conversation."""
-    backbone = tiny_llama(seed=seed)
+    backbone = tiny_llama(seed=seed, dtype=dtype)
     backbone.tokenizer.chat_template = CHAT_TEMPLATE
     return LongMemModel(backbone, small_config(segment_len=segment_len, csz=2))

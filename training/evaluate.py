@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from longmem.baselines import BackboneLM
-from longmem.cpu import setup_cpu
+from longmem.cpu import add_dtype_flag, setup_cpu
 from longmem.eval.measures import answer_match, perplexity, question_window, recall_record, recalled
 from longmem.memory import MAX_SINKS, MemoryView
 from longmem.model import LongMemConfig, LongMemModel
@@ -152,13 +152,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sweep", default=None, metavar="CSZ:K,...",
                    help="instead: LongMem's recall under each retrieval setting, chunk size:K (e.g. 4:256,2:256,"
                         "4:1024; the chunk size must divide the checkpoint's), memory built once per item")
+    add_dtype_flag(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     setup_cpu(args.threads)
     if (args.checkpoint is None) == (not args.untrained):
         p.error("give --checkpoint DIR or --untrained")
-    runtime = {"max_sinks": None if args.max_sinks < 0 else args.max_sinks}
+    runtime = {"max_sinks": None if args.max_sinks < 0 else args.max_sinks, "dtype": args.dtype}
     if args.topk is not None:
         runtime["topk"] = args.topk
     model = (LongMemModel.load(args.checkpoint, runtime=runtime) if args.checkpoint

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from longmem.backbone import cache_root, load_backbone
-from longmem.cpu import setup_cpu
+from longmem.cpu import add_dtype_flag, setup_cpu
 from longmem.memory import MAX_SINKS, MemoryView
 from longmem.model import LongMemConfig, LongMemModel
 
@@ -392,6 +392,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--topk", type=int, default=64, help="memory tokens retrieved per query, K (per-layer probe)")
     p.add_argument("--max-sinks", type=int, default=MAX_SINKS, help="sink chunks a search may return (-1 = no limit)")
     p.add_argument("--seed", type=int, default=1234, help="recall items seed")
+    add_dtype_flag(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
@@ -406,11 +407,11 @@ def main(argv: list[str] | None = None) -> dict:
     log = lambda m: print(f"[probe] {m}", file=sys.stderr, flush=True)  # noqa: E731
     model = None
     if args.checkpoint:
-        model = LongMemModel.load(args.checkpoint, runtime={"max_sinks": max_sinks})
+        model = LongMemModel.load(args.checkpoint, runtime={"max_sinks": max_sinks, "dtype": args.dtype})
     elif args.untrained:
-        model = LongMemModel.from_config(LongMemConfig(max_sinks=max_sinks, cached_layer=args.cached_layer),
-                                         pretrained=False)
-    backbone = model.backbone if model is not None else load_backbone(args.backbone)
+        model = LongMemModel.from_config(LongMemConfig(max_sinks=max_sinks, cached_layer=args.cached_layer,
+                                                       dtype=args.dtype), pretrained=False)
+    backbone = model.backbone if model is not None else load_backbone(args.backbone, args.dtype)
     segment_len = model.segment_len if model is not None else args.segment_len
     _, test_files = book_split(Path(args.data))
     books = tokenize_files(test_files[: args.books], backbone.tokenizer, cache_root() / "tokens")

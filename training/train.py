@@ -146,12 +146,15 @@ def resolve_device(name: str, rank: int = 0) -> str:
 
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
-    from longmem.backbone import cpu_has_fast_bf16
+    """The autocast dtype of ``cfg.amp`` (None: none); "auto" follows the model dtype "auto" picks on ``device``
+    (``longmem.backbone.dtype_choice``: $LONGMEM_DTYPE, else bf16 where it is native), float32 meaning none."""
+    from longmem.backbone import resolve_dtype
 
     if cfg.amp == "none":
         return None
     if cfg.amp == "auto":
-        return torch.bfloat16 if device.type == "cuda" or cpu_has_fast_bf16() else None
+        chosen = resolve_dtype("auto", device)
+        return None if chosen == torch.float32 else chosen
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.amp]
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from longmem.cpu import setup_cpu
+from longmem.cpu import add_dtype_flag, setup_cpu
 from longmem.files import write_file_atomic
 
 from . import SUITES
@@ -58,6 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="SUITE.FIELD=VALUE",
                    help="change one size setting, e.g. icl.seeds=2 or books.books=4 (lists: comma-separated)")
     p.add_argument("--seed", type=int, default=0, help="first seed (demonstrations, test samples, items)")
+    add_dtype_flag(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     return p.parse_args(argv)
 
@@ -77,8 +78,9 @@ def load_model(args: argparse.Namespace):
     from ..model import LongMemConfig, LongMemModel
 
     if args.checkpoint:
-        return LongMemModel.load(args.checkpoint).eval()
-    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone), pretrained=not args.untrained).eval()
+        return LongMemModel.load(args.checkpoint, runtime={"dtype": args.dtype}).eval()
+    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype),
+                                    pretrained=not args.untrained).eval()
 
 
 def run_suite(name: str, ctx: EvalContext) -> SuiteResult:
@@ -104,9 +106,10 @@ def provenance(model, argv: list[str], sidenet: str, memtrm: str | None) -> dict
         except (OSError, subprocess.CalledProcessError):
             return "unknown"
 
+    dtype = str(model.backbone.dtype).removeprefix("torch.")  # what the models ran in
     return {"command": "longmem eval " + " ".join(argv), "commit": git("rev-parse", "--short", "HEAD"),
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-            "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine_facts("auto", torch.get_num_threads()),
+            "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine_facts(dtype, torch.get_num_threads()),
             "platform": platform.platform(), "backbone": model.backbone.name,
             "sidenet": sidenet, "topk": model.config.topk, "csz": model.config.csz, "memtrm": memtrm}
 
