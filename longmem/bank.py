@@ -1,7 +1,8 @@
 """One persistent memory bank: the ``Bank`` that reads and writes it (its SQLite schema: ``bank_schema``).
 
     <bank dir>/bank.db                            metadata, documents, segments (token ids, text, chunk spans, CRC-32),
-                                                  layer-m K/V blobs (one row per segment)
+                                                  layer-m K/V blobs (one row per segment), passages and their FTS5
+                                                  full-text index (``bank_passages``)
     <bank dir>/keys-<h>-e<epoch>-n<chunks>.faiss  mean-pooled chunk keys of KV head h (derived; rebuilt when missing,
                                                   stale or corrupt)
     <bank dir>/write.lock                         held by the one process allowed to write
@@ -31,7 +32,10 @@ import numpy as np
 import sqlite_utils
 import torch
 
+from . import bank_passages
+from .bank_passages import ChunkPlaces, PassageRef
 from .bank_schema import SchemaTooNew, migrate, now, pending_migrations
+from .passages import PassageCutter, Span
 from .indexfiles import IndexRecord, read_index, write_index
 from .memory import INDEX_BLOCK, MAX_SINKS, MemoryBank, chunk_keys
 
@@ -185,7 +189,10 @@ class Bank:
             self.db = sqlite_utils.Database(conn)
             if pending_migrations(self.db):
                 with self.writing():
+                    had_passages = "passages" in self.db.table_names()
                     migrate(self.db)
+                    if not had_passages:  # a bank made before passages existed: cut them from its text
+                        self.rebuild_passages()
             self.info  # noqa: B018  (reads the bank row: a corrupt file fails here, not later)
         except BaseException as e:
             conn.close()
@@ -351,11 +358,13 @@ class Bank:
 
     # -- writing --------------------------------------------------------------------------------------------------
     def add_segment(self, document: dict | int, seq: int, tokens: torch.Tensor, text: str, chunk_chars: np.ndarray,
-                    k: torch.Tensor, v: torch.Tensor, resume: tuple[int, int]) -> int:
+                    k: torch.Tensor, v: torch.Tensor, resume: tuple[int, int], passages: list[Span] = ()) -> int:
         """Commit one segment in one transaction and return its document id. ``document`` is an existing id, or
         the new document's row (title, source, kind, sha256, options, meta) to create with this first segment.
         tokens (T,); chunk_chars (n_chunks + 1,) chunk boundaries in ``text``; k, v (Hkv, n_chunks * csz, d) for
-        the segment's whole chunks; ``resume`` = where the next segment of the document starts in its source."""
+        the segment's whole chunks; ``resume`` = where the next segment of the document starts in its source;
+        ``passages``: the passages this segment's text completed (``passage_cutter``), written in the same
+        transaction, with their full-text index."""
         self._require_lock()
         info = self.info_cached
         n_chunks = tokens.numel() // info.csz
@@ -382,22 +391,47 @@ class Bank:
                 "tokens": tok_b, "text": text, "chunk_chars": chars_b,
                 "crc32": _crc(tok_b, chars_b, text.encode("utf-8"))}).last_pk
             self.db["kv"].insert({"segment_id": seg_id, "k": k_b, "v": v_b, "crc32": _crc(k_b, v_b)})
+            bank_passages.insert(self.db, doc_id, seg_id, passages)
             self.db.execute("UPDATE documents SET n_tokens = n_tokens + ?, n_segments = n_segments + 1, "
                             "resume_offset = ?, resume_skip = ?, updated = ? WHERE id = ?",
                             [tokens.numel(), resume[0], resume[1], stamp, doc_id])
             self.db.execute("UPDATE bank SET updated = ? WHERE id = 1", [stamp])
         return doc_id
 
-    def finish_document(self, doc_id: int) -> None:
+    def finish_document(self, doc_id: int, passages: list[Span] = ()) -> None:
+        """Mark a document complete, with its last ``passages`` (the cutter's ``finish()``), and name the chapter of
+        each of its passages (chapters are found in the whole text)."""
         self._require_lock()
         with self.db.atomic():
+            last = self.db.execute("SELECT max(id) FROM segments WHERE document_id = ?", [doc_id]).fetchone()[0]
+            if passages and last is not None:
+                bank_passages.insert(self.db, doc_id, last, passages)
+            bank_passages.set_chapters(self.db, doc_id, bank_passages.document_text(self.db, doc_id))
             self.db.execute("UPDATE documents SET status = 'complete', updated = ? WHERE id = ?", [now(), doc_id])
+
+    def passage_cutter(self, doc_id: int | None, demonstrations: bool) -> PassageCutter:
+        """The passage cutter for the next segments of a document: a new one (``doc_id`` None), or one that goes on
+        where an interrupted ingestion's stored passages end."""
+        if doc_id is None:
+            return PassageCutter(demonstrations=demonstrations)
+        return bank_passages.cutter_for(self.db, doc_id, demonstrations)
+
+    def rebuild_passages(self) -> int:
+        """Cut every document's passages again from its stored text and rebuild their full-text index (one
+        transaction); returns how many passages there are."""
+        with self.writing(), self.db.atomic():
+            count = 0
+            for doc in self.documents():
+                count += bank_passages.recut(self.db, doc.id, doc.kind == "demos", doc.status == "complete")
+            bank_passages.rebuild_fts(self.db)
+        return count
 
     def delete_document(self, doc_id: int) -> Document:
         """Remove a document and its memory (one transaction), then rewrite the index files."""
         doc = self.document(doc_id)
         with self.writing():
             with self.db.atomic():
+                self.db.execute("DELETE FROM passages WHERE document_id = ?", [doc_id])
                 self.db.execute("DELETE FROM kv WHERE segment_id IN (SELECT id FROM segments WHERE document_id = ?)",
                                 [doc_id])
                 self.db.execute("DELETE FROM segments WHERE document_id = ?", [doc_id])
@@ -593,6 +627,24 @@ class Bank:
                        text=text[bounds[j]:bounds[j + 1]], context=text[lo:hi], segment=row["seq"], chunk=j,
                        of_segments=max(row["n_segments"], row["seq"] + 1))
 
+    def search_passages(self, question: str, k: int) -> list[tuple[int, float]]:
+        """The ``k`` passages that best match ``question``'s words (BM25): (passage id, score), best first."""
+        return bank_passages.search(self.db, question, k)
+
+    def passages(self, ids: list[int]) -> list[PassageRef]:
+        """Passages by id, with their places, in the order given."""
+        return bank_passages.fetch(self.db, ids)
+
+    def document_text_between(self, doc_id: int, start: int, end: int) -> str:
+        """Characters ``start`` to ``end`` of a document's text (to show a passage in its surroundings)."""
+        return bank_passages.text_between(self.db, doc_id, start, end)
+
+    def chunk_places(self) -> ChunkPlaces:
+        """Which passage holds each chunk of the last loaded memory (``ChunkPlaces.votes``)."""
+        if self.layout is None:
+            raise RuntimeError("load_memory() first: chunks are numbered by the loaded memory")
+        return ChunkPlaces(self.db, self.layout.segment_ids, self.layout.first_chunk)
+
     # -- checking -------------------------------------------------------------------------------------------------
     def verify(self, repair_index: bool = True) -> VerifyReport:
         """Check SQLite integrity, every segment's blobs against its shape and its CRC-32, document totals, and the
@@ -641,6 +693,21 @@ class Bank:
                                       ).fetchone()[0]
             if orphans:
                 report.problem(f"{orphans} K/V rows belong to no segment")
+            for msg in bank_passages.layout_problems(self.db):
+                report.problem(msg + f"; `longmem bank rebuild-index {self.name}` cuts them again")
+            fts = bank_passages.fts_problems(self.db)
+        if repair_index:  # the index is derived data: check it deeply and rebuild it when damaged
+            try:
+                with self.writing(), self.db.atomic():
+                    fts = fts or bank_passages.fts_problems(self.db, deep=True)
+                    if fts:
+                        bank_passages.rebuild_fts(self.db)
+                        report.notes.append(f"{fts[0]}: rebuilt from the passages")
+            except BankBusy:
+                if fts:
+                    report.problem(fts[0] + " (not rebuilt: another process is writing)")
+        elif fts:
+            report.problem(fts[0])
         if report.ok and repair_index:
             try:
                 done = self.sync_index()

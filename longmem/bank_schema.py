@@ -2,6 +2,11 @@
 
 A bank's ``migrations`` table records which have run; opening a bank applies the ones it lacks, and a bank written
 by a newer LongMem (more migrations than this one knows) is refused rather than guessed at.
+
+Passages (migration 3) are the documents' text cut into sentence-bounded spans (``longmem.passages``), each written
+in the transaction of the segment that completed it; ``passages_fts`` is an FTS5 full-text index over their text,
+kept in step by triggers inside the same transactions. A bank made before migration 3 gets its passages cut from
+the text it already stores when it is first opened for writing (``Bank.rebuild_passages``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,23 @@ import sqlite_utils
 class SchemaTooNew(Exception):
     """The database has migrations this LongMem does not know."""
 
+
+# The passages' FTS5 full-text index and the triggers that keep it in step with them: part of migration 3, and what
+# ``bank_passages.rebuild_fts`` creates again. Never edit it (a released migration never changes).
+FTS_SQL = """
+    CREATE VIRTUAL TABLE passages_fts USING fts5(text, content='passages', content_rowid='id',
+                                                 tokenize='porter unicode61 remove_diacritics 2');
+    CREATE TRIGGER passages_ai AFTER INSERT ON passages BEGIN
+        INSERT INTO passages_fts(rowid, text) VALUES (new.id, new.text);
+    END;
+    CREATE TRIGGER passages_ad AFTER DELETE ON passages BEGIN
+        INSERT INTO passages_fts(passages_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    END;
+    CREATE TRIGGER passages_au AFTER UPDATE OF text ON passages BEGIN
+        INSERT INTO passages_fts(passages_fts, rowid, text) VALUES ('delete', old.id, old.text);
+        INSERT INTO passages_fts(rowid, text) VALUES (new.id, new.text);
+    END;
+"""
 
 # Append-only: a released migration is never edited; a new one is added at the end.
 MIGRATIONS: list[tuple[str, str]] = [
@@ -95,6 +117,20 @@ MIGRATIONS: list[tuple[str, str]] = [
             updated TEXT NOT NULL
         );
     """),
+    ("0003 passages and their full-text index", """
+        CREATE TABLE passages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            document_id INTEGER NOT NULL REFERENCES documents(id),
+            segment_id INTEGER NOT NULL REFERENCES segments(id),
+            char_start INTEGER NOT NULL,
+            char_end INTEGER NOT NULL,
+            n_tokens INTEGER NOT NULL,
+            chapter TEXT,
+            text TEXT NOT NULL
+        );
+        CREATE INDEX passages_place ON passages(document_id, char_start);
+        CREATE INDEX passages_segment ON passages(segment_id);
+    """ + FTS_SQL),
 ]
 
 
@@ -129,6 +165,20 @@ def migrate(db: sqlite_utils.Database) -> None:
         if i in done:
             continue
         with db.atomic():
-            for statement in filter(str.strip, sql.split(";")):
+            for statement in statements(sql):
                 db.execute(statement)
             db["migrations"].insert({"id": i, "name": name, "applied": now()})
+
+
+def statements(sql: str) -> list[str]:
+    """The complete SQL statements of a script, in order (a trigger's body keeps its inner semicolons)."""
+    out, buf = [], ""
+    for piece in sql.split(";"):
+        buf += piece + ";"
+        if sqlite3.complete_statement(buf):
+            if buf.strip(" \n;"):
+                out.append(buf.strip())
+            buf = ""
+    if buf.strip(" \n;"):
+        raise ValueError(f"incomplete SQL statement: {buf.strip()[:80]}")
+    return out

@@ -11,8 +11,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+import tempfile
+from typing import Iterator
 
 from tqdm import tqdm
 
@@ -87,39 +90,69 @@ def _stream(model, prompt_ids, memory, sampling) -> None:
     print()
 
 
-def cmd_chat(args) -> int:
-    from .tasks import Chat
-    from .text import read_text
+def _chat_bank(args, model, stack: contextlib.ExitStack):
+    """The bank a chat reads: ``--bank``, or ``--file`` ingested into a temporary bank for this run; None without
+    either (an empty memory, nothing to read)."""
+    from .store import Store
 
-    text = read_text(args.file) if args.file else None  # bad input fails before the model loads
+    if args.bank:
+        return stack.enter_context(Store(args.banks_dir).open(args.bank))
+    if args.file:
+        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="longmem-chat-"))
+        bank = stack.enter_context(Store(root).create("file", model))
+        res = cli_bank.ingest_file(bank, model, args.file)
+        print(f"[{res.tokens:,} tokens of {args.file} in memory]", file=sys.stderr)
+        return bank
+    return None
+
+
+def _questions(args) -> Iterator[str]:
+    if args.ask:
+        print(f"> {args.ask}")
+        yield args.ask
+        return
+    while True:
+        try:
+            question = input("> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return
+        if question in ("/quit", "/exit"):
+            return
+        if question:
+            yield question
+
+
+def cmd_chat(args) -> int:
+    from .readers import open_source
+    from .reading import PassageFinder, Reading, citations, find_for_chat, reading_prompt
+    from .tasks import Chat
+
+    if args.file and args.bank:
+        raise ValueError("give --file or --bank, not both (`longmem bank ingest NAME FILE` adds a file to a bank)")
+    if args.file:
+        open_source(args.file)  # bad input fails before the model loads
     _check_bank(args)
     model = _load_model(args)
-    tok = model.backbone.tokenizer
-    memory = _memory(args, model)
-    if text is not None:
-        n = _memorize_ids(model, tok(text, return_tensors="pt").input_ids, memory)
-        print(f"[{n} tokens of {args.file} in memory]", file=sys.stderr)
-    chat = Chat(model, memory, _sampling(args))
-    questions = [args.ask] if args.ask else None
-    while True:
-        if questions is not None:
-            if not questions:
-                return 0
-            question = questions.pop()
-            print(f"> {question}")
-        else:
-            try:
-                question = input("> ").strip()
-            except (EOFError, KeyboardInterrupt):
-                print()
-                return 0
-        if question in ("/quit", "/exit"):
-            return 0
-        if not question:
-            continue
-        for piece in chat.ask(question):
-            print(piece, end="", flush=True)
-        print()
+    with contextlib.ExitStack() as stack:
+        bank = _chat_bank(args, model, stack)
+        memory = cli_bank.load_memory(bank, model) if bank is not None else model.new_memory(capacity=None)
+        finder = PassageFinder(bank, model, memory) if bank is not None and args.reading != "none" else None
+        reading = Reading(finder=args.reading, passages=args.passages)
+        chat = Chat(model, memory, _sampling(args))
+        for question in _questions(args):
+            found = find_for_chat(finder, chat, question, reading) if finder is not None else []
+            for piece in chat.ask(question, reading_prompt(question, found) if found else None):
+                print(piece, end="", flush=True)
+            print()
+            for c in citations(bank, found, context_chars=0):
+                print(f"  [{c.number}] {c.place}: \u201c{_excerpt(c.text)}\u201d")
+    return 0
+
+
+def _excerpt(text: str, words: int = 24) -> str:
+    w = text.split()
+    return " ".join(w[:words]) + (" \u2026" if len(w) > words else "")
 
 
 def cmd_generate(args) -> int:
@@ -185,9 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    chat = sub.add_parser("chat", help="memorize a text file, then chat about it")
-    chat.add_argument("--file", help="text file to put into memory first")
+    chat = sub.add_parser("chat", help="ask about a book (a file or a bank): answers read the passages found for "
+                                       "each question and cite them")
+    chat.add_argument("--file", help="a book to read for this run (txt, md, html, epub, pdf)")
     chat.add_argument("--ask", help="ask this one question and exit (non-interactive)")
+    chat.add_argument("--reading", default="fused", choices=["fused", "memory", "lexical", "none"],
+                      help="how the passages an answer reads are found: LongMem's memory retrieval and BM25 fused, "
+                           "one of them, or none (the paper's memory fusion alone)")
+    chat.add_argument("--passages", type=int, default=4, help="passages an answer reads at most")
     _model_args(chat)
     _sampling_args(chat)
 

@@ -54,6 +54,18 @@ def load_memory(bank: Bank, model):
     return memory
 
 
+def ingest_file(bank: Bank, model, path, demos=None, title: str | None = None):
+    """``ingest`` with a progress bar (bytes of the file, tokens stored)."""
+    from .ingest import ingest
+
+    with tqdm(unit="B", unit_scale=True, desc=str(path), file=sys.stderr) as bar:
+        def update(done, total, tokens):
+            bar.total = total
+            bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
+            bar.update(done - bar.n)
+        return ingest(bank, model, path, demos=demos, title=title, progress=update)
+
+
 # -- commands ------------------------------------------------------------------------------------------------------
 
 def cmd_create(args, load_model) -> int:
@@ -66,7 +78,6 @@ def cmd_create(args, load_model) -> int:
 
 
 def cmd_ingest(args, load_model) -> int:
-    from .ingest import ingest
     from .readers import DemoFormat, open_source
 
     demos = None
@@ -86,13 +97,8 @@ def cmd_ingest(args, load_model) -> int:
     bank = store.open(args.name) if store.exists(args.name) else store.create(args.name, model, args.kv_dtype)
     with bank:
         for f in args.files:
-            with tqdm(unit="B", unit_scale=True, desc=str(f), file=sys.stderr) as bar:
-                def update(done, total, tokens):
-                    bar.total = total
-                    bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
-                    bar.update(done - bar.n)
-                res = ingest(bank, model, f, demos=demos if str(f).lower().endswith(demo_exts) else None,
-                             title=args.title, progress=update)
+            res = ingest_file(bank, model, f, demos=demos if str(f).lower().endswith(demo_exts) else None,
+                              title=args.title)
             doc = res.document
             if res.action == "skipped":
                 print(f"{f}: already in bank {bank.name!r} as document {doc.id} ({doc.title}); skipped")
@@ -149,7 +155,9 @@ def cmd_verify(args) -> int:
 def cmd_rebuild_index(args) -> int:
     with Store(args.banks_dir).open(args.name) as bank:
         done = bank.sync_index(rebuild=True)
-    print(f"bank {args.name}: index files rebuilt from SQLite ({done['chunks']:,} chunks per head)")
+        passages = bank.rebuild_passages()
+    print(f"bank {args.name}: index files rebuilt from SQLite ({done['chunks']:,} chunks per head); passages cut "
+          f"again from the stored text ({passages:,}) with their full-text index")
     return 0
 
 
@@ -220,7 +228,8 @@ def add_parser(sub, model_args) -> None:
     p = cmds.add_parser("verify", help="check a bank's SQLite data and index files (repairs the index files)")
     p.add_argument("name")
     banks_dir_arg(p)
-    p = cmds.add_parser("rebuild-index", help="rebuild a bank's faiss index files from SQLite")
+    p = cmds.add_parser("rebuild-index",
+                        help="rebuild a bank's faiss index files and its passages' full-text index from SQLite")
     p.add_argument("name")
     banks_dir_arg(p)
     p = cmds.add_parser("rename", help="rename a bank")

@@ -7,7 +7,8 @@ one at a time, and cut into segments of the bank's ``segment_len`` tokens. Each 
 (positions from 0, as ``SegmentLM.memorize`` does) and committed in its own transaction together with the point in
 the source where the next segment starts, so an interrupted ingestion (crash, kill -9, Ctrl-C) resumes there and
 reaches the same final state as an uninterrupted one. The same file (by sha256 and reading options) is never stored
-twice.
+twice. The text is also cut into passages (``longmem.passages``) as it streams, each committed with the segment
+that completes it; a resumed ingestion's cutter goes on from the passages already stored.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .lm import SegmentLM
 from . import readers
 from .readers import Block, DemoFormat, open_source
 from .bank import Bank, BankError, Document
+from .passages import PassageCutter
 from .text import InputError
 
 log = logging.getLogger(__name__)
@@ -117,8 +119,9 @@ def cut_segments(tokenizer, blocks: Iterable[Block], segment_len: int, csz: int,
         yield buf.take(len(buf), csz)
 
 
-def _commit(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: Segment) -> int:
-    """Encode one segment's whole chunks and commit it; returns the document id."""
+def _commit(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: Segment, cutter: PassageCutter) -> int:
+    """Encode one segment's whole chunks and commit it with the passages its text completes; returns the document
+    id."""
     info = bank.info_cached
     n_full = len(seg.chunk_chars) - 1
     if n_full:
@@ -126,7 +129,8 @@ def _commit(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: Segmen
         k, v = k[0], v[0]
     else:  # a document's last few tokens (< csz): stored as text, not searchable
         k = v = torch.empty(info.n_kv_heads, 0, info.head_dim)
-    return bank.add_segment(ref, seq, seg.ids, seg.text, seg.chunk_chars, k, v, seg.resume)
+    passages = cutter.feed(seg.text, seg.ids.numel())
+    return bank.add_segment(ref, seq, seg.ids, seg.text, seg.chunk_chars, k, v, seg.resume, passages)
 
 
 def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | None = None, title: str | None = None,
@@ -158,13 +162,14 @@ def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | N
         seq = doc.n_segments if doc is not None else 0
         start, skip = (doc.resume_offset, doc.resume_skip) if doc is not None else (0, 0)
         added, held = 0, []  # held: leading whitespace-only segments, stored once real text follows
+        cutter = bank.passage_cutter(doc.id if doc is not None else None, demonstrations=source.kind == "demos")
         try:
             for seg in cut_segments(tokenizer, source.blocks(start), info.segment_len, info.csz, skip):
                 if isinstance(ref, dict) and not seg.text.strip():
                     held.append(seg)  # a whitespace-only file must leave nothing behind
                     continue
                 for s in (*held, seg):
-                    ref = _commit(bank, model, ref, seq, s)
+                    ref = _commit(bank, model, ref, seq, s, cutter)
                     seq += 1
                     added += s.ids.numel()
                 held = []
@@ -179,7 +184,7 @@ def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | N
         bank.sync_index()
         if isinstance(ref, dict):
             raise InputError(f"{path}: no text to ingest (the file holds only whitespace)")
-        bank.finish_document(ref)
+        bank.finish_document(ref, cutter.finish())
         if progress is not None:
             progress(source.size, source.size, added)
     return IngestResult(bank.document(ref), "resumed" if doc is not None else "ingested", added,

@@ -37,6 +37,7 @@ from .ingest import ingest as ingest_file
 from .jobs import JobContext, JobManager
 from .lm import Sampling
 from .memory import MemoryBank, MemoryView
+from .reading import Citation, Found, PassageFinder, Reading, citations, find_for_chat, reading_prompt
 from .readers import SUPPORTED, DemoFormat, open_source
 from .store import Store
 from .tasks import Chat
@@ -58,6 +59,9 @@ class Settings:
     chunks: int | None = None  # memory chunks each query token retrieves per head; None = the model's top-K / csz
     csz: int | None = None  # chunk size used for retrieval, a divisor of the bank's; None = the bank's own
     seed: int | None = None  # for reproducible sampling
+    reading: str = "fused"  # passages a chat reads before answering: found by "fused", "memory" or "lexical"
+    #                         ranking (``longmem.reading``), or "none" (the paper's memory fusion alone)
+    passages: int = 4  # passages read at most (within what the window leaves after the question and the answer)
 
     def sampling(self, stop_ids: tuple[int, ...] = ()) -> Sampling:
         if self.max_new_tokens < 1:
@@ -99,7 +103,8 @@ class Reply:
 
     def __init__(self):
         self.pieces: list[str] = []
-        self.passages: list[PassageHit] = []
+        self.passages: list[PassageHit] = []  # what memory retrieved most while answering
+        self.citations: list[Citation] = []  # the passages the answer read, numbered as in its prompt
         self.notes: list[str] = []  # facts about the request worth telling the reader (e.g. a prompt was cut)
         self.done = threading.Event()
         self._queue: queue.Queue = queue.Queue()
@@ -150,6 +155,7 @@ class _Session:
     memory: MemoryBank  # ``stored`` re-chunked to ``csz`` (same K/V), plus what the chat moved into it
     bank_chunks: int  # chunks of ``stored`` that come from the bank (what a chat adds comes after them)
     chat: Chat | None = None
+    finder: PassageFinder | None = None  # ranks the bank's passages for questions (made on first use)
 
 
 class Workspace:
@@ -374,10 +380,16 @@ class Workspace:
 
     # -- chat -----------------------------------------------------------------------------------------------------
     def chat_history(self, name: str) -> list[dict]:
-        """The bank's stored conversation: {"role", "content", "passages": [PassageHit]} per turn, oldest first."""
+        """The bank's stored conversation, oldest first: {"role", "content", "passages": [PassageHit], "citations":
+        [Citation]} per turn (what memory retrieved, what the answer read)."""
         with self.store.open(name) as bank:
             turns = bank.chat_turns(passages=True)
-        return [{**t, "passages": [PassageHit(**p) for p in t["passages"]]} for t in turns]
+        out = []
+        for t in turns:
+            stored = t["passages"] if isinstance(t["passages"], dict) else {"retrieved": t["passages"]}  # before 0.2
+            out.append({**t, "passages": [PassageHit(**p) for p in stored.get("retrieved", [])],
+                        "citations": [Citation(**c) for c in stored.get("read", [])]})
+        return out
 
     def clear_chat(self, name: str) -> None:
         with self._lock:
@@ -398,9 +410,11 @@ class Workspace:
                 s.chat = Chat(self.model, s.memory, history=s.bank.chat_turns())
             chat = s.chat
             chat.sampling = settings.sampling(chat.sampling.stop_ids)
+            found = self._find(s, chat, question, settings)
+            reply.citations = citations(s.bank, found)
             view = MemoryView(s.memory, settings.chunks)
             chat.memory = view
-            answer = chat.ask(question)
+            answer = chat.ask(question, reading_prompt(question, found) if found else None)
             try:
                 for piece in answer:
                     reply._emit(piece)
@@ -415,9 +429,17 @@ class Workspace:
                 return
             reply.passages = self._passages(s, view)
             question_turn, answer_turn = chat.history[-2:]
-            s.bank.add_chat_turns([question_turn, {**answer_turn, "passages": [asdict(p) for p in reply.passages]}])
+            stored = {"read": [asdict(c) for c in reply.citations], "retrieved": [asdict(p) for p in reply.passages]}
+            s.bank.add_chat_turns([question_turn, {**answer_turn, "passages": stored}])
 
         return self._start(run)
+
+    def _find(self, s: _Session, chat: Chat, question: str, settings: Settings) -> list[Found]:
+        """The passages a chat answer reads (``reading.find_for_chat``)."""
+        if settings.reading != "none" and s.finder is None:
+            s.finder = PassageFinder(s.bank, self.model, s.memory)
+        reading = Reading(finder=settings.reading, passages=settings.passages)
+        return find_for_chat(s.finder, chat, question, reading) if s.finder is not None else []
 
     # -- continue -------------------------------------------------------------------------------------------------
     def continue_text(self, name: str, prompt: str | None = None, settings: Settings | None = None) -> Reply:

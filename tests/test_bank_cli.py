@@ -126,3 +126,39 @@ def test_classifier_scores_every_label_and_reads_the_bank_template(tmp_path, fil
     assert clf.predict("a fine bright film") == max(scores, key=scores.get)
     with pytest.raises(ValueError, match="no demonstrations"):
         Classifier.from_documents(model, None, [])
+
+
+@pytest.fixture(scope="module")
+def chat_checkpoint(tmp_path_factory):
+    """A tiny llama with a chat template and a window big enough to read passages, saved like ``checkpoint``."""
+    from tiny import CHAT_TEMPLATE
+
+    root = tmp_path_factory.mktemp("tiny-chat")
+    backbone = tiny_llama()
+    backbone.tokenizer.chat_template = CHAT_TEMPLATE
+    backbone.model.save_pretrained(root / "backbone")
+    backbone.tokenizer.save_pretrained(root / "backbone")
+    model = LongMemModel(backbone, small_config(backbone=str(root / "backbone"), segment_len=512))
+    return str(model.save(root / "ckpt"))
+
+
+def test_chat_reads_and_cites_the_passages_of_a_file_or_a_bank(tmp_path, chat_checkpoint, capsys):
+    from test_passages import story
+
+    book = tmp_path / "story.txt"
+    book.write_text(story())
+    question = "What drifted over the harbour? A zeppelin?"
+    common = ["--ask", question, "--checkpoint", chat_checkpoint, "--temperature", "0", "--max-new-tokens", "4",
+              "--banks-dir", str(tmp_path / "banks")]
+    assert main(["chat", "--file", str(book), "--reading", "lexical", *common]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"> {question}\n")
+    cited = [line for line in out.splitlines() if line.startswith("  [")]
+    assert cited[0].startswith("  [1] story, CHAPTER II, ") and "zeppelin" in cited[0] and len(cited) <= 4
+    assert main(["bank", "ingest", "lib", str(book), "--create", "--checkpoint", chat_checkpoint,
+                 "--banks-dir", str(tmp_path / "banks")]) == 0
+    capsys.readouterr()
+    assert main(["chat", "--bank", "lib", "--reading", "none", *common]) == 0  # the paper's fusion: nothing read
+    assert "  [1]" not in capsys.readouterr().out
+    assert main(["chat", "--bank", "lib", "--file", str(book), *common]) == 2
+    assert "give --file or --bank, not both" in capsys.readouterr().err

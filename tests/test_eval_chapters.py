@@ -1,4 +1,4 @@
-"""longmem.eval.chapters: chapter detection in plain-text books and ChapterBreak-style suffix items (no model)."""
+"""longmem.chapters: chapter detection in plain-text books; ChapterBreak-style suffix items (no model)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from longmem.eval.chapters import MIN_SUFFIX_WORDS, find_chapters, suffix_items
+from longmem.chapters import find_chapters
+from longmem.eval.chapterbreak import MIN_SUFFIX_WORDS, suffix_items
 
 BOOKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "books"
 ROMAN = ["I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X", "XI", "XII"]

@@ -79,6 +79,15 @@ def table(bank, sql="SELECT s.seq, s.n_tokens, s.tokens, s.text, s.chunk_chars, 
     return bank.db.execute(sql).fetchall()
 
 
+def passage_table(bank):
+    """The passages with the seq of the segment that completed each, and the ids the full-text index holds."""
+    rows = table(bank, "SELECT s.seq, p.char_start, p.char_end, p.n_tokens, p.chapter, p.text FROM passages p "
+                       "JOIN segments s ON s.id = p.segment_id ORDER BY p.id")
+    indexed = [r[0] for r in table(bank, "SELECT id FROM passages_fts_docsize ORDER BY id")]
+    assert indexed == [r[0] for r in table(bank, "SELECT id FROM passages ORDER BY id")]
+    return rows
+
+
 # -- names and the banks directory ---------------------------------------------------------------------------------
 
 def test_create_list_rename_delete(store, model):
@@ -306,17 +315,22 @@ def test_corrupt_sqlite_is_reported_not_recreated(store, model, text_file):
     assert db.read_bytes() == garbage
 
 
-def test_schemas_migrate_forward_and_a_newer_one_is_refused(store, model):
+def test_schemas_migrate_forward_and_a_newer_one_is_refused(store, model, text_file):
+    """A bank written before passages existed (schema 2) gets them, cut from its stored text, when first opened."""
     from longmem.bank_schema import MIGRATIONS
 
-    store.create("b", model).close()
+    with store.create("b", model) as bank:
+        ingest(bank, model, text_file)
+        want = [(r["char_start"], r["char_end"], r["text"]) for r in bank.db.query("SELECT * FROM passages")]
     db = store.path("b") / "bank.db"
     with sqlite3.connect(db) as conn:  # as if written before the last migration: opening applies it
         conn.execute("DELETE FROM migrations WHERE id = ?", [len(MIGRATIONS)])
-        conn.executescript("DROP TABLE classifiers; DROP TABLE chat_turns")
+        conn.executescript("DROP TABLE passages_fts; DROP TABLE passages")
     with store.open("b") as bank:
-        assert bank.classifiers() == {}
         assert [r[0] for r in bank.db.execute("SELECT id FROM migrations")] == list(range(1, len(MIGRATIONS) + 1))
+        got = [(r["char_start"], r["char_end"], r["text"]) for r in bank.db.query("SELECT * FROM passages")]
+        assert got == want and len(got) > 3  # the same passages as ingestion cut
+        assert len(bank.search_passages(want[2][2], 100)) == len(got) and bank.verify().ok  # its words: in all
     with sqlite3.connect(db) as conn:  # a later LongMem added a migration this one does not know
         conn.execute("INSERT INTO migrations VALUES (?, 'from the future', 'later')", [len(MIGRATIONS) + 1])
     with pytest.raises(BankError, match="newer LongMem .*upgrade longmem"):
@@ -435,10 +449,13 @@ def test_kill_9_mid_ingest_leaves_a_bank_that_opens_verifies_and_resumes(store, 
         report = bank.verify()
         assert report.ok, report.problems
         assert len(bank.load_memory()) == sum(r[1] // 2 * 2 for r in table(bank))
+        cut = passage_table(bank)  # what the committed segments completed, indexed
+        assert cut and cut[-1][0] < doc.n_segments and cut[-1][2] <= sum(len(r[3]) for r in table(bank))
         assert ingest(bank, model, p).action == "resumed"
         whole = store.create("whole", model)
         ingest(whole, model, p)
         assert table(bank) == table(whole)
+        assert passage_table(bank) == passage_table(whole) and passage_table(bank)[:len(cut)] == cut
         q = queries(model)
         for a, b in zip(search_all(bank.load_memory(), q), search_all(whole.load_memory(), q)):
             assert torch.equal(a, b)

@@ -1,6 +1,6 @@
 """Suite 2, suffix identification, ChapterBreak-style (paper table 4).
 
-An item is a held-out book read up to a chapter break (``longmem.eval.chapters``): the model sees the last P tokens
+An item is a held-out book read up to a chapter break (``longmem.chapters``): the model sees the last P tokens
 before the break (P = 4k, 6k, 8k) and must tell the true opening of the next chapter from ``negatives`` openings of
 later chapters of the same book (headings removed, so chapter numbers give nothing away). Each candidate's first
 ``suffix_tokens`` tokens are scored by mean log-probability (lowest perplexity wins, the paper's rule); accuracy is
@@ -11,6 +11,16 @@ for that alone.
 
 Every model keeps the prefix's end in its window (the last window - ``suffix_tokens`` tokens: 1k models lose the
 rest, the 8k backbone keeps nearly all of it) and LongMem holds the rest of the prefix in memory.
+
+Candidates
+----------
+A candidate suffix is the first ``suffix_words`` words of a chapter's text, without its heading or title (so neither
+the chapter number nor its title gives the answer away), never running into the next chapter. ``[Illustration...]``
+markers are removed and the words are joined with single spaces (line breaks and indentation of the book dropped),
+the same for the true suffix and the negatives, so formatting says nothing about which is which. A chapter whose
+text has fewer than `MIN_SUFFIX_WORDS` words is used neither as a true suffix nor as a negative. The prefix
+``text[:prefix_end]`` is the book verbatim from its first character (front matter included) and ends with the
+blank lines before the heading. Negatives follow the true suffix in the order drawn.
 """
 
 from __future__ import annotations
@@ -20,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..chapters import ILLUSTRATION, find_chapters, text_end
 from ..corpus import book_split
 from ..text import read_text
-from .chapters import SuffixItem, suffix_items
 from .core import EvalContext, Entrant, SuiteResult, Timer, figure, table, versus
 from .scoring import Prefix
 
@@ -36,8 +46,50 @@ class Size:
 
 
 NEUTRAL = 2  # tokens of the prefix's end kept for the no-prefix score (the blank line before the heading)
+MIN_SUFFIX_WORDS = 20  # a chapter with fewer words of text is never a candidate (true suffix or negative)
 QUICK = Size(prefixes=[2048], items=1, negatives=2, suffix_tokens=48)
 FULL = Size()
+
+
+@dataclass(frozen=True)
+class SuffixItem:
+    """One suffix-identification question: which candidate continues ``text[:prefix_end]``? (The first does.)"""
+
+    book: str  # a name given by the caller (e.g. file name)
+    chapter: int  # index of the chapter whose opening is the true suffix (>= 1)
+    prefix_end: int  # char offset: the prefix is text[:prefix_end] (ends where that chapter's heading starts)
+    candidates: list[str]  # suffix texts, the true one first: the first words of a chapter's text, heading excluded
+    candidate_chapters: list[int]  # chapter index of each candidate ([0] == chapter; the rest are > chapter, distinct)
+
+
+def suffix_items(name: str, text: str, n_negatives: int = 5, suffix_words: int = 150,
+                 min_prefix_chars: int = 0, rng: random.Random | None = None) -> list[SuffixItem]:
+    """One item per chapter break that has >= n_negatives later chapters (negatives drawn at random without
+    replacement among later chapters, by rng; deterministic for a seeded rng) and at least min_prefix_chars of text
+    before it.
+
+    Chapters whose text has fewer than `MIN_SUFFIX_WORDS` words are neither true suffixes nor negatives; a shorter
+    chapter than ``suffix_words`` words gives all it has. ``rng`` defaults to ``random.Random(0)``, so the set is
+    the same from run to run. A book without chapters, or with too few, gives [].
+    """
+    if n_negatives < 0 or suffix_words < 1:
+        raise ValueError(f"need n_negatives >= 0 and suffix_words >= 1, got {n_negatives} and {suffix_words}")
+    rng = rng if rng is not None else random.Random(0)
+    chapters = find_chapters(text)
+    ends = [c.start for c in chapters[1:]] + [text_end(text)]
+    words = [ILLUSTRATION.sub(" ", text[c.body_start:end]).split() for c, end in zip(chapters, ends)]
+    openings = [" ".join(w[:suffix_words]) for w in words]
+    usable = [len(w) >= MIN_SUFFIX_WORDS for w in words]
+    items = []
+    for i in range(1, len(chapters)):
+        if not usable[i] or chapters[i].start < min_prefix_chars:
+            continue
+        later = [j for j in range(i + 1, len(chapters)) if usable[j]]
+        if len(later) < n_negatives:
+            continue
+        order = [i] + rng.sample(later, n_negatives)
+        items.append(SuffixItem(name, i, chapters[i].start, [openings[j] for j in order], order))
+    return items
 
 
 @dataclass

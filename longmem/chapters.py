@@ -1,14 +1,6 @@
-"""ChapterBreak-style suffix identification (LongMem paper, table 4): the data half, with no model in it.
-
-The task: a model reads a long prefix of a book that ends exactly at a chapter break, and must pick the true opening
-of the next chapter among hard negatives, which are openings of *later* chapters of the same book (same characters,
-same style: only the long-range story tells them apart). A model with a useful long-term memory of the prefix should
-rank the true suffix first more often. This module finds chapter breaks in plain-text Project Gutenberg books and
-builds the items; scoring them with a model happens elsewhere.
-
-* `find_chapters(text)` finds the chapters of a book: where each heading starts, where its text starts.
-* `suffix_items(name, text, ...)` makes one `SuffixItem` per usable chapter break: the prefix end, the true opening
-  and ``n_negatives`` openings of later chapters drawn by a seeded ``random.Random``.
+"""The chapters of a plain-text book: ``find_chapters(text)`` says where each heading starts and where its text
+starts. Passages name the chapter they are in (``longmem.passages``); the ChapterBreak suite builds its items from
+the breaks (``longmem.eval.chapterbreak``).
 
 Heading rules (robust, not perfect; tuned on the 8 held-out books, checked on the 43 training ones)
 --------------------------------------------------------------------------------------------------
@@ -51,26 +43,14 @@ The chapter's text (``body_start``, its first non-blank character) starts after 
 
 Known limits: a book whose finer headings cover only part of it (numbered chapters in its last BOOK only) gets only
 those chapters; headings of other shapes ("ONE", "— 1 —", a title with no CONTENTS list) are not found.
-
-Candidates
-----------
-A candidate suffix is the first ``suffix_words`` words of a chapter's text, without its heading or title (so neither
-the chapter number nor its title gives the answer away), never running into the next chapter. ``[Illustration...]``
-markers are removed and the words are joined with single spaces (line breaks and indentation of the book dropped),
-the same for the true suffix and the negatives, so formatting says nothing about which is which. A chapter whose
-text has fewer than `MIN_SUFFIX_WORDS` words is used neither as a true suffix nor as a negative. The prefix
-``text[:prefix_end]`` is the book verbatim from its first character (front matter included) and ends with the
-blank lines before the heading. Negatives follow the true suffix in the order drawn.
 """
 
 from __future__ import annotations
 
-import random
 import re
 from dataclasses import dataclass
 
 MIN_BODY_WORDS = 20  # a heading with fewer words of text before the next heading is a contents entry, not a chapter
-MIN_SUFFIX_WORDS = 20  # a chapter with fewer words of text is never a candidate (true suffix or negative)
 MAX_HEADING_CHARS = 80  # a longer line is prose, not a heading
 MAX_STEP = 2  # chapter numbers go up by 1, or by 2 when the rules missed one heading
 
@@ -79,7 +59,7 @@ _PART_LABELS = ("PART", "Part", "BOOK", "Book", "VOLUME", "Volume")
 _ROMAN = re.compile(r"(?=[IVXLC])(C{0,3})(XC|XL|L?X{0,3})(IX|IV|V?I{0,3})")
 _LABELLED = re.compile(r"(?P<label>[A-Za-z]+)\s+(?:[Tt][Hh][Ee]\s+)?(?P<num>[A-Za-z0-9]+(?:-[A-Za-z]+)?)(?P<rest>.*)")
 _BARE = re.compile(r"(?P<num>[IVXLC]+|[0-9]{1,3})\.?")
-_ILLUSTRATION = re.compile(r"\[Illustration[^\]]*\]")
+ILLUSTRATION = re.compile(r"\[Illustration[^\]]*\]")  # "[Illustration: ...]" markers
 _UNITS = ("ONE TWO THREE FOUR FIVE SIX SEVEN EIGHT NINE TEN ELEVEN TWELVE THIRTEEN FOURTEEN FIFTEEN SIXTEEN "
           "SEVENTEEN EIGHTEEN NINETEEN").split()
 _TENS = "TWENTY THIRTY FORTY FIFTY SIXTY SEVENTY EIGHTY NINETY".split()
@@ -123,50 +103,6 @@ def find_chapters(text: str) -> list[Chapter]:
     return []
 
 
-# ------------------------------------------------------------------------------------------------- suffix items
-
-
-@dataclass(frozen=True)
-class SuffixItem:
-    """One suffix-identification question: which candidate continues ``text[:prefix_end]``? (The first does.)"""
-
-    book: str  # a name given by the caller (e.g. file name)
-    chapter: int  # index of the chapter whose opening is the true suffix (>= 1)
-    prefix_end: int  # char offset: the prefix is text[:prefix_end] (ends where that chapter's heading starts)
-    candidates: list[str]  # suffix texts, the true one first: the first words of a chapter's text, heading excluded
-    candidate_chapters: list[int]  # chapter index of each candidate ([0] == chapter; the rest are > chapter, distinct)
-
-
-def suffix_items(name: str, text: str, n_negatives: int = 5, suffix_words: int = 150,
-                 min_prefix_chars: int = 0, rng: random.Random | None = None) -> list[SuffixItem]:
-    """One item per chapter break that has >= n_negatives later chapters (negatives drawn at random without
-    replacement among later chapters, by rng; deterministic for a seeded rng) and at least min_prefix_chars of text
-    before it.
-
-    Chapters whose text has fewer than `MIN_SUFFIX_WORDS` words are neither true suffixes nor negatives; a shorter
-    chapter than ``suffix_words`` words gives all it has. ``rng`` defaults to ``random.Random(0)``, so the set is
-    the same from run to run. A book without chapters, or with too few, gives [].
-    """
-    if n_negatives < 0 or suffix_words < 1:
-        raise ValueError(f"need n_negatives >= 0 and suffix_words >= 1, got {n_negatives} and {suffix_words}")
-    rng = rng if rng is not None else random.Random(0)
-    chapters = find_chapters(text)
-    ends = [c.start for c in chapters[1:]] + [_text_end(text)]
-    words = [_ILLUSTRATION.sub(" ", text[c.body_start:end]).split() for c, end in zip(chapters, ends)]
-    openings = [" ".join(w[:suffix_words]) for w in words]
-    usable = [len(w) >= MIN_SUFFIX_WORDS for w in words]
-    items = []
-    for i in range(1, len(chapters)):
-        if not usable[i] or chapters[i].start < min_prefix_chars:
-            continue
-        later = [j for j in range(i + 1, len(chapters)) if usable[j]]
-        if len(later) < n_negatives:
-            continue
-        order = [i] + rng.sample(later, n_negatives)
-        items.append(SuffixItem(name, i, chapters[i].start, [openings[j] for j in order], order))
-    return items
-
-
 # ------------------------------------------------------------------------------------------- heading detection
 
 
@@ -205,7 +141,7 @@ def _book_span(lines: list[_Line]) -> tuple[int, int]:
     return lo, hi
 
 
-def _text_end(text: str) -> int:
+def text_end(text: str) -> int:
     """Char offset where the book's text ends: at its ``*** END OF`` line or final "THE END" line, else its end."""
     lines = _split_lines(text)
     _, hi = _book_span(lines)

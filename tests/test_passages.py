@@ -1,0 +1,228 @@
+"""Passages: cutting text into sentence-bounded spans (streamed, resumed), storing them with their segments and their
+FTS5 index in a real bank, finding them by words and by the chunks memory retrieved, keeping the index sound."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from dataclasses import replace
+
+import pytest
+from tiny import tiny_model
+
+from longmem import bank_passages
+from longmem.ingest import ingest
+from longmem.passages import MAX_TOKENS, Chapters, PassageCutter, cut_passages
+from longmem.store import Store
+
+NOUNS = ["keeper", "lantern", "harbour", "ferry", "orchard", "miller", "widow", "captain", "stable", "bridge"]
+VERBS = ["counted", "painted", "mended", "watched", "carried", "sold", "found", "lost"]
+
+
+def story(chapters: int = 3, paragraphs: int = 6, seed: int = 0, zeppelin: bool = True) -> str:
+    """A book of ``chapters`` chapters ("CHAPTER I", ...) of prose paragraphs; with ``zeppelin``, chapter 2's third
+    paragraph tells of a zeppelin (a word found nowhere else)."""
+    rng = random.Random(seed)
+    out = ["THE LIGHTHOUSE STORY\n\n"]
+    for c in range(chapters):
+        out.append(f"CHAPTER {'I' * (c + 1)}\n\n")
+        for p in range(paragraphs):
+            sentences = [f"The {rng.choice(NOUNS)} {rng.choice(VERBS)} {rng.randint(2, 99)} "
+                         f"{rng.choice(NOUNS)}s before {rng.choice(['dawn', 'noon', 'dusk'])}."
+                         for _ in range(rng.randint(3, 7))]
+            if zeppelin and (c, p) == (1, 2):
+                sentences.insert(1, "A silver zeppelin drifted over the harbour that morning.")
+            out.append(" ".join(sentences) + "\n\n")
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------------------------------- cutting
+
+
+def test_passages_end_at_sentences_and_quote_the_text_exactly():
+    text = story()
+    spans = cut_passages(text, n_tokens=len(text) // 4)
+    assert len(spans) > 5
+    assert all(text[s.start:s.end] == s.text and s.text == s.text.strip() for s in spans)
+    assert all(s.text.endswith((".", "I", "II", "III", "STORY")) for s in spans)  # sentence ends or headings
+    assert all(a.end <= b.start for a, b in zip(spans, spans[1:]))
+    words = lambda t: t.split()  # noqa: E731
+    assert sum(len(words(s.text)) for s in spans) == len(words(text))  # no word lost or repeated
+
+
+@pytest.mark.parametrize("piece", [4, 36, 500, 100_000])
+def test_streaming_in_any_pieces_cuts_like_the_whole(piece):
+    """Pieces of the same characters per token (ingestion feeds whole segments, each with its own ratio)."""
+    text = story(seed=1)
+    text += " " * (-len(text) % 4)
+    whole = cut_passages(text, n_tokens=len(text) // 4)
+    cutter, got = PassageCutter(), []
+    for i in range(0, len(text), piece):
+        chunk = text[i:i + piece]
+        got += cutter.feed(chunk, len(chunk) // 4)
+    got += cutter.finish()
+    assert got == whole
+
+
+def test_a_cutter_rebuilt_from_start_and_tail_goes_on_as_the_first_would():
+    text = story(seed=2)
+    first, out = PassageCutter(), []
+    out += first.feed(text[:3000], 750)
+    again = PassageCutter(first.start, first.tail)  # what a resumed ingestion rebuilds from the bank
+    rest = again.feed(text[3000:], (len(text) - 3000) // 4) + again.finish()
+    assert out + rest == cut_passages(text, n_tokens=len(text) // 4)
+
+
+def test_a_line_without_sentence_ends_is_cut_at_spaces():
+    text = " ".join(f"word{i}" for i in range(3000))  # ~24k characters, no full stop
+    spans = cut_passages(text, n_tokens=len(text) // 4)
+    assert len(spans) > 5 and all(s.n_tokens <= MAX_TOKENS for s in spans)
+    assert all(not s.text.startswith(" ") and text[s.start:s.end] == s.text for s in spans)
+    assert " ".join(s.text for s in spans) == text
+
+
+def test_demonstrations_are_one_passage_each():
+    demos = [f"Review: film number {i} was {'good' if i % 2 else 'bad'}. Sentiment: "
+             f"{'positive' if i % 2 else 'negative'}" for i in range(30)]
+    spans = cut_passages("\n\n".join(demos), demonstrations=True)
+    assert [s.text for s in spans] == demos
+
+
+def test_chapters_name_the_heading_a_place_is_under():
+    text = story()
+    chapters = Chapters(text)
+    assert chapters.headings == ["I", "II", "III"] or chapters.headings[0].startswith("CHAPTER")
+    assert chapters.heading(0) is None  # the title page comes before chapter one
+    assert chapters.heading(text.index("zeppelin")) == chapters.headings[1]
+
+
+def test_bad_lengths_are_refused():
+    with pytest.raises(ValueError, match="min_tokens"):
+        PassageCutter(min_tokens=300, target_tokens=200)
+
+
+# ------------------------------------------------------------------------------------------------------- bank
+
+
+@pytest.fixture
+def model():
+    return tiny_model("llama", segment_len=64)  # one token a character: passages of 100-250 characters
+
+
+@pytest.fixture
+def bank(tmp_path, model):
+    book = tmp_path / "story.txt"
+    book.write_text(story())
+    bank = Store(tmp_path / "banks").create("b", model)
+    ingest(bank, model, book)
+    yield bank
+    bank.close()
+
+
+def passages(bank) -> list[tuple]:
+    sql = "SELECT segment_id, char_start, char_end, chapter, text FROM passages ORDER BY id"
+    return bank.db.execute(sql).fetchall()
+
+
+def test_ingestion_stores_every_passage_with_its_segment_and_chapter(bank, model):
+    text = story()
+    rows = passages(bank)
+    spans = cut_passages(text, n_tokens=len(model.backbone.tokenizer(text).input_ids))
+    assert [(r[1], r[2], r[4]) for r in rows] == [(s.start, s.end, s.text) for s in spans]
+    seg_ends = dict(bank.db.execute("SELECT id, (SELECT sum(length(t.text)) FROM segments t WHERE t.document_id = "
+                                    "s.document_id AND t.seq <= s.seq) FROM segments s").fetchall())
+    assert all(end <= seg_ends[seg] for seg, _, end, _, _ in rows)  # stored with the segment that completed it
+    zeppelin = next(r for r in rows if "zeppelin" in r[4])
+    assert zeppelin[3] == Chapters(text).heading(zeppelin[1]) and zeppelin[3] is not None
+    assert bank.verify().ok
+
+
+def test_words_find_their_passage(bank):
+    (best, score), *rest = bank.search_passages("What drifted over the harbour, a zeppelin?", 5)
+    (ref,) = bank.passages([best])
+    assert "zeppelin" in ref.text and score > 0 and all(s < score for _, s in rest)
+    assert ref.document == "story" and ref.chapter and 0.2 < ref.position < 0.8
+    assert ref.place() == f"story, CHAPTER II, {ref.position:.0%} in"
+    assert replace(ref, chapter="IV.").place().startswith("story, chapter IV, ")  # a bare number gets its word
+    assert bank.search_passages("the and of", 5) == []  # nothing but stopwords
+
+
+def test_memory_chunks_vote_for_the_passage_that_holds_them(bank, model):
+    memory = bank.load_memory(model)
+    places = bank.chunk_places()
+    text = story()
+    at = text.index("zeppelin")
+    # the chunk that holds the zeppelin: segments tile the text, chunks are csz tokens (= characters here)
+    serial = at // model.csz
+    votes = places.votes({serial: 5, serial + 1: 2, len(memory) // model.csz + 10: 9})  # the last: beyond the bank
+    (pid, n), = votes.items()
+    assert n == 7 and "zeppelin" in bank.passages([pid])[0].text
+
+
+def test_deleting_a_document_removes_its_passages_and_their_index_rows(bank, tmp_path, model):
+    other = tmp_path / "other.txt"
+    other.write_text(story(seed=9, zeppelin=False))
+    ingest(bank, model, other)
+    first = bank.documents()[0].id
+    bank.delete_document(first)
+    assert {r[0] for r in bank.db.execute("SELECT document_id FROM passages")} == {bank.documents()[0].id}
+    assert bank_passages.fts_problems(bank.db, deep=False) == []
+    assert bank.search_passages("zeppelin", 5) == [] and bank.search_passages("harbour", 1)
+
+
+@pytest.mark.parametrize("damage", ["drop", "corrupt", "stale"])
+def test_a_missing_or_damaged_index_is_rebuilt_by_verify(bank, damage):
+    want = bank.search_passages("zeppelin harbour", 3)
+    with bank.writing(), bank.db.atomic():
+        if damage == "drop":
+            bank.db.execute("DROP TABLE passages_fts")
+        elif damage == "corrupt":  # scribble over the index's own blocks
+            bank.db.execute("UPDATE passages_fts_data SET block = randomblob(length(block)) WHERE id > 10")
+        else:  # a passage the index does not know: written around the triggers
+            bank.db.execute("DROP TRIGGER passages_ai")
+            bank.db.execute("INSERT INTO passages (document_id, segment_id, char_start, char_end, n_tokens, text) "
+                            "SELECT document_id, segment_id, char_end + 1, char_end + 2, 1, 'zeppelin' "
+                            "FROM passages WHERE id = (SELECT max(id) FROM passages)")
+    report = bank.verify(repair_index=False)
+    assert not report.ok and "full-text index" in report.problems[0]
+    report = bank.verify()
+    assert report.ok and any("rebuilt from the passages" in n for n in report.notes), report
+    assert bank.verify(repair_index=False).ok
+    if damage == "stale":  # the passage written around the triggers is found now
+        newest = bank.db.execute("SELECT max(id) FROM passages").fetchone()[0]
+        assert bank.search_passages("zeppelin", 1)[0][0] == newest
+    else:
+        assert bank.search_passages("zeppelin harbour", 3) == want
+
+
+def test_rebuild_cuts_the_same_passages_again(bank):
+    before = passages(bank)
+    with bank.writing(), bank.db.atomic():
+        bank.db.execute("DELETE FROM passages WHERE id % 3 = 0")
+    assert not bank.verify(repair_index=False).ok or len(passages(bank)) < len(before)
+    assert bank.rebuild_passages() == len(before)
+    assert [r[1:] for r in passages(bank)] == [r[1:] for r in before] and bank.verify().ok
+
+
+def test_a_file_of_demonstrations_gets_one_passage_per_demonstration(tmp_path, model):
+    from longmem.readers import DemoFormat
+
+    rows = [("positive", "a gorgeous moving film"), ("negative", "a dull and tired plot")] * 10
+    f = tmp_path / "demos.tsv"
+    f.write_text("label\ttext\n" + "".join(f"{lab}\t{txt} number {i}\n" for i, (lab, txt) in enumerate(rows)))
+    with Store(tmp_path / "banks").create("d", model) as bank:
+        ingest(bank, model, f, DemoFormat())
+        texts = [r[4] for r in passages(bank)]
+    assert texts == [f"Review: {txt} number {i} Sentiment: {lab}" for i, (lab, txt) in enumerate(rows)]
+
+
+def test_an_fts_query_quotes_words_and_drops_stopwords():
+    assert bank_passages.fts_query('Who is "the" narrator of it?') == '"narrator"'
+    assert bank_passages.fts_query("Daisy's husband, Tom") == '"daisy" OR "husband" OR "tom"'
+    assert bank_passages.fts_query("the of and") is None
+    conn = sqlite3.connect(":memory:")  # the query is valid FTS5 syntax whatever the question holds
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
+    conn.execute("INSERT INTO t VALUES ('narrator')")
+    for q in ['AND OR NOT "', "x* (y) NEAR/2 z:", "narrator"]:
+        query = bank_passages.fts_query(q)
+        assert query is None or conn.execute("SELECT count(*) FROM t WHERE t MATCH ?", [query]).fetchone()

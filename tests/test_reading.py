@@ -1,0 +1,128 @@
+"""Reading: fusion of the finders, the memory finder's votes, the reading prompt within its budget, cited answers
+through the workspace (real bank, SQLite, FTS5, faiss; tiny llama)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_passages import story
+from tiny import chat_model
+
+from longmem.ingest import ingest
+from longmem.reading import INSTRUCTION, PassageFinder, Reading, fit, fuse, reading_prompt
+from longmem.store import Store
+from longmem.workspace import Settings, Workspace
+
+QUESTION = "What drifted over the harbour? A zeppelin?"
+
+
+def test_reciprocal_rank_fusion_by_hand():
+    got = fuse({"memory": [7, 3, 9], "lexical": [3, 5]}, k=60)
+    want = {7: 1 / 61, 3: 1 / 62 + 1 / 61, 9: 1 / 63, 5: 1 / 62}
+    assert [p for p, _ in got] == [3, 7, 5, 9]  # 5 and 9 tie on nothing: 1/62 > 1/63
+    assert all(s == pytest.approx(want[p]) for p, s in got)
+    assert [p for p, _ in fuse({"a": [1, 2], "b": [2, 1]})] == [1, 2]  # equal scores: the best single rank, then id
+
+
+def test_reading_settings_are_checked():
+    with pytest.raises(ValueError, match="finder must be one of"):
+        Reading(finder="vector")
+    with pytest.raises(ValueError, match=">= 0"):
+        Reading(passages=-1)
+
+
+@pytest.fixture
+def loaded(tmp_path):
+    model = chat_model(segment_len=256)
+    book = tmp_path / "story.txt"
+    book.write_text(story())
+    bank = Store(tmp_path / "banks").create("b", model)
+    ingest(bank, model, book)
+    memory = bank.load_memory(model)
+    yield model, bank, memory
+    bank.close()
+
+
+def test_each_finder_ranks_passages_and_fusion_keeps_their_ranks(loaded):
+    model, bank, memory = loaded
+    finder = PassageFinder(bank, model, memory)
+    lexical = finder.rank(QUESTION, "lexical", 10)
+    assert "zeppelin" in lexical[0].passage.text and lexical[0].ranks == {"lexical": 1}
+    by_memory = finder.rank(QUESTION, "memory", 10)
+    assert by_memory and all(f.ranks["memory"] == i for i, f in enumerate(by_memory, 1))
+    assert [f.score for f in by_memory] == sorted((f.score for f in by_memory), reverse=True)  # votes, best first
+    fused = finder.rank(QUESTION, "fused", 10)
+    assert {f.passage.id for f in fused} <= {f.passage.id for f in lexical + by_memory}
+    top = fused[0]
+    want = sum(1 / (60 + r) for r in top.ranks.values())
+    assert top.score == pytest.approx(want) and all(f.score <= top.score for f in fused)
+    assert finder.find(QUESTION, Reading(finder="none")) == [] and len(finder.find(QUESTION, Reading(passages=2))) == 2
+
+
+def test_the_memory_finder_follows_what_the_memory_layer_retrieved(loaded, monkeypatch):
+    """Votes are the chunks the model's own search returned for the question, mapped to passages."""
+    import longmem.reading as reading
+
+    model, bank, memory = loaded
+    finder = PassageFinder(bank, model, memory)
+    zeppelin = bank.search_passages("zeppelin", 1)[0][0]
+    (ref,) = bank.passages([zeppelin])
+    serial = (ref.char_start + 10) // model.csz  # one character a token: chunk = csz characters of the text
+    monkeypatch.setattr(reading, "memory_votes", lambda *a: {serial: 40, 0: 3})
+    ranked = finder.rank("anything", "memory", 5)
+    assert [f.passage.id for f in ranked][:1] == [zeppelin] and ranked[0].score == 40
+
+
+def test_the_prompt_holds_numbered_excerpts_within_the_budget(loaded):
+    model, bank, memory = loaded
+    found = PassageFinder(bank, model, memory).rank(QUESTION, "fused", 10)
+    tok = model.backbone.tokenizer
+    kept = fit(found, tok, budget=500)
+    assert kept and sum(len(tok(f.passage.text).input_ids) + 8 for f in kept) <= 500
+    assert len(fit(found, tok, budget=10)) == 0 and fit(found, tok, budget=10**6) == found
+    prompt = reading_prompt(QUESTION, kept)
+    assert prompt.startswith(INSTRUCTION) and prompt.endswith(f"Question: {QUESTION}")
+    assert all(f"[{i}] ({f.passage.place()})\n{f.passage.text}" in prompt for i, f in enumerate(kept, 1))
+    assert reading_prompt(QUESTION, []) == QUESTION
+
+
+@pytest.fixture
+def ws(tmp_path):
+    ws = Workspace(chat_model(segment_len=512), Store(tmp_path / "banks"), work_dir=tmp_path / "work")
+    book = tmp_path / "story.txt"
+    book.write_text(story())
+    assert ws.jobs.wait(ws.ingest("b", [book], create=True), timeout=600).status == "done"
+    yield ws
+    ws.close()
+
+
+def test_a_chat_answer_reads_and_cites_its_passages(ws, monkeypatch):
+    seen = []
+    generate = ws.model.generate
+    monkeypatch.setattr(ws.model, "generate", lambda ids, *a, **k: seen.append(ids) or generate(ids, *a, **k))
+    reply = ws.chat("b", QUESTION, Settings(max_new_tokens=8, temperature=0, reading="lexical", passages=3))
+    list(reply)
+    assert 1 <= len(reply.citations) <= 3 and "zeppelin" in reply.citations[0].text
+    c = reply.citations[0]
+    assert c.number == 1 and c.text in c.context and len(c.context) > len(c.text) and "% in" in c.place
+    read = ws.model.backbone.tokenizer.decode(seen[0][0])
+    assert c.text in read and QUESTION in read  # the model read the excerpt before the question
+    (turn_q, turn_a) = ws.chat_history("b")
+    assert turn_q["content"] == QUESTION and turn_a["citations"] == reply.citations  # stored with the turn
+
+
+def test_reading_off_is_the_paper_memory_fusion_alone(ws):
+    reply = ws.chat("b", QUESTION, Settings(max_new_tokens=4, temperature=0, reading="none"))
+    list(reply)
+    assert reply.citations == [] and ws.chat_history("b")[-1]["citations"] == []
+
+
+def test_turns_stored_before_reading_existed_still_load(ws):
+    with ws.store.open("b") as bank:  # the 0.1 layout: a list of what memory retrieved
+        bank.db["chat_turns"].insert_all([
+            {"role": "user", "content": "old?", "passages": "[]", "created": "then"},
+            {"role": "assistant", "content": "yes", "created": "then", "passages": json.dumps([
+                {"document": "story", "location": "part 1 of 2", "text": "t", "context": "c t c", "hits": 3}])}])
+    old = ws.chat_history("b")[-1]
+    assert old["citations"] == [] and old["passages"][0].hits == 3
