@@ -1,5 +1,6 @@
-"""Chat tab (ask about a bank; answers stream; the passages memory retrieved most show in a collapsible block) and
-Continue tab (continue the bank's text from its end or from a given passage)."""
+"""Chat tab (ask about a bank; answers stream; under each answer, the passages it read, each opening onto its
+surrounding text, and the passages memory retrieved most) and Continue tab (continue the bank's text from its end or
+from a given passage)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import html
 
 import gradio as gr
 
+from longmem.reading import FINDERS, Citation
 from longmem.workspace import PassageHit, Settings, Workspace
 
 from .common import friendly
@@ -27,20 +29,44 @@ def passages_message(passages: list[PassageHit]) -> dict:
             "metadata": {"title": "Passages memory retrieved", "status": "done"}}
 
 
+def citations_message(citations: list[Citation]) -> dict:
+    """The block of what an answer read: each passage with its place; opening one shows its surrounding text."""
+    parts = []
+    for c in citations:
+        excerpt = html.escape(" ".join(c.text.split()[:18]) + ("…" if len(c.text.split()) > 18 else ""))
+        before, _, after = c.context.partition(c.text)
+        around = (html.escape(before) + "<mark>" + html.escape(c.text) + "</mark>" + html.escape(after)
+                  if c.text in c.context else html.escape(c.text))
+        parts.append(f"<details><summary><b>[{c.number}]</b> {html.escape(c.place)}: “{excerpt}”</summary>\n\n"
+                     f"<blockquote>{around.strip()}</blockquote></details>")
+    return {"role": "assistant", "content": "\n".join(parts),
+            "metadata": {"title": f"Read from the book: {len(citations)} passage{'s' * (len(citations) != 1)}",
+                         "status": "done"}}
+
+
 def history_messages(turns: list[dict]) -> list[dict]:
-    """A stored conversation as chatbot messages, each answer followed by its passages."""
+    """A stored conversation as chatbot messages, each answer followed by what it read and what memory retrieved."""
     out = []
     for t in turns:
         out.append({"role": t["role"], "content": t["content"]})
+        if t.get("citations"):
+            out.append(citations_message(t["citations"]))
         if t["passages"]:
             out.append(passages_message(t["passages"]))
     return out
 
 
-def settings_panel(ws: Workspace, max_tokens: int) -> list:
-    """Temperature, max tokens, memory chunks per query, chunk size: an accordion with sensible defaults."""
+def settings_panel(ws: Workspace, max_tokens: int, reading: bool = False) -> list:
+    """Temperature, max tokens, memory chunks per query, chunk size (and with ``reading``, how an answer finds the
+    passages it reads, and how many): an accordion with sensible defaults."""
     model = ws.model
     with gr.Accordion("Settings", open=False):
+        extra = []
+        if reading:
+            with gr.Row():
+                extra = [gr.Dropdown(list(FINDERS), value=Settings.reading, elem_id="reading",
+                                     label="Read passages found by", info="none: the paper's memory fusion alone"),
+                         gr.Slider(0, 8, value=Settings.passages, step=1, label="Passages read at most")]
         with gr.Row():
             temperature = gr.Slider(0.0, 1.5, value=0.7, step=0.05, label="Temperature (0 = greedy)")
             tokens = gr.Slider(8, 512, value=max_tokens, step=8, label="Max new tokens")
@@ -50,12 +76,12 @@ def settings_panel(ws: Workspace, max_tokens: int) -> list:
                                label="Top-K memory chunks per token and head")
             sizes = [d for d in range(model.csz, 0, -1) if model.csz % d == 0]
             csz = gr.Dropdown(choices=sizes, value=model.csz, label="Chunk size (tokens; finer = more precise)")
-    return [temperature, tokens, chunks, csz]
+    return [temperature, tokens, chunks, csz, *extra]
 
 
-def make_settings(temperature, tokens, chunks, csz) -> Settings:
+def make_settings(temperature, tokens, chunks, csz, reading=Settings.reading, passages=Settings.passages) -> Settings:
     return Settings(max_new_tokens=int(tokens), temperature=float(temperature), chunks=int(chunks),
-                    csz=int(csz) if csz else None)
+                    csz=int(csz) if csz else None, reading=reading or "none", passages=int(passages))
 
 
 def build_chat(ws: Workspace, shared: Shared) -> None:
@@ -68,7 +94,7 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         question = gr.Textbox(placeholder="Ask about the book…", show_label=False, scale=5, elem_id="question")
         send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
         stop = gr.Button("Stop", scale=1, elem_id="stop")
-    settings = settings_panel(ws, 200)
+    settings = settings_panel(ws, 200, reading=True)
 
     @friendly
     def load_history(name):
@@ -87,6 +113,8 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
                 yield history, ""
         finally:
             reply.cancel()
+        if reply.citations:
+            history.append(citations_message(reply.citations))
         if reply.passages:
             history.append(passages_message(reply.passages))
         yield history, ""

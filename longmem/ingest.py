@@ -119,9 +119,10 @@ def cut_segments(tokenizer, blocks: Iterable[Block], segment_len: int, csz: int,
         yield buf.take(len(buf), csz)
 
 
-def _commit(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: Segment, cutter: PassageCutter) -> int:
-    """Encode one segment's whole chunks and commit it with the passages its text completes; returns the document
-    id."""
+def store_segment(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: Segment,
+                  cutter: PassageCutter) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """Encode one segment's whole chunks and commit it with the passages its text completes (one transaction).
+    Returns the document id and the keys/values stored (Hkv, n_chunks * csz, d)."""
     info = bank.info_cached
     n_full = len(seg.chunk_chars) - 1
     if n_full:
@@ -130,7 +131,8 @@ def _commit(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: Segmen
     else:  # a document's last few tokens (< csz): stored as text, not searchable
         k = v = torch.empty(info.n_kv_heads, 0, info.head_dim)
     passages = cutter.feed(seg.text, seg.ids.numel())
-    return bank.add_segment(ref, seq, seg.ids, seg.text, seg.chunk_chars, k, v, seg.resume, passages)
+    doc_id = bank.add_segment(ref, seq, seg.ids, seg.text, seg.chunk_chars, k, v, seg.resume, passages)
+    return doc_id, k, v
 
 
 def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | None = None, title: str | None = None,
@@ -169,7 +171,7 @@ def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | N
                     held.append(seg)  # a whitespace-only file must leave nothing behind
                     continue
                 for s in (*held, seg):
-                    ref = _commit(bank, model, ref, seq, s, cutter)
+                    ref = store_segment(bank, model, ref, seq, s, cutter)[0]
                     seq += 1
                     added += s.ids.numel()
                 held = []

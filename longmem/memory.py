@@ -373,6 +373,25 @@ class MemoryBank:
         keys, values, mask, ids = self._join(parts, queries.device)
         return Selected(keys=keys, values=values, mask=mask, chunk_ids=ids)
 
+    def truncate(self, n_tokens: int) -> None:
+        """Forget what a one-row memory took in after it held ``n_tokens`` searchable tokens (and any partial chunk):
+        undoes later ``add`` calls, e.g. a text added for one question only. No-op when it holds no more."""
+        if self.batch_size != 1:
+            raise ValueError("only a one-row memory can be truncated")
+        if n_tokens % self.csz:
+            raise ValueError(f"{n_tokens} tokens is not a whole number of {self.csz}-token chunks")
+        r, keep = self.rows[0], n_tokens // self.csz
+        if keep < r.n:
+            for j, index in enumerate(r.indexes):
+                if self.gpu_res is None:
+                    index.remove_ids(faiss.IDSelectorRange(keep, r.n))
+                else:  # GPU flat indexes cannot remove: rebuild from the kept keys
+                    index.reset()
+                    index.add(chunk_keys(r.k[j:j + 1, :keep])[0])
+            r.n = keep
+        r.pend_k, r.pend_v = r.pend_k[:, :0], r.pend_v[:, :0]
+        r.pend_t, r.pend_s = r.pend_t[:0], r.pend_s[:0]
+
     def clear(self, rows: list[int] | None = None) -> None:
         """Forget everything (or only the given rows, e.g. where a new document starts)."""
         for b in range(self.batch_size) if rows is None else rows:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .bank import Bank
-from .bank_passages import PassageRef
+from .bank_passages import ChunkPlaces, PassageRef
 from .memory import MemoryBank, MemoryView
 
 FINDERS = ("fused", "memory", "lexical", "none")
@@ -95,11 +95,12 @@ def memory_votes(model, memory: MemoryBank, ids: torch.Tensor) -> dict[int, int]
 
 class PassageFinder:
     """Ranks a bank's passages for questions (see the module doc). ``memory`` is the bank's memory as loaded by
-    ``bank.load_memory`` (possibly re-chunked or grown by a conversation); ``bank`` stays open while it is used."""
+    ``bank.load_memory`` (possibly re-chunked or grown by a conversation); ``bank`` stays open while it is used.
+    ``places``: which passage holds each chunk of ``memory`` (default: the bank's, as loaded)."""
 
-    def __init__(self, bank: Bank, model, memory: MemoryBank):
+    def __init__(self, bank: Bank, model, memory: MemoryBank, places: ChunkPlaces | None = None):
         self.bank, self.model, self.memory = bank, model, memory
-        self.places = bank.chunk_places()
+        self.places = places if places is not None else bank.chunk_places()
         self.fine = self.bank.info_cached.csz // memory.csz  # memory chunk serial // fine = the bank's own serial
 
     def rank(self, question: str, finder: str, depth: int, question_ids: torch.Tensor | None = None) -> list[Found]:

@@ -33,7 +33,7 @@ def _free_port() -> int:
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("app")
     # bfloat16 on any CPU (native or emulated): the app's paths run in the dtype a BF16 machine picks by itself
-    ws = Workspace(chat_model(segment_len=96, dtype=torch.bfloat16), Store(root / "banks"), work_dir=root / "work",
+    ws = Workspace(chat_model(segment_len=384, dtype=torch.bfloat16), Store(root / "banks"), work_dir=root / "work",
                    max_upload_bytes=2**20, dtype="bfloat16")
     port = _free_port()
     demo = launch(ws, build_parser().parse_args(["--no-browser", "--port", str(port)]), block=False)
@@ -93,9 +93,10 @@ def test_ingestion_shows_progress_and_bank_is_listed(server, book_bank):
     assert "lighthouse" in html and "done" in html
 
 
-def test_chat_streams_and_shows_passages(server, book_bank):
+def test_chat_streams_and_shows_what_it_read_and_the_passages(server, book_bank):
     ws, client, _ = server
-    job = client.submit(book_bank, "How many gulls did the keeper count?", [], 0.0, 16, 8, 2, api_name="/chat")
+    job = client.submit(book_bank, "How many gulls did the keeper count?", [], 0.0, 16, 8, 2, "lexical", 3,
+                        api_name="/chat")
     final = job.result()
     outputs = job.outputs()
     assert len(outputs) >= 3  # the question, then the answer piece by piece
@@ -103,6 +104,9 @@ def test_chat_streams_and_shows_passages(server, book_bank):
     assert chat[0]["role"] == "user" and chat[1]["role"] == "assistant" and text_of(chat[1])
     passages = [m for m in chat if (m.get("metadata") or {}).get("title") == "Passages memory retrieved"]
     assert passages and "lighthouse" in text_of(passages[0]) and "part " in text_of(passages[0])
+    read = [m for m in chat if (m.get("metadata") or {}).get("title", "").startswith("Read from the book: ")]
+    assert read and "<summary><b>[1]</b> lighthouse, " in text_of(read[0]) and "gulls" in text_of(read[0])
+    assert "<mark>" in text_of(read[0])  # opening a citation shows the passage marked in its surrounding text
     history = client.predict(book_bank, api_name="/chat_history")  # what a reloaded page shows
     assert text_of(history[0]) == "How many gulls did the keeper count?"
     assert [text_of(m) for m in history] == [text_of(m) for m in chat]  # passages included, as they were shown
@@ -155,9 +159,9 @@ def test_bad_inputs_are_rejected_with_a_message(server, book_bank):
     with pytest.raises(AppError, match="blob.txt"):
         client.predict("lighthouse", [handle_file(str(binary))], "", "text", "label", "", "", api_name="/ingest")
     with pytest.raises(AppError, match="no bank named"):
-        client.predict("nowhere", "hello?", [], 0.0, 8, 8, 2, api_name="/chat")
+        client.predict("nowhere", "hello?", [], 0.0, 8, 8, 2, "fused", 4, api_name="/chat")
     with pytest.raises(AppError, match="empty"):
-        client.predict(book_bank, "   ", [], 0.0, 8, 8, 2, api_name="/chat")
+        client.predict(book_bank, "   ", [], 0.0, 8, 8, 2, "fused", 4, api_name="/chat")
     bad_csv = root / "bad.csv"
     bad_csv.write_text("label,text\npositive,fine\n\"unclosed,quote\n")
     with pytest.raises(AppError, match="bad.csv"):

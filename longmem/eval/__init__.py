@@ -11,4 +11,5 @@ SUITES = {  # name -> module (imported when the suite runs)
     "efficiency": "longmem.eval.efficiency",  # 5. speed and memory (appendix)
     "ablations": "longmem.eval.ablations",  # 6. chunk size and memory size (figure 4)
     "recall": "longmem.eval.distance",  # 7. long-range recall by distance (beyond the paper)
+    "bookqa": "longmem.eval.bookqa",  # 8. questions about a long text, read and cited (beyond the paper)
 }

@@ -1,0 +1,293 @@
+"""Suite 8, questions about a long text (beyond the paper): a SQuAD dev paragraph spliced into held-out book text,
+D tokens before its question (D = 4k ... 1M), answered by every entrant on the same items.
+
+Haystack. The first D tokens of the held-out books (the *filler*, ``distance.filler``; the same for every item) with
+the item's paragraph in front, so the question comes D tokens after it. The filler is ingested once per D into a bank
+under the output folder (kept and reused by later runs) and its memory loaded once. An item adds its paragraph as
+one more document, inside a savepoint of the bank's SQLite, and to the loaded memory; both are rolled back after the
+item. Segments are encoded independently, so this is exactly the bank a user would have after ingesting the text.
+
+Entrants, each answering greedily in the chat template, up to ``new_tokens`` tokens, with up to ``passages``
+passages read (what fits the window after the question and the answer):
+
+- ``longmem``: LongMem with the haystack in memory, reading nothing (the paper's memory fusion alone);
+- ``longmem_memory``, ``longmem_lexical``, ``longmem_fused``: LongMem reading the passages that finder found
+  (``longmem.reading``), memory attached;
+- ``rag_bm25``: the backbone (same window, no memory) reading the best BM25 passages;
+- ``rag_embed``: the backbone reading the passages closest to the question under all-MiniLM-L6-v2
+  (``longmem.embedder``), what a document-chat app would use;
+- ``backbone_full``: the backbone reading the last tokens of the haystack that fit its native context (8k), then
+  the question (the paragraph is in view only when D is short);
+- ``oracle`` and ``oracle_backbone``: LongMem and the backbone reading the gold paragraph alone: what reading can
+  give at best with each model. The targets compare LongMem to its own oracle.
+
+Scores: SQuAD EM and F1 (official normalisation) of the answer, which is the generation up to its first newline; and
+per finder, the share of questions whose gold paragraph was among the passages read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..bank import Bank
+from ..bank_passages import ChunkPlaces, PassageRef
+from ..baselines import BackboneLM
+from ..ingest import cut_segments, ingest, store_segment
+from ..lm import Sampling
+from ..memory import MemoryBank
+from ..passages import PassageCutter
+from ..readers import Block
+from ..reading import Found, PassageFinder, Reading, find_for_chat, fit, reading_prompt
+from ..store import Store
+from ..tasks import Chat
+from .core import EvalContext, SuiteResult, Timer, figure, legend_below, mean_std, table
+from .distance import filler
+from .squad import QA, answer_from_generation, exact_match, f1, read_squad
+
+FINDER_ENTRANTS = {"longmem_memory": "memory", "longmem_lexical": "lexical", "longmem_fused": "fused"}
+LABELS = {
+    "longmem": "LongMem, memory fusion alone (reads nothing)",
+    "longmem_memory": "LongMem reading what its memory retrieval finds",
+    "longmem_lexical": "LongMem reading what BM25 finds",
+    "longmem_fused": "LongMem reading both, fused (the app's default)",
+    "rag_bm25": "BM25-RAG: the backbone reading what BM25 finds",
+    "rag_embed": "embedding RAG: the backbone reading what all-MiniLM-L6-v2 finds",
+    "backbone_full": "the backbone, native context (8k) of the haystack",
+    "oracle": "oracle: LongMem reading the gold paragraph",
+    "oracle_backbone": "oracle: the backbone reading the gold paragraph",
+}
+TEXT_PROMPT = "Answer the question from this text.\n\n{text}\n\nQuestion: {question}"
+
+
+@dataclass
+class Size:
+    distances: list[int] = field(default_factory=lambda: [4096, 16384, 65536, 262144, 1048576])  # D, in tokens
+    questions: int = 100  # SQuAD dev questions, one per paragraph, the same at every distance
+    passages: int = 4  # passages an answer reads at most
+    new_tokens: int = 24  # tokens generated per answer at most
+
+
+QUICK = Size(distances=[4096], questions=2)
+FULL = Size()
+
+
+def items(ctx: EvalContext, n: int) -> list[QA]:
+    """``n`` SQuAD dev questions drawn with the run's seed, one per paragraph."""
+    qas = read_squad(ctx.data_dir / "squad" / "dev-v1.1.json")
+    first = {}
+    for qa in qas:
+        first.setdefault(qa.passage, qa)
+    return random.Random(ctx.seed).sample(sorted(first.values(), key=lambda q: q.id), n)
+
+
+def filler_bank(ctx: EvalContext, tokens: np.ndarray) -> Bank:
+    """The bank of the filler text (ingested once; a later run with the same text and backbone reuses it)."""
+    tok, model = ctx.tokenizer, ctx.model
+    text = tok.decode(tokens.tolist())
+    digest = hashlib.sha256(text.encode() + model.backbone.fingerprint().encode()).hexdigest()[:12]
+    root = ctx.out_dir / "bookqa-banks"
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"filler-{len(tokens)}-{digest}.txt"
+    if not path.exists():
+        path.write_text(text, encoding="utf-8")
+    store = Store(root)
+    name = path.stem
+    bank = store.open(name) if store.exists(name) else store.create(name, model)
+    res = ingest(bank, model, path, title="filler")
+    ctx.log(f"bookqa filler of {len(tokens):,} tokens: {res.action} ({res.tokens:,} tokens, {res.seconds:.0f} s)")
+    return bank
+
+
+@contextlib.contextmanager
+def spliced(bank: Bank, model, memory: MemoryBank, qa: QA):
+    """The bank and its loaded memory with ``qa``'s paragraph added as one more document, for one item: yields the
+    document id and the chunk places of the grown memory; afterwards both are as they were."""
+    tok, info = model.backbone.tokenizer, bank.info_cached
+    before = len(memory)
+    with bank.writing():
+        bank.db.execute("SAVEPOINT bookqa_item")
+        try:
+            cutter, ref = PassageCutter(), {"title": qa.title, "source": qa.id, "kind": "text", "options": {},
+                                            "sha256": hashlib.sha256(qa.passage.encode()).hexdigest(), "meta": {}}
+            block = Block(qa.passage, 0, len(qa.passage.encode()))
+            for seq, seg in enumerate(cut_segments(tok, [block], info.segment_len, info.csz)):
+                ref, k, v = store_segment(bank, model, ref, seq, seg, cutter)
+                n = k.shape[1]
+                memory.add(k[None], v[None], tokens=seg.ids[None, :n], starts=_starts(n))
+            bank.finish_document(ref, cutter.finish())
+            segs = bank.db.execute("SELECT id, n_chunks FROM segments WHERE document_id = ? ORDER BY seq",
+                                   [ref]).fetchall()
+            lay = bank.layout
+            places = ChunkPlaces(bank.db, np.append(lay.segment_ids, [s for s, _ in segs]),
+                                 np.append(lay.first_chunk, lay.first_chunk[-1] + np.cumsum([c for _, c in segs])))
+            yield ref, places
+        finally:
+            bank.db.execute("ROLLBACK TO SAVEPOINT bookqa_item")
+            bank.db.execute("RELEASE SAVEPOINT bookqa_item")
+            memory.truncate(before)
+
+
+def _starts(n: int) -> torch.Tensor:
+    starts = torch.zeros(1, n, dtype=torch.bool)
+    starts[:, :1] = True  # the segment was encoded from position 0: its first token is an attention sink
+    return starts
+
+
+def answer(lm, memory, question: str, reading: str | None, size: Size) -> str:
+    """The entrant's greedy answer to ``question`` (reading ``reading`` in its place), cut at its first newline."""
+    tok = lm.backbone.tokenizer
+    stop = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
+    chat = Chat(lm, memory, Sampling(max_new_tokens=size.new_tokens, temperature=0, stop_ids=stop))
+    return answer_from_generation("".join(chat.ask(question, reading)))
+
+
+def window_text(lm, question: str, haystack: np.ndarray, size: Size) -> str:
+    """The backbone's full-context prompt: the haystack's last tokens that fit with the question and the answer."""
+    tok = lm.backbone.tokenizer
+    chat = Chat(lm, None, Sampling(max_new_tokens=size.new_tokens))
+    room = lm.segment_len - size.new_tokens - chat.prompt_ids(TEXT_PROMPT.format(text="", question=question),
+                                                              history=False).shape[1] - 8
+    return TEXT_PROMPT.format(text=tok.decode(haystack[-room:].tolist()), question=question)
+
+
+def gold_found(qa: QA, doc_id: int) -> Found:
+    ref = PassageRef(id=-1, document_id=doc_id, document=qa.title, chapter=None, char_start=0,
+                     char_end=len(qa.passage), document_chars=len(qa.passage), text=qa.passage)
+    return Found(ref, 0.0)
+
+
+def run(ctx: EvalContext) -> SuiteResult:
+    from ..embedder import Embedder, EmbeddingIndex
+
+    size: Size = ctx.size("bookqa", QUICK, FULL)
+    timer = Timer()
+    model, bb = ctx.model, ctx.model.backbone
+    backbone = BackboneLM(bb, model.segment_len)
+    full = BackboneLM(bb, bb.spec.max_positions)
+    qas = items(ctx, size.questions)
+    stream, borrowed = filler(ctx, max(size.distances))
+    embedder = Embedder.load()
+    keys = list(LABELS)
+    results: dict = {k: {} for k in keys}
+    gold_read: dict = {f: {} for f in (*FINDER_ENTRANTS.values(), "embed")}
+    for d in size.distances:
+        with filler_bank(ctx, stream[:d]) as bank:
+            memory = bank.load_memory(model)
+            filler_passages = bank.db.execute("SELECT id, text FROM passages ORDER BY id").fetchall()
+            index = EmbeddingIndex(embedder)
+            index.add([t for _, t in filler_passages])
+            scores = {k: [] for k in keys}
+            reads = {f: [] for f in gold_read}
+            for i, qa in enumerate(qas):
+                paragraph = np.asarray(ctx.tokenizer(qa.passage, add_special_tokens=False).input_ids)
+                haystack = np.concatenate([paragraph, stream[:d]])
+                with spliced(bank, model, memory, qa) as (doc_id, places):
+                    finder = PassageFinder(bank, model, memory, places)
+                    chat = Chat(model, memory, Sampling(max_new_tokens=size.new_tokens))
+                    got = {"longmem": answer(model, memory, qa.question, None, size)}
+                    for key, how in FINDER_ENTRANTS.items():
+                        found = find_for_chat(finder, chat, qa.question, Reading(finder=how, passages=size.passages))
+                        reads[how].append(any(f.passage.document_id == doc_id for f in found))
+                        got[key] = answer(model, memory, qa.question, reading_prompt(qa.question, found), size)
+                        if how == "lexical":
+                            got["rag_bm25"] = answer(backbone, None, qa.question,
+                                                     reading_prompt(qa.question, found), size)
+                    found = _embedded(bank, index, filler_passages, embedder, qa, doc_id, chat, size)
+                    reads["embed"].append(any(f.passage.document_id == doc_id for f in found))
+                    got["rag_embed"] = answer(backbone, None, qa.question, reading_prompt(qa.question, found), size)
+                    got["backbone_full"] = answer(full, None, qa.question, window_text(full, qa.question, haystack,
+                                                                                      size), size)
+                    gold = reading_prompt(qa.question, [gold_found(qa, doc_id)])
+                    got["oracle"] = answer(model, memory, qa.question, gold, size)
+                    got["oracle_backbone"] = answer(backbone, None, qa.question, gold, size)
+                for k in keys:
+                    scores[k].append({"id": qa.id, "answer": got[k], "em": exact_match(got[k], qa.answers),
+                                      "f1": f1(got[k], qa.answers)})
+                ctx.log(f"bookqa at {d:,} tokens, question {i + 1}/{len(qas)}: fused read the gold paragraph: "
+                        f"{reads['fused'][-1]}; EM fused {scores['longmem_fused'][-1]['em']:.0f}, "
+                        f"oracle {scores['oracle'][-1]['em']:.0f} ({timer.seconds / 60:.1f} min)")
+        for k in keys:
+            results[k][str(d)] = _summary(scores[k])
+        for f, r in reads.items():
+            gold_read[f][str(d)] = float(np.mean(r)) if r else float("nan")
+    return _result(ctx, size, qas, results, gold_read, borrowed, timer)
+
+
+def _embedded(bank: Bank, index, filler_passages: list, embedder, qa: QA, doc_id: int, chat: Chat,
+              size: Size) -> list[Found]:
+    """The passages closest to the question under the embedder: the filler's (indexed once) and the item's."""
+    item = bank.db.execute("SELECT id, text FROM passages WHERE document_id = ? ORDER BY id", [doc_id]).fetchall()
+    query = embedder.encode([qa.question])[0]
+    ranked = [(filler_passages[i][0], s) for i, s in index.search(qa.question, size.passages)]
+    if item:
+        ranked += [(pid, float(e @ query)) for (pid, _), e in zip(item, embedder.encode([t for _, t in item]))]
+    ranked = sorted(ranked, key=lambda x: -x[1])[: size.passages]
+    refs = {r.id: r for r in bank.passages([p for p, _ in ranked])}
+    found = [Found(refs[p], s, {"embed": i}) for i, (p, s) in enumerate(ranked, 1) if p in refs]
+    budget = min(Reading().budget, chat.model.segment_len - size.new_tokens
+                 - chat.prompt_ids(qa.question, history=False).shape[1] - 16)
+    return fit(found, chat.model.backbone.tokenizer, budget)
+
+
+def _summary(rows: list[dict]) -> dict:
+    em, f = [r["em"] for r in rows], [r["f1"] for r in rows]
+    return {"em": 100 * float(np.mean(em)), "f1": 100 * float(np.mean(f)), "em_ci95": 196 * mean_std(em)[1]
+            / max(1, len(em)) ** 0.5, "items": rows}
+
+
+def _k(d: int) -> str:
+    return f"{d // 1048576}M" if d % 1048576 == 0 else f"{d // 1024}k" if d % 1024 == 0 else f"{d:,}"
+
+
+def _result(ctx, size, qas, results, gold_read, borrowed, timer) -> SuiteResult:
+    ds = [str(d) for d in size.distances]
+    header = ["model"] + [f"{_k(int(d))} EM / F1" for d in ds] + ["average EM"]
+    rows = []
+    for k, label in LABELS.items():
+        cells = [f"{results[k][d]['em']:.1f} / {results[k][d]['f1']:.1f}" for d in ds]
+        rows.append([label, *cells, f"{np.mean([results[k][d]['em'] for d in ds]):.1f}"])
+    reads = table(["finder"] + [_k(int(d)) for d in ds],
+                  [[f] + [f"{100 * gold_read[f][d]:.0f}%" for d in ds] for f in gold_read])
+    avg = {k: float(np.mean([results[k][d]["em"] for d in ds])) for k in LABELS}
+    oracle = avg["oracle"]
+    notes = [f"{len(qas)} SQuAD dev questions (one per paragraph) at each distance; EM/F1 in %, the answer being the "
+             "generation up to its first newline. The second table: the share of questions whose gold paragraph "
+             "was among the passages read, per finder.",
+             f"LongMem reading (fused) reaches {avg['longmem_fused']:.1f} EM on average, "
+             f"{100 * avg['longmem_fused'] / oracle:.0f}% of its oracle's {oracle:.1f} (target: >= 90%)"
+             if oracle > 0 else "LongMem's oracle answers none: the ratio to it is undefined at this size.",
+             f"Against the RAG baselines on the average EM: LongMem fused {avg['longmem_fused']:.1f}, BM25-RAG "
+             f"{avg['rag_bm25']:.1f}, embedding RAG {avg['rag_embed']:.1f}."]
+    if borrowed:
+        notes.append(f"The held-out books end before the longest distance: the last {borrowed:,} filler tokens come "
+                     "from books of the training split.")
+    plot = _plot(ctx, size.distances, results)
+    return SuiteResult("bookqa", "Questions about a long text (beyond the paper): a SQuAD paragraph D tokens before "
+                       "its question", [table(header, rows), reads],
+                       {"results": results, "gold_read": gold_read, "models": LABELS,
+                        "questions": [q.id for q in qas], "borrowed_train_tokens": borrowed},
+                       asdict(size), [plot], notes, timer.seconds)
+
+
+def _plot(ctx: EvalContext, distances: list[int], results: dict) -> str:
+    fig = figure(6.4, 4.2)
+    ax = fig.add_subplot()
+    for k, label in LABELS.items():
+        ax.plot(distances, [results[k][str(d)]["em"] for d in distances], marker="o", label=label,
+                ls="--" if k.startswith(("oracle", "rag", "backbone")) else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(distances, [_k(d) for d in distances])
+    ax.set_xlabel("tokens between the paragraph and the question")
+    ax.set_ylabel("exact match %")
+    legend_below(ax, ncol=2)
+    fig.tight_layout()
+    path = Path(ctx.out_dir) / "bookqa.png"
+    fig.savefig(path)
+    return path.name
