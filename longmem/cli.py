@@ -248,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, BackboneError, CheckpointError, BankError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what was stored stays (an ingestion resumes), a text extraction is ended
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

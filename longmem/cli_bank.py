@@ -13,6 +13,7 @@ import sys
 
 from tqdm import tqdm
 
+from .limits import ExtractLimits
 from .store import Bank, BankError, Store
 from .text import InputError
 
@@ -67,7 +68,7 @@ def cmd_create(args, load_model) -> int:
 
 def cmd_ingest(args, load_model) -> int:
     from .ingest import ingest
-    from .readers import DemoFormat, open_source
+    from .readers import DemoFormat, check_source
 
     demos = None
     if any(v is not None for v in (args.template, args.label_words, args.labels, args.text_column,
@@ -77,8 +78,9 @@ def cmd_ingest(args, load_model) -> int:
             text_column=args.text_column, label_column=args.label_column, columns=_list(args.columns)).items()
             if v is not None})
     demo_exts = (".csv", ".tsv", ".jsonl")
-    for f in args.files:  # every file is checked before the model loads
-        open_source(f, demos if str(f).lower().endswith(demo_exts) else None)
+    limits = ExtractLimits.from_args(args)
+    for f in args.files:  # every file is checked before the model loads (its text is read once, by ingest)
+        check_source(f, demos if str(f).lower().endswith(demo_exts) else None, limits)
     store = Store(args.banks_dir)
     if not store.exists(args.name) and not args.create:
         store.open(args.name)  # raises UnknownBank with the list of banks
@@ -92,7 +94,7 @@ def cmd_ingest(args, load_model) -> int:
                     bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
                     bar.update(done - bar.n)
                 res = ingest(bank, model, f, demos=demos if str(f).lower().endswith(demo_exts) else None,
-                             title=args.title, progress=update)
+                             title=args.title, progress=update, limits=limits)
             doc = res.document
             if res.action == "skipped":
                 print(f"{f}: already in bank {bank.name!r} as document {doc.id} ({doc.title}); skipped")
@@ -209,6 +211,7 @@ def add_parser(sub, model_args) -> None:
     g.add_argument("--text-column", default=None, help="column or JSON key with the text (default 'text')")
     g.add_argument("--label-column", default=None, help="column or JSON key with the label (default 'label')")
     g.add_argument("--columns", default=None, help="column names of a header-less CSV, e.g. label,text")
+    ExtractLimits.add_arguments(p)
     model_args(p)
     banks_dir_arg(p)
 
