@@ -7,12 +7,14 @@ The text is what a reader sees: scripts, styles, the head, ``noscript`` and ``te
 (``BLOCK_TAGS``) start paragraphs, ``<br>`` and the line ends of ``<pre>`` break lines, runs of whitespace collapse to
 one space. Paragraphs are handed to ``emit`` one by one, separated by nothing (the caller joins them).
 
-Contract: time and memory grow linearly with the markup; nothing is held but the current paragraph (and a title of at
-most ``TITLE_CHARS``). The markup is parsed by lxml's HTML parser driving a target (no tree is built), which never
-loads a DTD, never resolves an entity beyond HTML's own (``&amp;``...) and never fetches anything: an external entity
-stays literal text (``&xxe;``), an XInclude or a stylesheet link is an element like any other. Every ``<!DOCTYPE>``
-declaration, internal subset included, is cut out before parsing (the HTML parser would end it at the subset's first
-``>`` and keep the rest, ``]>``, as text). ``pending`` is called with the characters held for the paragraph not yet
+Contract: time and memory grow linearly with the markup. This module holds the current paragraph and a title of at
+most ``TITLE_CHARS``; lxml's push parser keeps the bytes it was fed until the document ends (about one byte per byte
+of markup, freed with the parser), so memory follows the largest single document, never the whole book. The markup
+is parsed by lxml's HTML parser driving a target (no tree is built), which never loads a DTD, never resolves an
+entity beyond HTML's own (``&amp;``...) and never fetches anything: an external entity stays literal text
+(``&xxe;``), an XInclude or a stylesheet link is an element like any other. Every ``<!DOCTYPE>`` declaration,
+internal subset included, is cut out before parsing (the HTML parser would end it at the subset's first ``>`` and
+keep the rest, ``]>``, as text). ``pending`` is called with the characters held for the paragraph not yet
 emitted, so that a caller can refuse a document whose one paragraph is too long while it is still being read.
 """
 
