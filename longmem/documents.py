@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 from urllib.parse import unquote
 
-from .htmltext import html_paragraphs
+from .htmltext import html_paragraphs, utf8_without_doctype
 from .limits import MIB, ExtractLimits, LimitError
 from .readers import DemoFormat, demo_texts
 from .text import InputError
@@ -168,11 +168,14 @@ class SafeZip:
 
 
 def _xml(data: bytes, what: str):
-    """Parse an EPUB's XML file with nothing resolved or fetched: no DTD, no entities, no network."""
+    """Parse an EPUB's XML file with nothing resolved or fetched: its DOCTYPE cut out (so no internal subset
+    either), no DTD loaded, no entity substituted (a reference stays literal), no network; tolerant of errors, as
+    readers of EPUBs are."""
     from lxml import etree
 
     parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False,
-                             huge_tree=False, recover=True)
+                             huge_tree=False, recover=True, encoding="utf-8")
+    data = utf8_without_doctype(data)
     root = etree.fromstring(data, parser) if data.strip() else None
     if root is None:
         raise InputError(f"{what} is not XML")

@@ -249,6 +249,15 @@ def _start_decoding(head: bytes, encoding: str | None):
     return head[bom:], codecs.getincrementaldecoder(encoding)(errors="replace")
 
 
+def utf8_without_doctype(markup: bytes) -> bytes:
+    """A whole markup file (HTML or XML) re-encoded as UTF-8 (from its byte-order mark or declared encoding) with
+    every DOCTYPE cut out, for a parser told to read UTF-8: no internal subset means no entity of the file's own
+    to expand or to check, so every entity reference stays literal."""
+    body, decoder = _start_decoding(markup, None)
+    text = _DropDoctype()(decoder.decode(body, final=True), final=True)
+    return text.encode("utf-8", errors="replace")
+
+
 def html_to_text(markup: bytes | str) -> tuple[str, str]:
     """(title, text) of a whole HTML document: its paragraphs separated by blank lines."""
     paragraphs: list[str] = []
