@@ -67,8 +67,7 @@ def cmd_create(args, load_model) -> int:
 
 
 def cmd_ingest(args, load_model) -> int:
-    from .ingest import ingest
-    from .readers import DemoFormat, check_source
+    from .readers import DemoFormat, open_source
 
     demos = None
     if any(v is not None for v in (args.template, args.label_words, args.labels, args.text_column,
@@ -79,29 +78,39 @@ def cmd_ingest(args, load_model) -> int:
             if v is not None})
     demo_exts = (".csv", ".tsv", ".jsonl")
     limits = ExtractLimits.from_args(args)
-    for f in args.files:  # every file is checked before the model loads (its text is read once, by ingest)
-        check_source(f, demos if str(f).lower().endswith(demo_exts) else None, limits)
-    store = Store(args.banks_dir)
-    if not store.exists(args.name) and not args.create:
-        store.open(args.name)  # raises UnknownBank with the list of banks
-    model = load_model(args)
-    bank = store.open(args.name) if store.exists(args.name) else store.create(args.name, model, args.kv_dtype)
-    with bank:
-        for f in args.files:
-            with tqdm(unit="B", unit_scale=True, desc=str(f), file=sys.stderr) as bar:
-                def update(done, total, tokens):
-                    bar.total = total
-                    bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
-                    bar.update(done - bar.n)
-                res = ingest(bank, model, f, demos=demos if str(f).lower().endswith(demo_exts) else None,
-                             title=args.title, progress=update, limits=limits)
-            doc = res.document
-            if res.action == "skipped":
-                print(f"{f}: already in bank {bank.name!r} as document {doc.id} ({doc.title}); skipped")
-            else:
-                print(f"{f}: {res.action} as document {doc.id} ({doc.title}): {res.tokens:,} tokens in "
-                      f"{res.seconds:.1f} s ({res.tokens_per_s:,.0f} tok/s)")
+    sources = []
+    try:
+        for f in args.files:  # every file is read (once: ingest takes its text from here) before the model loads
+            sources.append(open_source(f, demos if str(f).lower().endswith(demo_exts) else None, limits))
+        store = Store(args.banks_dir)
+        if not store.exists(args.name) and not args.create:
+            store.open(args.name)  # raises UnknownBank with the list of banks
+        model = load_model(args)
+        bank = store.open(args.name) if store.exists(args.name) else store.create(args.name, model, args.kv_dtype)
+        with bank:
+            for f, source in zip(args.files, sources):
+                _ingest_one(bank, model, f, source, demos if source.kind == "demos" else None, args.title)
+    finally:
+        for source in sources:
+            source.close()
     return 0
+
+
+def _ingest_one(bank: Bank, model, f: str, source, demos, title: str | None) -> None:
+    from .ingest import ingest
+
+    with tqdm(unit="B", unit_scale=True, desc=str(f), file=sys.stderr) as bar:
+        def update(done, total, tokens):
+            bar.total = total
+            bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
+            bar.update(done - bar.n)
+        res = ingest(bank, model, source, demos=demos, title=title, progress=update)
+    doc = res.document
+    if res.action == "skipped":
+        print(f"{f}: already in bank {bank.name!r} as document {doc.id} ({doc.title}); skipped")
+    else:
+        print(f"{f}: {res.action} as document {doc.id} ({doc.title}): {res.tokens:,} tokens in "
+              f"{res.seconds:.1f} s ({res.tokens_per_s:,.0f} tok/s)")
 
 
 def cmd_list(args) -> int:

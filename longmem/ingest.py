@@ -131,15 +131,18 @@ def _commit(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: Segmen
     return bank.add_segment(ref, seq, seg.ids, seg.text, seg.chunk_chars, k, v, seg.resume)
 
 
-def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | None = None, title: str | None = None,
-           progress: Progress | None = None, limits: ExtractLimits | None = None,
+def ingest(bank: Bank, model: SegmentLM, path: str | Path | Source, demos: DemoFormat | None = None,
+           title: str | None = None, progress: Progress | None = None, limits: ExtractLimits | None = None,
            check: Callable[[], None] | None = None) -> IngestResult:
     """Store ``path`` in ``bank`` through ``model``'s backbone (up to its cached layer), resuming an interrupted
     ingestion of the same file and skipping a file already stored. The file's text is read once, within
-    ``limits`` (``readers.open_source``; ``check`` can stop that by raising, as a job's cancel check does). Raises
-    InputError for unusable files (LimitError, a kind of it, for a crossed limit: nothing is stored then),
-    BankMismatch when the model is not the bank's, BankBusy when another process is writing the bank."""
+    ``limits`` (``readers.open_source``; ``check`` can stop that by raising, as a job's cancel check does), unless
+    ``path`` is a Source opened already (with the same ``demos``; it stays the caller's). Raises InputError for
+    unusable files (LimitError, a kind of it, for a crossed limit: nothing is stored then), BankMismatch when the
+    model is not the bank's, BankBusy when another process is writing the bank."""
     t0 = time.perf_counter()
+    if isinstance(path, Source):
+        return _ingest(bank, model, path, path.path, demos, title, progress, t0)
     with open_source(path, demos, limits, check) as source:
         return _ingest(bank, model, source, path, demos, title, progress, t0)
 

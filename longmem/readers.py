@@ -181,16 +181,18 @@ def open_source(path: str | Path, demos: DemoFormat | None = None, limits: Extra
                   text_path=got.text_path)
 
 
-def check_source(path: str | Path, demos: DemoFormat | None = None, limits: ExtractLimits | None = None) -> None:
+def check_source(path: str | Path, demos: DemoFormat | None = None, limits: ExtractLimits | None = None) -> str:
     """Refuse a file that cannot be read, reading only what that takes and extracting nothing: missing, empty,
     unsupported or binary; a plain-text file longer than ``limits.max_chars``; a document larger than
     ``MAX_EXTRACT_BYTES`` or without its format's signature (EPUB: a zip archive; PDF: "%PDF-"); a demonstration
     template without exactly {text} and {label}. What only reading the whole file can show is the job's
-    (``open_source``)."""
+    (``open_source``). Returns the kind of reader the file gets: "text" (streamed where it lies) or one of
+    ``documents.KINDS`` (extracted)."""
     limits = limits or ExtractLimits()
     p, kind, head, size = _inspect(path, demos)
     if kind == "text":
         _plain_checks(p, head, size, limits)
+    return kind
 
 
 def _inspect(path: str | Path, demos: DemoFormat | None) -> tuple[Path, str, bytes, int]:

@@ -1,11 +1,14 @@
 """Documents built byte by byte for the tests: EPUBs (also zip bombs and hostile ones) and PDFs (also stream bombs
-and slow ones), written with zipfile and a minimal PDF writer so that every byte is under the test's control."""
+and slow ones), written with zipfile and a minimal PDF writer so that every byte is under the test's control; and
+the extraction child processes they are read in."""
 
 from __future__ import annotations
 
 import zipfile
 import zlib
 from pathlib import Path
+
+import psutil
 
 CONTAINER = ('<?xml version="1.0"?>\n<container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
              '<rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>'
@@ -52,8 +55,8 @@ def write_epub(path: Path, chapters: list[str], title: str = "A Test Book", opf:
 
 
 def bomb_epub(path: Path, inflated: int, paragraph: str = "All work and no play makes Jack a dull boy. ") -> Path:
-    """A valid EPUB whose one chapter is ``inflated`` bytes of repeated paragraphs (deflated ~1000 times: 340 MB
-    become ~350 KB), written 1 MiB at a time."""
+    """A valid EPUB whose one chapter is ``inflated`` bytes of repeated paragraphs, deflated ~270 times (340 MiB
+    become 1.3 MB, the issue's bomb), written 1 MiB at a time."""
     block = ("<p>" + paragraph * 20 + "</p>\n").encode()
     block = block * (2**20 // len(block))
     head, tail = chapter("").split("<body>")
@@ -121,3 +124,16 @@ def slow_pdf(path: Path, shows: int = 3_000_000) -> Path:
     so extracting its text takes ~30 s at the default."""
     path.write_bytes(pdf_bytes([b"BT /F1 12 Tf 72 720 Td " + b"(a) Tj " * shows + b"ET"]))
     return path
+
+
+def extraction_children(of: psutil.Process | None = None) -> list[psutil.Process]:
+    """The extraction children (``longmem.sandbox``) of a process (default: this one), once they run their own
+    program (just after the fork a child's RSS is still that of its whole parent)."""
+    out = []
+    for c in (of or psutil.Process()).children(recursive=True):
+        try:
+            if any("child_main" in part for part in c.cmdline()):
+                out.append(c)
+        except psutil.Error:
+            pass
+    return out
