@@ -191,7 +191,8 @@ def read_epub(path: Path, sink: TextSink, limits: ExtractLimits) -> tuple[str, d
     try:
         with SafeZip(path, limits) as z:
             container = _xml(z.read("META-INF/container.xml", PACKAGE_BYTES), "META-INF/container.xml")
-            roots = [el.get("full-path") for el in container.iter() if _local(el) == "rootfile" and el.get("full-path")]
+            roots = [posixpath.normpath(unquote(el.get("full-path"))).lstrip("/") for el in container.iter()
+                     if _local(el) == "rootfile" and el.get("full-path")]
             if not roots:
                 raise InputError(f"{path}: cannot read this EPUB: META-INF/container.xml names no package file")
             package = _xml(z.read(roots[0], PACKAGE_BYTES), roots[0])

@@ -46,9 +46,10 @@ class ExtractLimits:
     # decompressed bytes of one PDF stream (page contents, object streams, images): pypdf's own output limits are
     # set to this (their default is 75 MB); a book page's content stream is tens of KB
     max_pdf_stream_bytes: int = 64 * MIB
-    # seconds one extraction may run in its child process before it is stopped: a 1,000-page PDF takes well under
-    # a minute, a long EPUB a few seconds (docs/benchmarks.md)
-    max_extract_seconds: float = 600.0
+    # seconds one extraction may run in its child process before it is stopped: pypdf reads ~100 book pages a
+    # second, so even a 10,000-page PDF is done in under two minutes, and an EPUB of a long book in seconds
+    # (docs/benchmarks.md); jobs run one at a time, so this is also the longest a hostile file holds the others up
+    max_extract_seconds: float = 300.0
     # address space of the extraction child process (resource.RLIMIT_AS), MiB: the interpreter with its parsers
     # takes ~70 MiB, pypdf holds the whole file (at most 256 MiB) and one decoded stream (max_pdf_stream_bytes)
     max_extract_memory_mb: int = 2048

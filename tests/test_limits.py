@@ -253,7 +253,7 @@ def test_defaults_and_bad_values():
     d = ExtractLimits()
     assert (d.max_chars, d.max_unzipped_bytes, d.max_zip_members, d.max_zip_ratio, d.max_pdf_stream_bytes,
             d.max_extract_seconds, d.max_extract_memory_mb) == (256 * MIB, 1024 * MIB, 10_000, 100.0, 64 * MIB,
-                                                                600.0, 2048)
+                                                                300.0, 2048)
     assert d.describe("max_unzipped_bytes") == "1,024 MiB (max_unzipped_bytes, --max-unzipped-mb)"
     for bad in ({"max_chars": 0}, {"max_zip_ratio": -1.0}):
         with pytest.raises(InputError, match="must be positive"):
