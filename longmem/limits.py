@@ -32,8 +32,8 @@ class LimitError(InputError):
 class ExtractLimits:
     """Limits on what one file may expand to while it is read (see the module docstring)."""
     # characters of text one source may hold (plain text, a document's extracted text, demonstrations): 256 Mi,
-    # ~25 times the longest novel cycles (Proust's is ~9.6 M characters) and as large as the largest plain-text file
-    # the project streams (text.MAX_TEXT_BYTES)
+    # ~25 times the longest novel cycles (Proust's is ~9.6 M characters), the size the project's whole-file limits
+    # already allow (readers.MAX_EXTRACT_BYTES, text.MAX_TEXT_BYTES), and ~64 M tokens, days of ingestion on a CPU
     max_chars: int = 256 * MIB
     # uncompressed bytes of a zip (EPUB): the sum of its members' declared sizes, and again of the bytes actually
     # read; 1 GiB, where a 256 MiB EPUB of images (which do not compress) stays near 256 MiB and text deflates ~4x
@@ -46,12 +46,13 @@ class ExtractLimits:
     # decompressed bytes of one PDF stream (page contents, object streams, images): pypdf's own output limits are
     # set to this (their default is 75 MB); a book page's content stream is tens of KB
     max_pdf_stream_bytes: int = 64 * MIB
-    # seconds one extraction may run in its child process before it is stopped: pypdf reads ~100 book pages a
-    # second, so even a 10,000-page PDF is done in under two minutes, and an EPUB of a long book in seconds
-    # (docs/benchmarks.md); jobs run one at a time, so this is also the longest a hostile file holds the others up
+    # seconds one extraction may run in its child process before it is stopped: pypdf reads about a hundred book
+    # pages a second and an EPUB of a long book takes seconds (docs/benchmarks.md), so a 10,000-page PDF is done in
+    # a few minutes; jobs run one at a time, so this is also the longest a hostile file holds the others up
     max_extract_seconds: float = 300.0
     # address space of the extraction child process (resource.RLIMIT_AS), MiB: the interpreter with its parsers
-    # takes ~70 MiB, pypdf holds the whole file (at most 256 MiB) and one decoded stream (max_pdf_stream_bytes)
+    # takes tens of MiB, lxml the largest single document, pypdf the whole file (at most readers.MAX_EXTRACT_BYTES,
+    # 256 MiB) and one decoded stream (max_pdf_stream_bytes)
     max_extract_memory_mb: int = 2048
 
     def __post_init__(self):

@@ -11,8 +11,8 @@ find a path nobody bounded. In a child process, ``resource.setrlimit(RLIMIT_AS)`
 path (a ``MemoryError`` there is reported as the memory limit) and the parent's clock caps its time (the child is
 killed at ``max_extract_seconds``; ``RLIMIT_CPU`` stops it too if the parent itself dies). Killing it is also how a
 job is cancelled at once, wherever the extraction is, and how Ctrl-C ends it: the child runs in its own session, so
-only the parent decides when it stops. The price is the child's start (~0.2 s: an interpreter importing lxml and,
-for PDFs, pypdf), paid once per file; the web app's process never parses an untrusted document.
+only the parent decides when it stops. The price is the child's start (an interpreter importing lxml and, for
+PDFs, pypdf; docs/benchmarks.md), paid once per file; the web app's process never parses an untrusted document.
 
 The child imports the readers without the package's ``__init__`` (which loads torch: seconds of start-up and
 hundreds of MiB of address space that the memory cap would count), by registering a bare ``longmem`` package whose
