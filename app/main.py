@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from longmem.limits import ExtractLimits
+
 log = logging.getLogger("longmem.app")
 
 
@@ -31,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None, help="SideNet checkpoint directory (default: the shipped one)")
     p.add_argument("--untrained", action="store_true", help="use an untrained SideNet (reproduces the backbone)")
     p.add_argument("--max-upload-mb", type=int, default=512, help="largest file accepted for upload, in MiB")
+    ExtractLimits.add_arguments(p)  # what an upload may expand to: --max-chars, --max-unzipped-mb, ...
     add_dtype_flag(p)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: all cores)")
     return p
@@ -61,7 +64,7 @@ def make_workspace(args):
         model = LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype),
                                          pretrained=not args.untrained)
     return Workspace(model, Store(args.banks_dir), max_upload_bytes=args.max_upload_mb * 2**20,
-                     checkpoint=args.checkpoint, dtype=args.dtype)
+                     checkpoint=args.checkpoint, limits=ExtractLimits.from_args(args), dtype=args.dtype)
 
 
 def launch(ws, args, block: bool = True):
@@ -80,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     args = build_parser().parse_args(argv)
     parse_auth(args.auth)  # a bad flag fails before the model loads
+    from longmem.text import InputError
+
+    try:
+        ExtractLimits.from_args(args)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline: no telemetry calls
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "faiss.loader", "urllib3"):  # request lines and faiss's CPU-feature probing

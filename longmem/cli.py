@@ -90,17 +90,17 @@ def _stream(model, prompt_ids, memory, sampling) -> None:
     print()
 
 
-def _chat_bank(args, model, stack: contextlib.ExitStack):
-    """The bank a chat reads: ``--bank``, or ``--file`` ingested into a temporary bank for this run; None without
-    either (an empty memory, nothing to read)."""
+def _chat_bank(args, model, stack: contextlib.ExitStack, source):
+    """The bank a chat reads: ``--bank``, or the file (``source``, read already) ingested into a temporary bank for
+    this run; None without either (an empty memory, nothing to read)."""
     from .store import Store
 
     if args.bank:
         return stack.enter_context(Store(args.banks_dir).open(args.bank))
-    if args.file:
+    if source is not None:
         root = stack.enter_context(tempfile.TemporaryDirectory(prefix="longmem-chat-"))
         bank = stack.enter_context(Store(root).create("file", model))
-        res = cli_bank.ingest_file(bank, model, args.file)
+        res = cli_bank.ingest_file(bank, model, source)
         print(f"[{res.tokens:,} tokens of {args.file} in memory]", file=sys.stderr)
         return bank
     return None
@@ -130,12 +130,12 @@ def cmd_chat(args) -> int:
 
     if args.file and args.bank:
         raise ValueError("give --file or --bank, not both (`longmem bank ingest NAME FILE` adds a file to a bank)")
-    if args.file:
-        open_source(args.file)  # bad input fails before the model loads
-    _check_bank(args)
-    model = _load_model(args)
     with contextlib.ExitStack() as stack:
-        bank = _chat_bank(args, model, stack)
+        # the file is read once (within the extraction limits), before the model loads: bad input fails first
+        source = stack.enter_context(open_source(args.file)) if args.file else None
+        _check_bank(args)
+        model = _load_model(args)
+        bank = _chat_bank(args, model, stack, source)
         memory = cli_bank.load_memory(bank, model) if bank is not None else model.new_memory(capacity=None)
         finder = PassageFinder(bank, model, memory) if bank is not None and args.reading != "none" else None
         reading = Reading(finder=args.reading, passages=args.passages)
@@ -285,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, BackboneError, CheckpointError, BankError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what was stored stays (an ingestion resumes), a text extraction is ended
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import sys
 
 from tqdm import tqdm
 
+from .limits import ExtractLimits
 from .store import Bank, BankError, Store
 from .text import InputError
 
@@ -55,7 +56,7 @@ def load_memory(bank: Bank, model):
 
 
 def ingest_file(bank: Bank, model, path, demos=None, title: str | None = None):
-    """``ingest`` with a progress bar (bytes of the file, tokens stored)."""
+    """``ingest`` (of a path, or of a ``readers.Source`` already open) with a progress bar (bytes, tokens stored)."""
     from .ingest import ingest
 
     with tqdm(unit="B", unit_scale=True, desc=str(path), file=sys.stderr) as bar:
@@ -88,24 +89,33 @@ def cmd_ingest(args, load_model) -> int:
             text_column=args.text_column, label_column=args.label_column, columns=_list(args.columns)).items()
             if v is not None})
     demo_exts = (".csv", ".tsv", ".jsonl")
-    for f in args.files:  # every file is checked before the model loads
-        open_source(f, demos if str(f).lower().endswith(demo_exts) else None)
-    store = Store(args.banks_dir)
-    if not store.exists(args.name) and not args.create:
-        store.open(args.name)  # raises UnknownBank with the list of banks
-    model = load_model(args)
-    bank = store.open(args.name) if store.exists(args.name) else store.create(args.name, model, args.kv_dtype)
-    with bank:
-        for f in args.files:
-            res = ingest_file(bank, model, f, demos=demos if str(f).lower().endswith(demo_exts) else None,
-                              title=args.title)
-            doc = res.document
-            if res.action == "skipped":
-                print(f"{f}: already in bank {bank.name!r} as document {doc.id} ({doc.title}); skipped")
-            else:
-                print(f"{f}: {res.action} as document {doc.id} ({doc.title}): {res.tokens:,} tokens in "
-                      f"{res.seconds:.1f} s ({res.tokens_per_s:,.0f} tok/s)")
+    limits = ExtractLimits.from_args(args)
+    sources = []
+    try:
+        for f in args.files:  # every file is read (once: ingest takes its text from here) before the model loads
+            sources.append(open_source(f, demos if str(f).lower().endswith(demo_exts) else None, limits))
+        store = Store(args.banks_dir)
+        if not store.exists(args.name) and not args.create:
+            store.open(args.name)  # raises UnknownBank with the list of banks
+        model = load_model(args)
+        bank = store.open(args.name) if store.exists(args.name) else store.create(args.name, model, args.kv_dtype)
+        with bank:
+            for f, source in zip(args.files, sources):
+                _ingest_one(bank, model, f, source, demos if source.kind == "demos" else None, args.title)
+    finally:
+        for source in sources:
+            source.close()
     return 0
+
+
+def _ingest_one(bank: Bank, model, f: str, source, demos, title: str | None) -> None:
+    res = ingest_file(bank, model, source, demos=demos, title=title)
+    doc = res.document
+    if res.action == "skipped":
+        print(f"{f}: already in bank {bank.name!r} as document {doc.id} ({doc.title}); skipped")
+    else:
+        print(f"{f}: {res.action} as document {doc.id} ({doc.title}): {res.tokens:,} tokens in "
+              f"{res.seconds:.1f} s ({res.tokens_per_s:,.0f} tok/s)")
 
 
 def cmd_list(args) -> int:
@@ -217,6 +227,7 @@ def add_parser(sub, model_args) -> None:
     g.add_argument("--text-column", default=None, help="column or JSON key with the text (default 'text')")
     g.add_argument("--label-column", default=None, help="column or JSON key with the label (default 'label')")
     g.add_argument("--columns", default=None, help="column names of a header-less CSV, e.g. label,text")
+    ExtractLimits.add_arguments(p)
     model_args(p)
     banks_dir_arg(p)
 

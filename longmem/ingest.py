@@ -2,7 +2,8 @@
 
     result = ingest(bank, model, "book.epub", progress=bar_update)
 
-The text is streamed (a 200 MB file is never held whole): blocks come from ``readers.Source.blocks``, are tokenised
+The text is streamed (a 200 MB file is never held whole; a document's text is extracted once, by a child process
+held to ``ExtractLimits``, into a file): blocks come from ``readers.Source.blocks``, are tokenised
 one at a time, and cut into segments of the bank's ``segment_len`` tokens. Each segment is encoded on its own
 (positions from 0, as ``SegmentLM.memorize`` does) and committed in its own transaction together with the point in
 the source where the next segment starts, so an interrupted ingestion (crash, kill -9, Ctrl-C) resumes there and
@@ -24,7 +25,8 @@ import torch
 
 from .lm import SegmentLM
 from . import readers
-from .readers import Block, DemoFormat, open_source
+from .limits import ExtractLimits
+from .readers import Block, DemoFormat, Source, open_source
 from .bank import Bank, BankError, Document
 from .passages import PassageCutter
 from .text import InputError
@@ -135,13 +137,24 @@ def store_segment(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: 
     return doc_id, k, v
 
 
-def ingest(bank: Bank, model: SegmentLM, path: str | Path, demos: DemoFormat | None = None, title: str | None = None,
-           progress: Progress | None = None) -> IngestResult:
+def ingest(bank: Bank, model: SegmentLM, path: str | Path | Source, demos: DemoFormat | None = None,
+           title: str | None = None, progress: Progress | None = None, limits: ExtractLimits | None = None,
+           check: Callable[[], None] | None = None) -> IngestResult:
     """Store ``path`` in ``bank`` through ``model``'s backbone (up to its cached layer), resuming an interrupted
-    ingestion of the same file and skipping a file already stored. Raises InputError for unusable files,
-    BankMismatch when the model is not the bank's, BankBusy when another process is writing the bank."""
+    ingestion of the same file and skipping a file already stored. The file's text is read once, within
+    ``limits`` (``readers.open_source``; ``check`` can stop that by raising, as a job's cancel check does), unless
+    ``path`` is a Source opened already (with the same ``demos``; it stays the caller's). Raises InputError for
+    unusable files (LimitError, a kind of it, for a crossed limit: nothing is stored then), BankMismatch when the
+    model is not the bank's, BankBusy when another process is writing the bank."""
     t0 = time.perf_counter()
-    source = open_source(path, demos)
+    if isinstance(path, Source):
+        return _ingest(bank, model, path, path.path, demos, title, progress, t0)
+    with open_source(path, demos, limits, check) as source:
+        return _ingest(bank, model, source, path, demos, title, progress, t0)
+
+
+def _ingest(bank: Bank, model: SegmentLM, source: Source, path: str | Path, demos: DemoFormat | None,
+            title: str | None, progress: Progress | None, t0: float) -> IngestResult:
     bank.check(model)
     tokenizer = model.backbone.tokenizer
     if tokenizer is None:

@@ -2,9 +2,14 @@
 UTF-8 text addressed by byte offsets and read in blocks, so that an interrupted ingestion can resume at a recorded
 offset and see exactly the same blocks again.
 
-Plain text is streamed from disk (bounded memory, any size). HTML, EPUB and PDF are parsed in memory and their
-text is held as UTF-8 bytes; so are labelled demonstration files (CSV/TSV/JSONL), which are turned into text with
-a `DemoFormat` template. pypdf, BeautifulSoup and ebooklib are imported only when a file needs them.
+    check_source("book.epub")                 # refuse what cannot be read, reading only what that takes
+    with open_source("book.epub") as src:     # the text, extracted once; the with block removes its text file
+        for block in src.blocks(): ...
+
+Plain text is streamed from the file itself (bounded memory, any size up to ``ExtractLimits.max_chars``). The text
+of HTML, EPUB, PDF and labelled demonstration files (CSV/TSV/JSONL, turned into text with a `DemoFormat` template)
+is extracted once, by a child process held to ``ExtractLimits`` (``sandbox``, ``documents``), into a temporary
+UTF-8 file that the Source streams and owns.
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ import hashlib
 import io
 import json
 import logging
+import os
 import string
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .limits import ExtractLimits
 from .text import InputError
 
 log = logging.getLogger(__name__)
@@ -36,11 +44,7 @@ SUPPORTED = TEXT_EXTS + HTML_EXTS + (".epub", ".pdf") + DEMO_EXTS
 BOM = codecs.BOM_UTF8
 SNIFF_BYTES = 8192  # how much of a file is looked at to tell text from binary
 
-# HTML elements that start a new paragraph; their text is separated from the surrounding text by a blank line
-BLOCK_TAGS = ("p", "div", "section", "article", "aside", "header", "footer", "main", "nav", "blockquote", "pre",
-              "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "li", "dl", "dt", "dd", "table", "tr", "figure",
-              "figcaption", "hr", "address", "details", "summary", "body")
-PARA, LINE = "\ue000", "\ue001"  # private-use marks for a paragraph break and a line break while extracting HTML
+CONTINUATION = bytes(range(0x80, 0xC0))  # the bytes that continue a UTF-8 character
 
 
 @dataclass(frozen=True)
@@ -66,8 +70,9 @@ class DemoFormat:
 
 @dataclass
 class Source:
-    """One user file as a stream of UTF-8 text. Plain text is read from the file on demand (after any BOM); every
-    other kind holds its extracted text in `data`."""
+    """One user file as a stream of UTF-8 text, read from disk block by block: from the file itself for plain text
+    (after any BOM), else from the text extracted from it into a temporary file, ``text_path``. The Source owns that
+    file: ``close()`` removes it, and so do leaving a ``with`` block and the Source being garbage-collected."""
     path: Path
     name: str  # file name
     title: str  # HTML <title>, EPUB dc:title, PDF metadata title, else the file stem
@@ -75,9 +80,23 @@ class Source:
     sha256: str  # hex sha256 of the raw file bytes
     size: int  # length in bytes of the UTF-8 text stream
     meta: dict = field(default_factory=dict)  # extra JSON-serialisable facts (pages, chapters, label counts, ...)
-    data: bytes | None = field(default=None, repr=False)  # the stream held in memory; None = read from the file
+    text_path: Path | None = field(default=None, repr=False)  # the extracted text; None = the stream is ``path``
     skip: int = 0  # bytes at the start of the file that are not part of the stream (a UTF-8 BOM)
     warned: bool = field(default=False, repr=False)  # a "not valid UTF-8" warning was already logged
+
+    def __post_init__(self):
+        self._remove = weakref.finalize(self, _unlink, self.text_path) if self.text_path is not None else None
+
+    def close(self) -> None:
+        """Remove the extracted text file (if any); the Source cannot be read afterwards."""
+        if self._remove is not None:
+            self._remove()
+
+    def __enter__(self) -> "Source":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def blocks(self, start: int = 0) -> Iterator[Block]:
         """Consecutive blocks from byte offset `start` to the end of the stream. A block is a pure function of its
@@ -88,10 +107,7 @@ class Source:
 
     def _blocks(self, start: int) -> Iterator[Block]:
         block = BLOCK_BYTES  # read at call time so that it can be changed (tests use small blocks)
-        if self.data is not None:
-            yield from self._cut(lambda o, n: self.data[o:o + n], start, block)
-            return
-        with open(self.path, "rb") as f:
+        with open(self.text_path or self.path, "rb") as f:
             def read(o: int, n: int) -> bytes:
                 f.seek(self.skip + o)
                 buf = f.read(n)
@@ -141,9 +157,47 @@ def block_length(buf: bytes, block: int) -> int:
 # -----------------------------------------------------------------------------
 # opening a file
 
-def open_source(path: str | Path, demos: DemoFormat | None = None) -> Source:
-    """Open a user file as a `Source`, choosing the reader by extension. Bad input raises `InputError` naming the
-    file and the problem."""
+def open_source(path: str | Path, demos: DemoFormat | None = None, limits: ExtractLimits | None = None,
+                check: Callable[[], None] | None = None) -> Source:
+    """Open a user file as a `Source`, choosing the reader by extension. Plain text is streamed from the file; the
+    text of any other kind is extracted once, by a child process held to ``limits`` (``sandbox``), into a temporary
+    file that the Source owns (use it in a ``with`` block). ``check`` is called every ~0.1 s while that runs and
+    stops it by raising (a job's cancel check). Bad input raises `InputError` naming the file and the problem; a
+    crossed limit raises `LimitError` (an `InputError`) naming the limit too."""
+    limits = limits or ExtractLimits()
+    p, kind, head, size = _inspect(path, demos)
+    if kind == "text":
+        skip = _plain_checks(p, head, size, limits)
+        return Source(p, p.name, p.stem, "text", sha256_file(p), size - skip, {}, skip=skip)
+    from .sandbox import extract_in_child
+
+    got = extract_in_child(p, kind, (demos or DemoFormat()) if kind == "demos" else None, limits, check)
+    try:
+        sha = sha256_file(p)
+    except BaseException:
+        _unlink(got.text_path)
+        raise
+    return Source(p, p.name, got.title or p.stem, "demos" if kind == "demos" else "text", sha, got.size, got.meta,
+                  text_path=got.text_path)
+
+
+def check_source(path: str | Path, demos: DemoFormat | None = None, limits: ExtractLimits | None = None) -> str:
+    """Refuse a file that cannot be read, reading only what that takes and extracting nothing: missing, empty,
+    unsupported or binary; a plain-text file longer than ``limits.max_chars``; a document larger than
+    ``MAX_EXTRACT_BYTES`` or without its format's signature (EPUB: a zip archive; PDF: "%PDF-"); a demonstration
+    template without exactly {text} and {label}. What only reading the whole file can show is the job's
+    (``open_source``). Returns the kind of reader the file gets: "text" (streamed where it lies) or one of
+    ``documents.KINDS`` (extracted)."""
+    limits = limits or ExtractLimits()
+    p, kind, head, size = _inspect(path, demos)
+    if kind == "text":
+        _plain_checks(p, head, size, limits)
+    return kind
+
+
+def _inspect(path: str | Path, demos: DemoFormat | None) -> tuple[Path, str, bytes, int]:
+    """(path, kind, first bytes, size) of a user file after the checks every kind shares; kind is "text", "html",
+    "epub", "pdf" or "demos"."""
     p = Path(path)
     if p.is_dir():
         raise InputError(f"{p}: is a directory, not a file")
@@ -164,20 +218,22 @@ def open_source(path: str | Path, demos: DemoFormat | None = None) -> Source:
     if ext not in SUPPORTED and (b"\x00" in head or not _looks_utf8(head)):
         raise InputError(f"{p}: unsupported file type '{ext or p.name}' (supported: {', '.join(SUPPORTED)})")
     if ext in TEXT_EXTS or ext not in SUPPORTED:
-        return _plain_source(p, head, file_size)
+        return p, "text", head, file_size
     if file_size > MAX_EXTRACT_BYTES:
         raise InputError(f"{p}: {file_size / 2**20:.0f} MiB is larger than the {MAX_EXTRACT_BYTES // 2**20} MiB "
                          f"limit for {ext} files (convert it to plain text first)")
     if ext in HTML_EXTS:
-        title, text, meta = _read_html(p)
-    elif ext == ".epub":
-        title, text, meta = _read_epub(p)
-    elif ext == ".pdf":
-        title, text, meta = _read_pdf(p)
-    else:
-        return _demo_source(p, demos or DemoFormat())
-    data = text.encode("utf-8", errors="replace")  # "replace" only for lone surrogates a parser let through
-    return Source(p, p.name, title or p.stem, "text", sha256_file(p), len(data), meta, data=data)
+        return p, "html", head, file_size
+    if ext == ".epub":
+        if not head.startswith(b"PK"):
+            raise InputError(f"{p}: cannot read this EPUB: it is not a zip archive")
+        return p, "epub", head, file_size
+    if ext == ".pdf":
+        if b"%PDF-" not in head[:1024]:
+            raise InputError(f"{p}: cannot read this PDF: there is no %PDF- header in its first 1024 bytes")
+        return p, "pdf", head, file_size
+    _check_template(p, demos or DemoFormat())
+    return p, "demos", head, file_size
 
 
 def sha256_file(path: Path) -> str:
@@ -192,6 +248,13 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def _looks_utf8(head: bytes) -> bool:
     try:  # an incremental decoder tolerates a character cut off at the end of the sniffed bytes
         codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
@@ -200,7 +263,9 @@ def _looks_utf8(head: bytes) -> bool:
         return False
 
 
-def _plain_source(p: Path, head: bytes, file_size: int) -> Source:
+def _plain_checks(p: Path, head: bytes, file_size: int, limits: ExtractLimits) -> int:
+    """Refuse a plain-text file that is UTF-16, binary, empty after its BOM or longer than ``max_chars``
+    characters (counted only when its bytes could exceed it); returns the bytes of BOM to skip."""
     if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         raise InputError(f"{p}: is UTF-16 encoded; save it as UTF-8 first")
     if b"\x00" in head:
@@ -208,94 +273,18 @@ def _plain_source(p: Path, head: bytes, file_size: int) -> Source:
     skip = len(BOM) if head.startswith(BOM) else 0
     if file_size == skip:
         raise InputError(f"{p}: the file is empty")
-    return Source(p, p.name, p.stem, "text", sha256_file(p), file_size - skip, {}, skip=skip)
-
-
-# -----------------------------------------------------------------------------
-# documents: HTML, EPUB, PDF
-
-def html_to_text(markup: bytes | str) -> tuple[str, str]:
-    """(title, text) of an HTML document: scripts, styles and the head dropped, paragraphs separated by blank lines,
-    runs of spaces collapsed."""
-    from bs4 import BeautifulSoup, FeatureNotFound
-    from bs4.element import NavigableString, PreformattedString
-    try:
-        soup = BeautifulSoup(markup, "lxml")  # bytes: BeautifulSoup detects the encoding
-    except FeatureNotFound:
-        soup = BeautifulSoup(markup, "html.parser")
-    def texts(tag) -> list:  # the text pieces under a tag, without comments, doctypes and the like
-        return [s for s in tag.descendants if isinstance(s, NavigableString) and not isinstance(s, PreformattedString)]
-
-    title = " ".join(soup.title.get_text().split()) if soup.title else ""
-    for tag in soup(["script", "style", "head", "noscript", "template"]):
-        tag.decompose()
-    for s in texts(soup):  # our marks must not occur in the document itself
-        if PARA in s or LINE in s:
-            s.replace_with(s.replace(PARA, " ").replace(LINE, " "))
-    for pre in soup.find_all("pre"):  # keep the line breaks of preformatted text
-        for s in texts(pre):
-            s.replace_with(s.replace("\n", LINE))
-    for br in soup.find_all("br"):
-        br.replace_with(LINE)
-    for tag in soup.find_all(list(BLOCK_TAGS)):
-        tag.insert_before(PARA)
-        tag.insert_after(PARA)
-    paragraphs = []
-    for para in "".join(texts(soup)).split(PARA):
-        lines = [" ".join(line.split()) for line in para.split(LINE)]  # collapses runs of whitespace
-        para = "\n".join(lines).strip()
-        if para:
-            paragraphs.append(para)
-    return title, "\n\n".join(paragraphs)
-
-
-def _read_html(p: Path) -> tuple[str, str, dict]:
-    try:
-        title, text = html_to_text(p.read_bytes())
-    except Exception as e:  # a parser failure on malformed input: report it as the file's problem
-        raise InputError(f"{p}: cannot read this HTML file: {e}") from e
-    if not text.strip():
-        raise InputError(f"{p}: has no text")
-    return title, text, {}
-
-
-def _read_epub(p: Path) -> tuple[str, str, dict]:
-    import ebooklib
-    from ebooklib import epub
-    try:
-        book = epub.read_epub(str(p), options={"ignore_ncx": True})
-        titles = book.get_metadata("DC", "title")
-        title = str(titles[0][0]).strip() if titles else ""
-        chapters = []
-        for idref, _linear in book.spine:  # reading order
-            item = book.get_item_with_id(idref)
-            if item is None or item.get_type() != ebooklib.ITEM_DOCUMENT or isinstance(item, epub.EpubNav):
-                continue  # the navigation document only repeats the chapter titles
-            _, text = html_to_text(item.content)  # the raw file (get_content() re-renders it and can drop text)
-            if text:
-                chapters.append(text)
-    except Exception as e:  # zipfile, lxml and ebooklib all raise their own errors on a damaged file
-        raise InputError(f"{p}: cannot read this EPUB: {e}") from e
-    if not chapters:
-        raise InputError(f"{p}: has no text")
-    return title, "\n\n".join(chapters), {"chapters": len(chapters)}
-
-
-def _read_pdf(p: Path) -> tuple[str, str, dict]:
-    from pypdf import PdfReader
-    try:
-        reader = PdfReader(p)
-        locked = reader.is_encrypted and not reader.decrypt("")
-        pages = [] if locked else [(page.extract_text() or "").strip() for page in reader.pages]
-        title = "" if locked else str((reader.metadata.title if reader.metadata else None) or "").strip()
-    except Exception as e:  # pypdf raises many kinds of error on a damaged file
-        raise InputError(f"{p}: cannot read this PDF: {e}") from e
-    if locked:
-        raise InputError(f"{p}: the PDF is password-protected")
-    text = "\n\n".join(page for page in pages if page)
-    if not text.strip():
-        raise InputError(f"{p}: has no text layer (a scanned PDF? run OCR first)")
-    return title, text, {"pages": len(pages)}
+    if file_size - skip > limits.max_chars:  # a character takes one to four bytes: count them
+        chars = 0
+        try:
+            with open(p, "rb") as f:
+                f.seek(skip)
+                while chunk := f.read(1 << 20):
+                    chars += len(chunk.translate(None, CONTINUATION))
+                    if chars > limits.max_chars:
+                        raise limits.error("max_chars", f"{p}: its text runs on")
+        except OSError as e:
+            raise InputError(f"{p}: cannot read the file: {e.strerror or e}") from e
+    return skip
 
 
 # -----------------------------------------------------------------------------
@@ -319,28 +308,37 @@ def labelled(p: Path, rows: list[tuple[int, str, str]], fmt: DemoFormat) -> tupl
     return [(text, words.get(label, label)) for _, text, label in rows], allowed
 
 
-def _demo_source(p: Path, fmt: DemoFormat) -> Source:
-    fields = {name for _, name, _, _ in _parse_template(p, fmt.template) if name is not None}
-    if fields != {"text", "label"}:
-        raise InputError(f"{p}: the template {fmt.template!r} must use exactly the fields {{text}} and {{label}} "
-                         f"(it uses: {', '.join(sorted(fields)) or 'none'})")
-    raw = p.read_bytes()
+def demo_texts(p: Path, fmt: DemoFormat, emit: Callable[[str], None]) -> dict:
+    """Parse a demonstration file, hand the text of each demonstration (``fmt.template`` filled in) to ``emit`` in
+    file order, and return the facts kept with the document (template, labels, counts)."""
+    _check_template(p, fmt)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise InputError(f"{p}: cannot read the file: {e.strerror or e}") from e
     try:
         content = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         log.warning("%s is not valid UTF-8 (%s); undecodable bytes were replaced with U+FFFD", p, e.reason)
         content = raw.decode("utf-8-sig", errors="replace")
+    del raw
     rows = _jsonl_rows(p, content, fmt) if p.suffix.lower() == ".jsonl" else _csv_rows(p, content, fmt)
+    del content
     pairs, allowed = labelled(p, rows, fmt)
-    demos, counts = [], {}
+    counts: dict[str, int] = {}
     for text, word in pairs:
-        demos.append(fmt.template.format(text=text, label=word))
+        emit(fmt.template.format(text=text, label=word))
         counts[word] = counts.get(word, 0) + 1
-    data = fmt.separator.join(demos).encode("utf-8", errors="replace")
-    meta = {"template": fmt.template, "label_words": fmt.label_words,
+    return {"template": fmt.template, "label_words": fmt.label_words,
             "labels": allowed if allowed is not None else sorted({label for _, _, label in rows}),
             "n_examples": len(rows), "label_counts": counts}
-    return Source(p, p.name, p.stem, "demos", sha256_file(p), len(data), meta, data=data)
+
+
+def _check_template(p: Path, fmt: DemoFormat) -> None:
+    fields = {name for _, name, _, _ in _parse_template(p, fmt.template) if name is not None}
+    if fields != {"text", "label"}:
+        raise InputError(f"{p}: the template {fmt.template!r} must use exactly the fields {{text}} and {{label}} "
+                         f"(it uses: {', '.join(sorted(fields)) or 'none'})")
 
 
 def _parse_template(p: Path, template: str) -> list:
@@ -389,6 +387,8 @@ def _jsonl_rows(p: Path, content: str, fmt: DemoFormat, skip_empty: bool = False
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise InputError(f"{p}: line {n}: invalid JSON: {e}") from e
+        except RecursionError as e:
+            raise InputError(f"{p}: line {n}: the JSON is nested too deeply") from e
         if not isinstance(obj, dict):
             raise InputError(f"{p}: line {n}: expected a JSON object, got {type(obj).__name__}")
         for col in (fmt.text_column, fmt.label_column):

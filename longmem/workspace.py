@@ -10,6 +10,8 @@ conversation, and the background jobs that fill banks. The web app's handlers ca
 Concurrency. Model calls that read or change a bank's in-RAM memory (chat, continue, classify) run one at a time,
 under the workspace's lock, each in its own thread that streams into a ``Reply``; a reader that goes away cancels
 it between two tokens. Ingestion jobs only read the model's weights and write SQLite, so they run beside a chat.
+An uploaded file is only checked in the request (``check_upload``); its text is extracted by the job, in a child
+process held to ``limits`` (``sandbox``), so a hostile file costs its own job and cancelling the job ends it at once.
 Changing the model waits for no one: it is refused while a job runs.
 
 A bank's memory is loaded on first use and reloaded when its contents change (new or removed documents). The chat
@@ -37,8 +39,9 @@ from .ingest import ingest as ingest_file
 from .jobs import JobContext, JobManager
 from .lm import Sampling
 from .memory import MemoryBank, MemoryView
+from .limits import ExtractLimits
 from .reading import Citation, Found, PassageFinder, Reading, citations, find_for_chat, reading_prompt
-from .readers import SUPPORTED, DemoFormat, open_source
+from .readers import SUPPORTED, DemoFormat, check_source
 from .store import Store
 from .tasks import Chat
 from .text import InputError, stream_text
@@ -160,8 +163,10 @@ class _Session:
 
 class Workspace:
     def __init__(self, model, store: Store, max_upload_bytes: int = MAX_UPLOAD_BYTES, checkpoint: str | None = None,
-                 work_dir: str | os.PathLike | None = None, dtype: str = "auto"):
+                 work_dir: str | os.PathLike | None = None, limits: ExtractLimits | None = None,
+                 dtype: str = "auto"):
         self.model = model
+        self.limits = limits or ExtractLimits()  # what one uploaded file may expand to while its text is read
         self.dtype = dtype  # the dtype asked for ("auto" or a name); ``load_model`` uses it unless told another
         self.work_dir = Path(work_dir) if work_dir is not None else None
         self._own_work_dir = False  # a temporary work dir made here is removed by close()
@@ -283,7 +288,9 @@ class Workspace:
 
     # -- ingestion ------------------------------------------------------------------------------------------------
     def check_upload(self, path: str | os.PathLike, demos: DemoFormat | None = None) -> None:
-        """Refuse a file before any work starts: too large, unsupported, binary, empty or malformed."""
+        """Refuse a file before any work starts: too large, unsupported, binary, empty, not of its kind
+        (``readers.check_source``). Reads only what that takes, in this process: the text itself is extracted once,
+        by the job, in a child process held to ``limits``."""
         p = Path(path)
         if not p.is_file():
             raise InputError(f"{p.name}: no such file")
@@ -294,7 +301,7 @@ class Workspace:
         if p.suffix.lower() not in SUPPORTED:
             raise InputError(f"{p.name}: unsupported file type {p.suffix or '(none)'}; use one of "
                              f"{', '.join(SUPPORTED)}")
-        open_source(p, demos)  # reads enough to refuse binary, empty or malformed files with a clear message
+        check_source(p, demos, self.limits)
 
     def ingest(self, name: str, paths: list, demos: DemoFormat | None = None, create: bool = False,
                titles: list[str] | None = None) -> str:
@@ -326,7 +333,8 @@ class Workspace:
 
                     def progress(b, total, tokens, base=base):
                         ctx.progress(b, total, base + tokens)
-                    res = ingest_file(bank, model, path, demos=demos, title=Path(title).stem, progress=progress)
+                    res = ingest_file(bank, model, path, demos=demos, title=Path(title).stem, progress=progress,
+                                      limits=self.limits, check=ctx.check)
                     done += res.tokens
                     lines.append(f"{title}: {res.action}, {res.document.n_tokens:,} tokens" if res.action != "skipped"
                                  else f"{title}: already in the bank, skipped")

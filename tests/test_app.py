@@ -10,6 +10,7 @@ import torch
 
 gradio_client = pytest.importorskip("gradio_client")
 
+from docfiles import bomb_epub, extraction_children, slow_pdf  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 from tiny import chat_model  # noqa: E402
@@ -172,6 +173,52 @@ def test_bad_inputs_are_rejected_with_a_message(server, book_bank):
     with pytest.raises(AppError, match="limit"):
         client.predict("lighthouse", [handle_file(str(big))], "", "text", "label", "", "", api_name="/ingest")
     assert [d.title for d in ws.documents("lighthouse")] == ["lighthouse"]  # nothing stored was touched
+
+
+def wait_for_job(ws, bank: str, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs = ws.jobs.list(bank)
+        if jobs and not jobs[0].active:
+            return jobs[0]
+        time.sleep(0.1)
+    raise TimeoutError(f"the job of bank {bank} did not end")
+
+
+def test_a_zip_bomb_fails_its_own_job_while_another_visitor_chats(server, book_bank):
+    ws, client, root = server
+    bomb = bomb_epub(root / "bomb.epub", 200 * 2**20)  # 200 MiB of XHTML in under the 1 MiB upload limit
+    assert bomb.stat().st_size < 2**20
+    chatter = Client(client.src, verbose=False)  # a second visitor
+    chat = chatter.submit(book_bank, "How many gulls did the keeper count?", [], 0.0, 16, 8, 2, api_name="/chat")
+    started = client.predict("bombs", [handle_file(str(bomb))], "", "text", "label", "", "", api_name="/ingest")
+    assert "Started" in started[0]
+    final = chat.result(timeout=300)  # the chat completes
+    assert final[0][0]["role"] == "user" and final[0][1]["role"] == "assistant" and text_of(final[0][1])
+    job = wait_for_job(ws, "bombs")
+    assert job.status == "failed" and "bomb.epub" in job.message and "max_zip_ratio" in job.message
+    html = client.predict(api_name="/jobs")[0]  # the page shows the error
+    assert "failed" in html and "--max-zip-ratio" in html
+    assert client.predict("bombs", api_name="/documents")["data"] == []  # nothing stored
+    with ws.store.open("bombs") as bank:
+        assert bank.verify().ok
+    assert "lighthouse" in [r[0] for r in client.predict("after-bomb", api_name="/create_bank")[0]["data"]]
+
+
+def test_a_job_in_extraction_is_cancelled_from_the_page(server):
+    ws, client, root = server
+    slow = slow_pdf(root / "slow.pdf")  # ~30 s of pypdf work
+    started = client.predict("slow", [handle_file(str(slow))], "", "text", "label", "", "", api_name="/ingest")
+    job_id = started[2]["value"]
+    deadline = time.monotonic() + 60
+    while not extraction_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert extraction_children()
+    t0 = time.perf_counter()
+    client.predict(job_id, api_name="/cancel_job")
+    job = wait_for_job(ws, "slow", timeout=30)
+    assert job.status == "cancelled" and time.perf_counter() - t0 < 5
+    assert extraction_children() == [] and ws.documents("slow") == []
 
 
 def test_model_panel_and_a_mismatched_checkpoint(server, tmp_path):

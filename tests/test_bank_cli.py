@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
+from docfiles import extraction_children, slow_pdf
 from tiny import small_config, tiny_llama
 
 from longmem.cli import main
@@ -162,3 +170,29 @@ def test_chat_reads_and_cites_the_passages_of_a_file_or_a_bank(tmp_path, chat_ch
     assert "  [1]" not in capsys.readouterr().out
     assert main(["chat", "--bank", "lib", "--file", str(book), *common]) == 2
     assert "give --file or --bank, not both" in capsys.readouterr().err
+
+
+def test_ctrl_c_ends_an_extraction_at_once(tmp_path, checkpoint):
+    """Ctrl-C while a file's text is being extracted: the CLI stops within a second or two, its extraction child
+    with it, and nothing is left behind."""
+    import psutil
+
+    slow = slow_pdf(tmp_path / "slow.pdf")  # ~30 s of pypdf work
+    banks = tmp_path / "banks"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH")))),
+           "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "longmem", "bank", "ingest", "lib", str(slow), "--create",
+                             "--checkpoint", checkpoint, "--banks-dir", str(banks)], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not extraction_children(psutil.Process(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [child] = extraction_children(psutil.Process(proc.pid))
+    t0 = time.perf_counter()
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground program
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "interrupted" in err and time.perf_counter() - t0 < 5
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    assert not Store(banks).exists("lib")  # the file is read before the bank is made
+    assert not list(tmp_path.glob("longmem-text-*"))  # no extracted text left behind

@@ -8,6 +8,8 @@ import os
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from longmem import readers
 from longmem.readers import Block, DemoFormat, InputError, open_source
@@ -143,6 +145,48 @@ def test_extracted_files_over_the_limit_are_refused(tmp_path, monkeypatch):
     p.write_text("<p>" + "word " * 100 + "</p>")
     with pytest.raises(InputError, match=r"big\.html.*larger than"):
         open_source(p)
+
+
+def test_html_doctype_internal_subset_leaves_no_text(tmp_path):
+    p = tmp_path / "dtd.html"
+    p.write_text('<!DOCTYPE html [\n<!ENTITY xxe SYSTEM "file:///etc/passwd">\n]>\n<html><head><title>T</title>'
+                 "</head><body><p>Kept &xxe; literal.</p></body></html>")
+    src = open_source(p)
+    assert (src.title, all_text(src)) == ("T", "Kept &xxe; literal.")
+
+
+def test_a_long_html_document_reads_in_time_linear_in_its_size():
+    """16 MiB of paragraphs in one document: the former tree-based extraction was quadratic here (minutes)."""
+    from longmem.htmltext import html_paragraphs
+
+    para = b"<p>" + b"All work and no play makes Jack a dull boy. " * 20 + b"</p>\n"
+    n = 16 * 2**20 // len(para)
+    out: list[str] = []
+    t0 = time.perf_counter()
+    html_paragraphs((para * 1000 for _ in range(n // 1000)), out.append)
+    assert len(out) == n // 1000 * 1000 and time.perf_counter() - t0 < 60
+
+
+HTML_PIECES = ["<p>", "</p>", "<div>", "</div>", "<br>", "<pre>", "</pre>", "<script>", "</script>", "<head>",
+               "<title>", "</title>", "<!DOCTYPE html [<!ENTITY a 'x'>]>", "<!-- c -->", "&amp;", "&xxe;", " ", "\n",
+               "\t", "word", "ünï", "日本", "\ue000", "\u200b", "<b>", "</b>", "<li>", "<"]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.sampled_from(HTML_PIECES), max_size=60), st.lists(st.integers(1, 40), min_size=1, max_size=20))
+def test_html_text_does_not_depend_on_how_the_markup_is_chunked(pieces, cuts):
+    from longmem.htmltext import html_paragraphs
+
+    markup = "".join(pieces).encode()
+    chunks, i = [], 0
+    for n in cuts * (len(markup) // max(sum(cuts), 1) + 1):
+        chunks.append(markup[i:i + n])
+        i += n
+    whole: list[str] = []
+    parts: list[str] = []
+    assert html_paragraphs([markup], whole.append, encoding="utf-8") == \
+        html_paragraphs(chunks, parts.append, encoding="utf-8")
+    assert whole == parts and not any("\ue000" in t or "]>" in t for t in whole)
 
 
 def make_epub(path):

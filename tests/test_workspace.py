@@ -3,15 +3,17 @@ on a tiny llama with a real store, SQLite and faiss."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
 import torch
-
+from docfiles import bomb_epub, chapter, extraction_children, slow_pdf, write_epub
 from tiny import chat_model
 
 from longmem.bank import BankBusy, BankMismatch, UnknownBank
 from longmem.jobs import Cancelled, JobManager
+from longmem.limits import MIB
 from longmem.memory import MemoryView
 from longmem.store import Store
 from longmem.text import InputError
@@ -223,3 +225,58 @@ def test_the_model_panel_says_which_dtype_and_why(tmp_path, monkeypatch):
         assert (info["dtype"], info["dtype_reason"]) == ("float32", "float32, set by LONGMEM_DTYPE")
     finally:
         ws.close()
+
+
+@pytest.fixture
+def children(monkeypatch) -> list:
+    """The command lines of the processes this test starts (a spy: they still start)."""
+    started = []
+    real = subprocess.Popen
+
+    class Spy(real):
+        def __init__(self, args, *a, **kw):
+            started.append(args)
+            super().__init__(args, *a, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", Spy)
+    return started
+
+
+def test_the_upload_check_reads_no_text_and_a_bomb_fails_only_its_job(ws, book, tmp_path, children):
+    ingested(ws, book)
+    before = [(d.id, d.n_tokens, d.status) for d in ws.documents("b")]
+    bomb = bomb_epub(tmp_path / "bomb.epub", 128 * MIB)
+    t0 = time.perf_counter()
+    ws.check_upload(bomb)  # a zip with an OPF: what the request can see without inflating anything
+    assert time.perf_counter() - t0 < 1 and children == []
+    job = ws.ingest("b", [bomb])
+    state = ws.jobs.wait(job, timeout=JOB_TIMEOUT)
+    assert state.status == "failed" and "bomb.epub" in state.message and "max_zip_ratio" in state.message
+    assert len(children) == 1  # one extraction, in the job
+    assert [(d.id, d.n_tokens, d.status) for d in ws.documents("b")] == before
+    with ws.store.open("b") as bank:
+        assert bank.verify().ok
+    ingested(ws, book, "c")  # the job worker goes on with the next job
+
+
+def test_a_document_is_extracted_once(ws, tmp_path, children):
+    book = write_epub(tmp_path / "book.epub", [chapter("<p>It was the best of times.</p>"),
+                                              chapter("<p>It was the worst of times.</p>")])
+    ingested(ws, book)
+    assert len(children) == 1 and "child_main" in children[0][2]
+    assert ws.documents("b")[0].meta["chapters"] == 2
+
+
+def test_a_job_in_extraction_is_cancelled_at_once(ws, tmp_path):
+    slow = slow_pdf(tmp_path / "slow.pdf")  # ~30 s of pypdf work
+    job = ws.ingest("b", [slow], create=True)
+    deadline = time.monotonic() + 60
+    while not extraction_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [child] = extraction_children()
+    t0 = time.perf_counter()
+    ws.jobs.cancel(job)
+    state = ws.jobs.wait(job, timeout=JOB_TIMEOUT)
+    assert state.status == "cancelled" and time.perf_counter() - t0 < 3
+    assert not child.is_running() or child.status() == "zombie"
+    assert ws.documents("b") == [] and not ws.jobs.busy("b")
