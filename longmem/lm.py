@@ -52,6 +52,8 @@ class Step:
     k: torch.Tensor | None  # (B, Hkv, T, d) pre-RoPE keys of the cached layer (None for models without memory)
     v: torch.Tensor | None
     chunk_ids: list = field(default_factory=list)  # what the memory layer retrieved: [(B, Hq, T, n_chunks)]
+    reference: torch.Tensor | None = None  # (B, T, E) the frozen backbone's own last state, where the model has one
+    #                                        beside its output (LongMem: what it would predict without its SideNet)
 
 
 @dataclass

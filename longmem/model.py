@@ -140,7 +140,7 @@ class LongMemModel(SegmentLM):
         if window is not None:
             window.past = out.past_key_values
             window.append(ids, k, v)
-        return Step(hidden=h, k=k, v=v, chunk_ids=trace)
+        return Step(hidden=h, k=k, v=v, chunk_ids=trace, reference=out.hidden[self.backbone.spec.n_layers])
 
     def _make_compact(self, rank: int) -> None:
         """Freeze the copied weights except the memory layer's; the other side layers learn low-rank updates."""

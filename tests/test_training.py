@@ -108,7 +108,7 @@ def test_answer_tokens_weigh_more_in_the_objective(tmp_path):
     answers[0, 5:8] = answers[1, 12] = True
     objectives = {}
     for w in (1.0, 10.0):
-        objectives[w], nll = SegmentLoss(m, answer_weight=w)(ids, m.new_memory(batch_size=2), answers)
+        objectives[w], nll, _ = SegmentLoss(m, answer_weight=w)(ids, m.new_memory(batch_size=2), answers)
     assert nll.shape == (2, 15) and not nll.requires_grad
     assert objectives[1.0].item() == pytest.approx(nll.mean().item(), rel=1e-5)
     # targets are the next tokens: the answer mark of token t+1 weighs the prediction made at t
@@ -438,3 +438,25 @@ def test_memtrm_trains_through_the_same_loop_resumes_and_round_trips(tmp_path):
         MemTRM.load(ckpt, tiny_llama(seed=1))
     with pytest.raises(ValueError, match="model must be"):
         Trainer(config(tmp_path / "c", model="gpt"), docs, model=memtrm())
+
+
+def test_the_kl_term_keeps_the_sidenet_near_the_backbone(tmp_path):
+    """kl_weight adds KL(backbone || model) on every token but recall answers: 0 at init (closed ReZero branches
+    reproduce the backbone), and training with it ends nearer the backbone than training without it."""
+    from training.train import token_losses, token_nll
+
+    m = model("compact")
+    ids = torch.as_tensor(documents()[1].ids[:32], dtype=torch.long).view(2, 16)
+    out = m.step(ids, m.new_memory(batch_size=2))
+    nll, kl = token_losses(m, out.hidden, ids, out.reference)
+    assert torch.allclose(kl, torch.zeros_like(kl), atol=1e-6) and torch.equal(nll, token_nll(m, out.hidden, ids))
+    drift = {}
+    for w in (0.0, 50.0):
+        trained = model("compact")
+        hist = Trainer(config(tmp_path / str(w), steps=12, lr=2e-2, train_scope="compact", kl_weight=w,
+                              scale_lr=20.0), documents(), model=trained).fit(progress=False)
+        assert ("kl" in hist[-1]) == (w > 0)
+        with torch.no_grad():
+            out = trained.step(ids, trained.new_memory(batch_size=2))
+            drift[w] = token_losses(trained, out.hidden, ids, out.reference)[1].mean().item()
+    assert drift[0.0] > 0.01 and drift[50.0] < 0.5 * drift[0.0], drift

@@ -43,8 +43,11 @@ HELP = {
     "grad_clip": "gradient norm clipping (paper: 2.0)",
     "answer_weight": "loss weight of the recall documents' answer tokens, the only tokens that need memory "
                      "(1 = the plain LM loss)",
+    "kl_weight": "weight of KL(backbone || model) on the tokens that are not recall answers: keeps the SideNet's "
+                 "predictions (and answering) close to the backbone's where memory is not what is taught (0 = off)",
     "scale_lr": "LR multiplier, without weight decay, for the ReZero branch scales and the memory gate (1 = none)",
-    "amp": "autocast: auto (bf16 on GPU or CPUs with native bf16), bfloat16, float16, none",
+    "amp": "autocast: auto (what --dtype auto would pick: bf16 on GPUs and CPUs with native bf16), bfloat16, "
+           "float16, none",
     "seed": "data order seed",
     "save_every": "steps between checkpoints (one is also written at the end and on Ctrl-C/SIGTERM)",
     "eval_every": "steps between held-out evaluations (0 = never)",

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -68,6 +67,8 @@ class TrainConfig:
     warmup_steps: int = 0  # linear warm-up (the paper: none)
     weight_decay: float = 0.01
     answer_weight: float = 1.0  # loss weight of recall-answer tokens (the only tokens that need memory; 1 = plain LM)
+    kl_weight: float = 0.0  # weight of KL(backbone || model) on every other token: keeps the SideNet from drifting off
+    #                         the backbone's predictions (its answering) where memory is not what is taught (0 = off)
     scale_lr: float = 1.0  # LR multiplier (and no weight decay) for the ReZero scales and the memory gate: scalars
     #                        that start at 0 and must travel O(1) before memory can matter; 1 = one plain group
     grad_clip: float = 2.0
@@ -94,31 +95,53 @@ def token_nll(model: SegmentLM, hidden: torch.Tensor, targets: torch.Tensor) -> 
     backward would keep more than ``LOSS_KEEP_BYTES`` of log-probabilities (B * T * 49k floats), each chunk runs under
     activation checkpointing and its logits are recomputed in backward instead (at 2 x 1k tokens, 0.4 GB are kept:
     the recomputation cost ~9% of a MemTRM step on CPU)."""
-    def chunk_nll(h, t):
-        logits = model.backbone.logits(h).float()  # (B, t, V)
-        return F.cross_entropy(logits.flatten(0, 1), t.flatten(), reduction="none").view(t.shape)
+    return token_losses(model, hidden, targets)[0]
+
+
+def token_losses(model: SegmentLM, hidden: torch.Tensor, targets: torch.Tensor,
+                 reference: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``token_nll``, and with ``reference`` (B, T, E) (the frozen backbone's own states, no gradient) also
+    KL(backbone || model) (B, T) of the next-token distributions, computed in the same chunks."""
+    def chunk(h, t, r):
+        logp = torch.log_softmax(model.backbone.logits(h).float(), dim=-1)  # (B, t, V)
+        nll = -logp.gather(-1, t[..., None])[..., 0]
+        if r is None:
+            return nll, None
+        with torch.no_grad():
+            ref = torch.log_softmax(model.backbone.logits(r).float(), dim=-1)
+        return nll, (ref.exp() * (ref - logp)).sum(-1)
 
     B, T, _ = hidden.shape
     recompute = torch.is_grad_enabled() and B * T * model.backbone.spec.vocab_size * 4 > LOSS_KEEP_BYTES
-    run = (lambda h, t: checkpoint(chunk_nll, h, t, use_reentrant=False)) if recompute else chunk_nll
-    return torch.cat([run(hidden[:, s:s + LOSS_CHUNK], targets[:, s:s + LOSS_CHUNK])
-                      for s in range(0, T, LOSS_CHUNK)], dim=1)
+    run = (lambda *a: checkpoint(chunk, *a, use_reentrant=False)) if recompute else chunk
+    parts = [run(hidden[:, s:s + LOSS_CHUNK], targets[:, s:s + LOSS_CHUNK],
+                 None if reference is None else reference[:, s:s + LOSS_CHUNK]) for s in range(0, T, LOSS_CHUNK)]
+    nll = torch.cat([p[0] for p in parts], dim=1)
+    return nll, None if reference is None else torch.cat([p[1] for p in parts], dim=1)
 
 
 class SegmentLoss(nn.Module):
     """One training step's forward as a module (what DistributedDataParallel wraps): read memory, predict the
     segment, append its keys/values to memory. Returns the objective (mean next-token NLL, recall-answer tokens
-    weighted by ``answer_weight``) and the per-token NLL (B, T-1), detached, for the metrics."""
+    weighted by ``answer_weight``, plus ``kl_weight`` times the mean KL(backbone || model) over the other tokens),
+    the per-token NLL (B, T-1) and the per-token KL (or None), detached, for the metrics."""
 
-    def __init__(self, model: SegmentLM, answer_weight: float = 1.0):
+    def __init__(self, model: SegmentLM, answer_weight: float = 1.0, kl_weight: float = 0.0):
         super().__init__()
-        self.model, self.answer_weight = model, answer_weight
+        self.model, self.answer_weight, self.kl_weight = model, answer_weight, kl_weight
 
-    def forward(self, ids: torch.Tensor, memory, answers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids: torch.Tensor, memory, answers: torch.Tensor):
         out = self.model._step_then_remember(ids, memory)
-        nll = token_nll(self.model, out.hidden[:, :-1], ids[:, 1:])  # (B, T-1)
+        reference = out.reference[:, :-1] if self.kl_weight and out.reference is not None else None
+        if self.kl_weight and reference is None:
+            raise ValueError(f"{type(self.model).__name__} has no backbone reference to keep close to (kl_weight)")
+        nll, kl = token_losses(self.model, out.hidden[:, :-1], ids[:, 1:], reference)  # (B, T-1) each
         weight = 1.0 + (self.answer_weight - 1.0) * answers[:, 1:].to(nll.dtype)  # (B, T-1)
-        return (nll * weight).sum() / nll.numel(), nll.detach()
+        objective = (nll * weight).sum() / nll.numel()
+        if kl is not None:
+            other = ~answers[:, 1:]
+            objective = objective + self.kl_weight * (kl * other).sum() / other.sum().clamp(min=1)
+        return objective, nll.detach(), None if kl is None else kl.detach()
 
 
 def number_tokens(tokenizer) -> torch.Tensor:
@@ -283,7 +306,7 @@ class Trainer:
             _load_optimizer(self.opt, load_file(str(ckpt / "optimizer.safetensors")), state["optimizer"])
         elif self.step:  # e.g. a checkpoint committed without its optimizer state: Adam's moments start afresh
             log("no optimizer.safetensors in the checkpoint: resuming with fresh optimizer state (not bit-exact)")
-        self.loss_module: nn.Module = SegmentLoss(self.model, cfg.answer_weight)
+        self.loss_module: nn.Module = SegmentLoss(self.model, cfg.answer_weight, cfg.kl_weight)
         if self.world > 1:
             on_gpu = self.device.startswith("cuda")
             self.loss_module = nn.parallel.DistributedDataParallel(
@@ -349,7 +372,7 @@ class Trainer:
             g["lr"] = lr * g.get("lr_mult", 1.0)
         batch = self.data.batch(self.step)
         t0 = time.perf_counter()
-        objective, nll = self._memory_step(batch)
+        objective, nll, kl = self._memory_step(batch)
         self.opt.zero_grad(set_to_none=True)
         objective.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
@@ -358,6 +381,8 @@ class Trainer:
         tokens = batch.ids.numel() * self.world
         row = {"step": self.step, "loss": nll.mean().item(), "lr": lr, "grad_norm": float(grad_norm), "tokens": tokens,
                "s": time.perf_counter() - t0, "gate": torch.sigmoid(self.model.gate).mean().item()}
+        if kl is not None:
+            row["kl"] = kl.mean().item()
         answers = batch.answers[:, 1:].to(nll.device)
         if answers.any():  # this process's recall answers: the tokens memory must supply
             row["answer_nll"], row["answer_tokens"] = nll[answers].mean().item(), int(answers.sum())
