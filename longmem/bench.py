@@ -83,16 +83,19 @@ def cpu_times() -> tuple[int, int]:
     return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def machine_facts(dtype: str, threads: int) -> dict:
     """The machine a measurement ran on, and the dtype ``dtype`` ("auto" or a name) gave its model, and why."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     chosen, why = dtype_choice(dtype)
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "python": platform.python_version(),
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__, "faiss": faiss.__version__,
             "dtype_requested": dtype, "dtype": str(chosen).removeprefix("torch."), "dtype_reason": why,
             "cpu_bf16": ", ".join(cpu_bf16_features()) or "none"}

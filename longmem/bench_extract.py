@@ -160,12 +160,9 @@ def write_pdf(path: Path, text: str) -> int | None:
 
 
 def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from .bench import cpu_name
+
+    cpu = cpu_name()
     import lxml.etree
     import pypdf
 

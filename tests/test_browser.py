@@ -43,6 +43,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 BANK = "lighthouse"
 QUESTION = "Who kept the lighthouse on Gull Point, and what did he do every evening? Tell me about him."
 PASSAGES = "Passages memory retrieved"
+READ = "Read from the book"
 
 OPENING = """\
 The Keeper of Gull Point
@@ -225,6 +226,17 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
             block = open_passages(page)
             block.get_by_text("gull_point").first.wait_for(timeout=10 * MS)  # quotes from the book, by title
             page.screenshot(path=str(shots / "4-answered.png"), full_page=True)
+
+            # what the answer read: its citations, each opening onto the passage marked in its surrounding text
+            read = page.locator("#chatbot .thought-group", has_text=READ)
+            read.locator(".title").click()
+            first = read.locator("details summary").first
+            first.wait_for(timeout=10 * MS)
+            assert first.inner_text().startswith("[1] gull_point"), first.inner_text()
+            first.click()
+            read.locator("details[open] blockquote mark").first.wait_for(timeout=10 * MS)
+            read.evaluate("el => el.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(shots / "5-citations.png"), full_page=True)
         finally:
             browser.close()
         assert proc.poll() is None, "the app exited during the test"

@@ -248,3 +248,22 @@ def test_select_pads_shorter_rows_and_an_empty_bank_selects_nothing():
     assert (s.chunk_ids[1, ..., 2:] == -1).all()
     empty = _bank().select(torch.randn(1, 2, 3, 8), n_chunks=2)
     assert empty.keys.shape == (1, 2, 0, 8) and not empty.mask.any()
+
+
+def test_truncate_forgets_what_came_after_and_searches_as_before():
+    g = torch.Generator().manual_seed(3)
+    first, later = (torch.randn(1, 2, n, 8, generator=g) for n in (24, 14))
+    bank, fresh = _bank(), _bank()
+    for b in (bank, fresh):
+        b.add(first, first)
+    bank.add(later, later)  # 3 more whole chunks and 2 pending tokens
+    assert len(bank) == 36
+    bank.truncate(24)
+    q = torch.randn(1, 4, 5, 8, generator=g)
+    a, b = bank.search(q, 3), fresh.search(q, 3)
+    assert len(bank) == 24 and torch.equal(a.chunk_ids, b.chunk_ids) and torch.equal(a.keys, b.keys)
+    assert bank.rows[0].pend_t.numel() == 0 and all(ix.ntotal == 6 for ix in bank.rows[0].indexes)
+    bank.truncate(40)  # holds no more: nothing changes
+    assert len(bank) == 24
+    with pytest.raises(ValueError, match="whole number"):
+        bank.truncate(5)

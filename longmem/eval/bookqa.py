@@ -48,7 +48,7 @@ from ..reading import Found, PassageFinder, Reading, find_for_chat, fit, reading
 from ..store import Store
 from ..tasks import Chat
 from .core import EvalContext, SuiteResult, Timer, figure, legend_below, mean_std, table
-from .distance import filler
+from .distance import borrowed_note, distance_label, filler
 from .squad import QA, answer_from_generation, exact_match, f1, read_squad
 
 FINDER_ENTRANTS = {"longmem_memory": "memory", "longmem_lexical": "lexical", "longmem_fused": "fused"}
@@ -242,18 +242,14 @@ def _summary(rows: list[dict]) -> dict:
             / max(1, len(em)) ** 0.5, "items": rows}
 
 
-def _k(d: int) -> str:
-    return f"{d // 1048576}M" if d % 1048576 == 0 else f"{d // 1024}k" if d % 1024 == 0 else f"{d:,}"
-
-
 def _result(ctx, size, qas, results, gold_read, borrowed, timer) -> SuiteResult:
     ds = [str(d) for d in size.distances]
-    header = ["model"] + [f"{_k(int(d))} EM / F1" for d in ds] + ["average EM"]
+    header = ["model"] + [f"{distance_label(int(d))} EM / F1" for d in ds] + ["average EM"]
     rows = []
     for k, label in LABELS.items():
         cells = [f"{results[k][d]['em']:.1f} / {results[k][d]['f1']:.1f}" for d in ds]
         rows.append([label, *cells, f"{np.mean([results[k][d]['em'] for d in ds]):.1f}"])
-    reads = table(["finder"] + [_k(int(d)) for d in ds],
+    reads = table(["finder"] + [distance_label(int(d)) for d in ds],
                   [[f] + [f"{100 * gold_read[f][d]:.0f}%" for d in ds] for f in gold_read])
     avg = {k: float(np.mean([results[k][d]["em"] for d in ds])) for k in LABELS}
     oracle = avg["oracle"]
@@ -266,8 +262,7 @@ def _result(ctx, size, qas, results, gold_read, borrowed, timer) -> SuiteResult:
              f"Against the RAG baselines on the average EM: LongMem fused {avg['longmem_fused']:.1f}, BM25-RAG "
              f"{avg['rag_bm25']:.1f}, embedding RAG {avg['rag_embed']:.1f}."]
     if borrowed:
-        notes.append(f"The held-out books end before the longest distance: the last {borrowed:,} filler tokens come "
-                     "from books of the training split.")
+        notes.append(borrowed_note(borrowed))
     plot = _plot(ctx, size.distances, results)
     return SuiteResult("bookqa", "Questions about a long text (beyond the paper): a SQuAD paragraph D tokens before "
                        "its question", [table(header, rows), reads],
@@ -283,7 +278,7 @@ def _plot(ctx: EvalContext, distances: list[int], results: dict) -> str:
         ax.plot(distances, [results[k][str(d)]["em"] for d in distances], marker="o", label=label,
                 ls="--" if k.startswith(("oracle", "rag", "backbone")) else "-")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(distances, [_k(d) for d in distances])
+    ax.set_xticks(distances, [distance_label(d) for d in distances])
     ax.set_xlabel("tokens between the paragraph and the question")
     ax.set_ylabel("exact match %")
     legend_below(ax, ncol=2)

@@ -65,18 +65,17 @@ def run(ctx: EvalContext) -> SuiteResult:
             results[e.key][str(d)] = rec
             ctx.log(f"recall at {d:,} tokens, {e.key}: {sum(rec['recalled'])}/{len(items)} "
                     f"(answer NLL {rec['answer_nll']:.2f}/token, {t.seconds:.0f} s)")
-    header = ["model"] + [f"{_k(d)}" for d in size.distances]
+    header = ["model"] + [f"{distance_label(d)}" for d in size.distances]
     rows = [[e.label] + [_cell(results[e.key][str(d)]) for d in size.distances] for e in ctx.entrants]
     lm = results["longmem"]
     worst = min(lm[str(d)]["accuracy"] for d in size.distances)
-    by_distance = {k: {_k(d): r[str(d)] for d in size.distances} for k, r in results.items()}
+    by_distance = {k: {distance_label(d): r[str(d)] for d in size.distances} for k, r in results.items()}
     notes = [versus(by_distance, lambda r: r["accuracy"], False),
              f"LongMem's lowest accuracy over these distances: {100 * worst:.0f}% (target: >= 80% at every "
              "distance); cells give accuracy, then numbers and names recalled.",
              f"{size.items} items per distance; the fact lies D to D + {L:,} tokens before the question."]
     if borrowed:
-        notes.append(f"The held-out books end before the longest distance: the last {borrowed:,} filler tokens "
-                     "come from books of the training split.")
+        notes.append(borrowed_note(borrowed))
     plot = _plot(ctx, size.distances, results)
     return SuiteResult("recall", "Long-range recall by distance (beyond the paper): exact recall of a fact stated D "
                        "tokens before the question", [table(header, rows)],
@@ -84,8 +83,14 @@ def run(ctx: EvalContext) -> SuiteResult:
                         "borrowed_train_tokens": borrowed}, asdict(size), [plot], notes, timer.seconds)
 
 
-def _k(d: int) -> str:
+def distance_label(d: int) -> str:
+    """4096 -> "4k", 1048576 -> "1M"."""
     return f"{d // 1048576}M" if d % 1048576 == 0 else f"{d // 1024}k" if d % 1024 == 0 else f"{d:,}"
+
+
+def borrowed_note(tokens: int) -> str:
+    return (f"The held-out books end before the longest distance: the last {tokens:,} filler tokens come from books "
+            "of the training split.")
 
 
 def _cell(rec: dict) -> str:
@@ -100,7 +105,7 @@ def _plot(ctx: EvalContext, distances: list[int], results: dict) -> str:
     for e in ctx.entrants:
         ax.plot(distances, [100 * results[e.key][str(d)]["accuracy"] for d in distances], marker="o", label=e.label)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(distances, [_k(d) for d in distances])
+    ax.set_xticks(distances, [distance_label(d) for d in distances])
     ax.set_xlabel("tokens between the fact and the question")
     ax.set_ylabel("recalled %")
     ax.set_ylim(-5, 105)

@@ -1,0 +1,49 @@
+"""The bookqa suite's item mechanics on a tiny llama and a real bank: an item's paragraph spliced into the filler's
+bank and memory is found, read and cited like any document, and afterwards both are exactly as they were."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from test_passages import story
+from tiny import chat_model
+
+from longmem.eval.bookqa import gold_found, spliced
+from longmem.eval.squad import QA
+from longmem.ingest import ingest
+from longmem.reading import PassageFinder, Reading, reading_prompt
+from longmem.store import Store
+
+QA_ITEM = QA(id="q1", title="Lighthouses", question="Who lit the great lamp at Pharos?", answers=("Sostratus",),
+             passage="The great lamp at Pharos was lit by Sostratus of Cnidus. Sailors saw its fire from far out "
+                     "at sea, and the harbour of Alexandria grew rich on the ships it guided home.")
+
+
+def test_a_spliced_paragraph_is_found_and_leaves_no_trace(tmp_path):
+    model = chat_model(segment_len=256)
+    book = tmp_path / "filler.txt"
+    book.write_text(story(zeppelin=False))
+    with Store(tmp_path / "banks").create("filler", model) as bank:
+        ingest(bank, model, book)
+        memory = bank.load_memory(model)
+        before = {t: bank.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("segments", "passages",
+                                                                                         "documents")}
+        q = torch.randn(1, model.backbone.spec.n_heads, 6, model.backbone.spec.head_dim,
+                        generator=torch.Generator().manual_seed(0))
+        searched = memory.search(q, 4)
+        n = len(memory)
+        with spliced(bank, model, memory, QA_ITEM) as (doc_id, places):
+            assert len(memory) > n and bank.document(doc_id).status == "complete"
+            finder = PassageFinder(bank, model, memory, places)
+            found = finder.find(QA_ITEM.question, Reading(finder="lexical", passages=2))
+            assert found[0].passage.document_id == doc_id and "Sostratus" in found[0].passage.text
+            serial = n // model.csz + 3  # a chunk of the paragraph votes for its passage
+            assert {p.id for p in bank.passages(list(places.votes({serial: 1})))} == {found[0].passage.id}
+            prompt = reading_prompt(QA_ITEM.question, [gold_found(QA_ITEM, doc_id)])
+            assert QA_ITEM.passage in prompt and "Lighthouses, 0% in" in prompt
+        after = {t: bank.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in before}
+        assert after == before and len(memory) == n
+        again = memory.search(q, 4)
+        assert torch.equal(again.chunk_ids, searched.chunk_ids) and torch.equal(again.keys, searched.keys)
+        assert bank.search_passages("Sostratus Pharos", 5) == [] and bank.verify().ok
+        assert not np.isin(QA_ITEM.id, [d.source for d in bank.documents()])
