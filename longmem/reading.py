@@ -21,6 +21,7 @@ Cite. What was read is returned with the answer (``Citation``): text, place, and
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -174,12 +175,19 @@ def reading_prompt(question: str, found: list[Found]) -> str:
 
 
 def citations(bank: Bank, found: list[Found], context_chars: int = 600) -> list[Citation]:
-    """What an answer read, numbered as in its prompt, each with up to ``context_chars`` of text on either side."""
+    """What an answer read, numbered as in its prompt, each with up to ``context_chars`` of text on either side
+    (whole words)."""
     out = []
     for i, f in enumerate(found, 1):
         p = f.passage
-        context = bank.document_text_between(p.document_id, max(0, p.char_start - context_chars),
-                                             p.char_end + context_chars)
+        lo = max(0, p.char_start - context_chars)
+        around = bank.document_text_between(p.document_id, lo, p.char_end + context_chars)
+        before, after = around[: p.char_start - lo], around[p.char_end - lo:]
+        if lo > 0:  # whole words only: drop the word the cut fell in, at either end
+            before = before[m.end():] if (m := re.search(r"\s", before)) else ""
+        if len(after) == context_chars:
+            after = after[: m.start()] if (m := re.search(r"\s\S*$", after)) else ""
+        context = before + p.text + after
         out.append(Citation(number=i, document=p.document, place=p.place(), text=p.text, context=context,
                             passage_id=p.id, finders=dict(f.ranks)))
     return out

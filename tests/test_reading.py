@@ -106,6 +106,8 @@ def test_a_chat_answer_reads_and_cites_its_passages(ws, monkeypatch):
     assert 1 <= len(reply.citations) <= 3 and "zeppelin" in reply.citations[0].text
     c = reply.citations[0]
     assert c.number == 1 and c.text in c.context and len(c.context) > len(c.text) and "% in" in c.place
+    words = set(story().split())
+    assert c.context.split()[0] in words and c.context.split()[-1] in words  # whole words at both ends
     read = ws.model.backbone.tokenizer.decode(seen[0][0])
     assert c.text in read and QUESTION in read  # the model read the excerpt before the question
     (turn_q, turn_a) = ws.chat_history("b")
