@@ -47,3 +47,12 @@ def test_a_spliced_paragraph_is_found_and_leaves_no_trace(tmp_path):
         assert torch.equal(again.chunk_ids, searched.chunk_ids) and torch.equal(again.keys, searched.keys)
         assert bank.search_passages("Sostratus Pharos", 5) == [] and bank.verify().ok
         assert not np.isin(QA_ITEM.id, [d.source for d in bank.documents()])
+
+
+def test_an_answer_counts_when_it_contains_a_gold_answer():
+    from longmem.eval.bookqa import contains
+
+    assert contains("The V&A co-owns Canova's The Three Graces.", ["The Three Graces"]) == 1.0
+    assert contains("It was lit by Sostratus of Cnidus.", ["Pharos", "Sostratus"]) == 1.0
+    assert contains("The answer is: Denver", ["Denver Broncos"]) == 0.0
+    assert contains("Teslas friend", ["Tesla"]) == 0.0  # whole words only
