@@ -3,18 +3,14 @@ job whose progress the page polls, so it survives a reload); cancel; per-documen
 
 from __future__ import annotations
 
-import html
-
 import gradio as gr
 
 from longmem.readers import DemoFormat
 from longmem.workspace import Workspace
 
-from .common import duration, file_paths, friendly, mib, parse_label_words
+from .common import BOOK_TYPES, DEMO_TYPES, file_paths, friendly, job_html, mib, parse_label_words
 from .shared import Shared
 
-BOOK_TYPES = [".txt", ".md", ".html", ".htm", ".epub", ".pdf"]
-DEMO_TYPES = [".csv", ".tsv", ".jsonl"]
 BANK_COLUMNS = ["bank", "documents", "tokens", "on disk", "backbone", "stored chunk size", "usable", "status"]
 DOC_COLUMNS = ["id", "title", "kind", "status", "tokens", "segments", "source", "added"]
 
@@ -29,20 +25,7 @@ def jobs_html(ws: Workspace) -> str:
     jobs = ws.jobs.list()[:8]
     if not jobs:
         return "<p id='jobs-empty'>No ingestion yet. Upload files above.</p>"
-    out = ["<div id='jobs'>"]
-    for j in jobs:
-        pct = 100 * (1.0 if j.status == "done" else j.fraction)
-        # the total is known in bytes; in tokens it is estimated from the tokens per byte seen so far
-        total = f"~{j.file_tokens * j.bytes_total / j.bytes_done:,.0f}" if j.bytes_done else "?"
-        detail = html.escape(j.message) if not j.active else (
-            f"{j.file_tokens:,} / {total} tokens · {j.tokens_per_s:,.0f} tok/s · {j.bytes_done / 2**20:,.2f} / "
-            f"{j.bytes_total / 2**20:,.2f} MiB · {duration(j.eta_s)} left")
-        out.append(
-            f"<div class='job' data-status='{j.status}' data-job='{j.id}'><b>{html.escape(j.bank)}</b> · "
-            f"{html.escape(j.step or j.title)} · <span class='job-status'>{j.status}</span><br>"
-            f"<progress max='100' value='{pct:.1f}' style='width:100%'></progress><br><small>{detail}</small></div>")
-    out.append("</div>")
-    return "".join(out)
+    return "<div id='jobs'>" + "".join(job_html(j) for j in jobs) + "</div>"
 
 
 def active_jobs(ws: Workspace) -> list[str]:

@@ -1,6 +1,6 @@
-"""Chat tab (ask about a bank; answers stream; under each answer, the passages it read, each opening onto its
-surrounding text, and the passages memory retrieved most) and Continue tab (continue the bank's text from its end or
-from a given passage)."""
+"""Chat tab (drop a book and watch it load, or pick a bank; ask about it; answers stream; under each answer, the
+passages it read, each opening onto its surrounding text, and the passages memory retrieved most) and Continue tab
+(continue the bank's text from its end or from a given passage)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import gradio as gr
 from longmem.reading import FINDERS, Citation
 from longmem.workspace import PassageHit, Settings, Workspace
 
-from .common import friendly
+from .common import BOOK_TYPES, file_paths, friendly, job_html
 from .shared import Shared
 
 
@@ -84,11 +84,33 @@ def make_settings(temperature, tokens, chunks, csz, reading=Settings.reading, pa
                     csz=int(csz) if csz else None, reading=reading or "none", passages=int(passages))
 
 
+def loading_html(ws: Workspace, name: str | None) -> str:
+    """What the Chat tab says about the picked bank's newest ingestion: its progress while the book loads, then
+    whether it is ready (or why it failed). Empty when no job wrote into the bank since the app started."""
+    job = ws.loading(name) if name else None
+    if job is None:
+        return ""
+    if job.active:
+        return f"<div id='chat-loading' data-status='{job.status}'>Reading the book into memory…{job_html(job)}</div>"
+    if job.status == "done":
+        return (f"<div id='chat-loading' data-status='done'><b>{html.escape(job.bank)}</b> is ready: "
+                f"{job.tokens_done:,} tokens in memory. Ask about it below.</div>")
+    return (f"<div id='chat-loading' data-status='{job.status}'>Loading <b>{html.escape(job.title)}</b> "
+            f"{job.status}: {html.escape(job.message)}</div>")
+
+
 def build_chat(ws: Workspace, shared: Shared) -> None:
+    gr.Markdown("Drop a book to ask about it (it is read into a memory bank of its own, kept on disk), or pick a bank "
+                "made before. Each answer reads the passages it finds in the book and cites them.")
     with gr.Row():
-        bank = gr.Dropdown(label="Bank", choices=[], allow_custom_value=True, elem_id="chat-bank", scale=3)
-        shared.pickers.append(bank)
-        clear = gr.Button("Clear conversation", scale=1)
+        book = gr.File(label="Drop a book here (.txt .md .html .epub .pdf)", file_types=BOOK_TYPES,
+                       file_count="single", height=120, elem_id="chat-book", scale=2)
+        with gr.Column(scale=3):
+            with gr.Row():
+                bank = gr.Dropdown(label="Bank", choices=[], allow_custom_value=True, elem_id="chat-bank", scale=3)
+                shared.pickers.append(bank)
+                clear = gr.Button("Clear conversation", scale=1)
+            loading = gr.HTML(elem_id="chat-loading-panel")
     chatbot = gr.Chatbot(label="Conversation", height=460, elem_id="chatbot")
     with gr.Row():
         question = gr.Textbox(placeholder="Ask about the book…", show_label=False, scale=5, elem_id="question")
@@ -101,9 +123,20 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         return history_messages(ws.chat_history(name)) if name else []
 
     @friendly
+    def drop_book(upload):
+        paths = file_paths(upload)
+        if not paths:
+            raise ValueError("drop a book file to read")
+        name, _ = ws.add_book(paths[0], title=paths[0].rsplit("/", 1)[-1])
+        return gr.update(choices=[b.name for b in ws.banks()], value=name), loading_html(ws, name), shared.bump()
+
+    @friendly
     def ask(name, q, history, *s):
         if not name:
-            raise ValueError("pick a bank first (make one in the Memory banks tab)")
+            raise ValueError("drop a book above, or pick a bank, first")
+        job = ws.loading(name)
+        if job is not None and job.active:
+            raise ValueError(f"{name} is still loading ({100 * job.fraction:.0f}% read); ask when it is ready")
         reply = ws.chat(name, q, make_settings(*s))
         history = list(history or []) + [{"role": "user", "content": q}, {"role": "assistant", "content": ""}]
         yield history, ""
@@ -125,7 +158,19 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
             ws.clear_chat(name)
         return []
 
+    loading_now = gr.State(False)
+
+    def poll(name, was: bool):
+        """Refresh the loading panel; when the picked bank's job has just ended, the banks changed (busy to ready)."""
+        job = ws.loading(name) if name else None
+        active = job is not None and job.active
+        return loading_html(ws, name), active, (shared.bump() if was and not active else gr.skip())
+
     bank.change(load_history, [bank], [chatbot], api_name="chat_history")
+    bank.change(lambda name: loading_html(ws, name), [bank], [loading], queue=False, api_visibility="private")
+    book.upload(drop_book, [book], [bank, loading, shared.version], api_name="add_book")
+    gr.Timer(1.0).tick(poll, [bank, loading_now], [loading, loading_now, shared.version], show_progress="hidden",
+                       queue=False, api_name="loading")
     asking = [event(ask, [bank, question, chatbot, *settings], [chatbot, question], concurrency_id="model",
                     concurrency_limit=1, api_name=api or None, api_visibility="public" if api else "private")
               for event, api in ((send.click, "chat"), (question.submit, False))]

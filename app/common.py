@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import html
 import inspect
 import logging
 
@@ -10,11 +11,15 @@ import gradio as gr
 
 from longmem.backbone import BackboneError
 from longmem.bank import BankError
+from longmem.jobs import JobState
 from longmem.model import CheckpointError
+from longmem.readers import BOOK_SUFFIXES, DEMO_EXTS
 from longmem.text import InputError
 
 log = logging.getLogger("longmem.app")
 
+BOOK_TYPES = list(BOOK_SUFFIXES)  # what an upload box takes as a book
+DEMO_TYPES = list(DEMO_EXTS)  # ... as labelled examples
 EXPECTED = (InputError, BankError, BackboneError, CheckpointError, ValueError, KeyError, FileNotFoundError)
 
 
@@ -80,3 +85,17 @@ def parse_label_words(text: str | None) -> dict[str, str] | None:
             raise ValueError(f"label words are VALUE=WORD pairs like 0=negative,1=positive; got {item!r}")
         out[key.strip()] = value.strip()
     return out
+
+
+def job_html(j: JobState) -> str:
+    """One job as the page shows it: bank, step, status, a progress bar, and tokens, speed, bytes and time left while
+    it runs (its outcome or error once it ended). ``data-status`` and ``data-job`` are for tests and scripts."""
+    pct = 100 * (1.0 if j.status == "done" else j.fraction)
+    # the total is known in bytes; in tokens it is estimated from the tokens per byte seen so far
+    total = f"~{j.file_tokens * j.bytes_total / j.bytes_done:,.0f}" if j.bytes_done else "?"
+    detail = html.escape(j.message) if not j.active else (
+        f"{j.file_tokens:,} / {total} tokens · {j.tokens_per_s:,.0f} tok/s · {j.bytes_done / 2**20:,.2f} / "
+        f"{j.bytes_total / 2**20:,.2f} MiB · {duration(j.eta_s)} left")
+    return (f"<div class='job' data-status='{j.status}' data-job='{j.id}'><b>{html.escape(j.bank)}</b> · "
+            f"{html.escape(j.step or j.title)} · <span class='job-status'>{j.status}</span><br>"
+            f"<progress max='100' value='{pct:.1f}' style='width:100%'></progress><br><small>{detail}</small></div>")

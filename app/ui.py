@@ -1,4 +1,4 @@
-"""The page: five tabs over one shared ``Workspace``."""
+"""The page: five tabs over one shared ``Workspace``, Chat first."""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ def build_app(ws: Workspace) -> gr.Blocks:
         gr.Markdown("# LongMem\nA language model with a long-term memory: put books or thousands of examples into a "
                     "memory bank, then chat about them, continue them, or classify with them.")
         shared = Shared(version=gr.Number(value=0, visible=False))
-        with gr.Tab("Memory banks", id="banks"):
-            banks_tab.build(ws, shared)
+        # a new user's path first (drop a book, ask); bank management stays one tab away
         with gr.Tab("Chat", id="chat"):
             chat_tab.build_chat(ws, shared)
         with gr.Tab("Continue", id="continue"):
             chat_tab.build_continue(ws, shared)
         with gr.Tab("Classify", id="classify"):
             classify_tab.build(ws, shared)
+        with gr.Tab("Memory banks", id="banks"):
+            banks_tab.build(ws, shared)
         with gr.Tab("Model", id="model"):
             model_tab.build(ws, shared)
 

@@ -39,7 +39,8 @@ MAX_EXTRACT_BYTES = 256 * 1024 * 1024
 TEXT_EXTS = (".txt", ".text", ".md", ".markdown", ".rst")
 HTML_EXTS = (".html", ".htm", ".xhtml")
 DEMO_EXTS = (".csv", ".tsv", ".jsonl")
-SUPPORTED = TEXT_EXTS + HTML_EXTS + (".epub", ".pdf") + DEMO_EXTS
+BOOK_SUFFIXES = TEXT_EXTS + HTML_EXTS + (".epub", ".pdf")  # documents read as running text
+SUPPORTED = BOOK_SUFFIXES + DEMO_EXTS
 
 BOM = codecs.BOM_UTF8
 SNIFF_BYTES = 8192  # how much of a file is looked at to tell text from binary

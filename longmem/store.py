@@ -81,6 +81,20 @@ class Store:
     def exists(self, name: str) -> bool:
         return (self.path(name) / DB_NAME).is_file()
 
+    def free_name(self, title: str) -> str:
+        """A valid bank name made from ``title`` (e.g. a file's name without its extension) that no bank has yet:
+        lower case, other characters as ``-``, then ``-2``, ``-3``... if taken ("The Great Gatsby" ->
+        "the-great-gatsby"; "book" when nothing usable is left). Taking it is the caller's (``create`` raises
+        ``BankExists`` if another process took it meanwhile)."""
+        base = re.sub(r"\.{2,}", ".", re.sub(r"[^a-z0-9._]+", "-", title.lower()))
+        base = base.strip("-._")[:56].rstrip("-._")
+        base = base or "book"
+        for n in range(1, 10_000):
+            name = base if n == 1 else f"{base}-{n}"
+            if not self.path(name).exists():
+                return name
+        raise BankError(f"no free bank name left for {title!r}")
+
     def create(self, name: str, model, kv_dtype: str = "bfloat16") -> "Bank":
         """A new, empty bank for ``model`` (a ``SegmentLM`` with memory): its backbone, layer m, csz, segment length."""
         path = self.path(name)

@@ -33,15 +33,15 @@ from typing import Callable, Iterator
 
 import torch
 
-from .bank import Bank, BankBusy, BankError
+from .bank import Bank, BankBusy, BankError, BankExists
 from .classifier_desk import ClassifierDesk
 from .ingest import ingest as ingest_file
-from .jobs import JobContext, JobManager
+from .jobs import JobContext, JobManager, JobState
 from .lm import Sampling
 from .memory import MemoryBank, MemoryView
 from .limits import ExtractLimits
 from .reading import Citation, Found, PassageFinder, Reading, citations, find_for_chat, reading_prompt
-from .readers import SUPPORTED, DemoFormat, check_source
+from .readers import BOOK_SUFFIXES, SUPPORTED, DemoFormat, check_source
 from .store import Store
 from .tasks import Chat
 from .text import InputError, stream_text
@@ -319,6 +319,32 @@ class Workspace:
         paths = [Path(p) for p in paths]
         names = titles or [p.name for p in paths]
         return self.jobs.submit("ingest", name, ", ".join(names), self.ingest_work(name, paths, names, demos))
+
+    def add_book(self, path: str | os.PathLike, title: str | None = None) -> tuple[str, str]:
+        """A new user's one step: a new bank named after the book (``Store.free_name`` of its title, the file's name
+        by default) and the job that reads the book into it. Returns ``(bank name, job id)``. The file is checked
+        before the bank is made, so a refused file leaves no bank behind; a demonstration file is refused (it needs
+        its columns and template: ``ingest``)."""
+        title = title or Path(path).name
+        if Path(title).suffix.lower() not in BOOK_SUFFIXES:
+            raise InputError(f"{title}: a book is one of {', '.join(BOOK_SUFFIXES)}; labelled examples "
+                             "(.csv, .tsv, .jsonl) build a classifier instead")
+        self.check_upload(path)
+        for _ in range(100):  # another process may take the free name first
+            name = self.store.free_name(Path(title).stem)
+            try:
+                self.create_bank(name)
+                break
+            except BankExists:
+                continue
+        else:
+            raise BankError(f"could not make a bank for {title!r}")
+        return name, self.ingest(name, [path], titles=[title])
+
+    def loading(self, name: str) -> JobState | None:
+        """The newest job that wrote (or writes) into bank ``name``, if the job manager still remembers one."""
+        jobs = self.jobs.list(name)
+        return jobs[0] if jobs else None
 
     def ingest_work(self, name: str, paths: list[Path], titles: list[str], demos: DemoFormat | None,
                      then: Callable[[Bank], str] | None = None) -> Callable[[JobContext], str]:

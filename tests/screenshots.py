@@ -143,6 +143,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             page.goto(url, wait_until="domcontentloaded")
 
             # -- Memory banks: the book into bank gatsby ---------------------------------------------------------
+            page.get_by_role("tab", name="Memory banks").click()
             page.locator("#jobs-panel #jobs-empty").wait_for()
             type_new_value(page, "upload-bank", args.bank)
             upload_file(page, "upload-files", book)

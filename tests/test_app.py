@@ -115,6 +115,29 @@ def test_chat_streams_and_shows_what_it_read_and_the_passages(server, book_bank)
     assert ws.chat_history(book_bank) == []
 
 
+def test_a_dropped_book_loads_in_the_chat_tab_and_answers(server):
+    ws, client, root = server
+    book = root / "Gull Point.txt"
+    book.write_text(BOOK)
+    picker, panel, _ = client.predict(handle_file(str(book)), api_name="/add_book")
+    bank = picker["value"]  # the Chat tab's bank picker now shows it
+    assert bank == "gull-point" and bank in ws.store.names()  # a bank of its own, named after the book
+    assert "gull-point" in panel and ("Reading the book" in panel or "is ready" in panel)
+    deadline = time.monotonic() + 120
+    while "is ready" not in panel and time.monotonic() < deadline:  # the page polls while the book loads
+        panel, _ = client.predict(bank, api_name="/loading")
+        time.sleep(0.2)
+    assert f"{len(BOOK):,} tokens in memory" in panel
+    chat = client.predict(bank, "How many gulls did the keeper count?", [], 0.0, 8, 8, 2, "lexical", 2,
+                          api_name="/chat")[0]
+    read = [m for m in chat if (m.get("metadata") or {}).get("title", "").startswith("Read from the book: ")]
+    assert read and "Gull Point" in text_of(read[0])
+    csv = root / "reviews.csv"
+    csv.write_text("text,label\nfine,1\n")
+    with pytest.raises(AppError, match="file type"):  # the drop box takes books only
+        client.predict(handle_file(str(csv)), api_name="/add_book")
+
+
 def test_continue_streams_from_the_end(server, book_bank):
     _, client, _ = server
     job = client.submit(book_bank, "", 0.0, 16, 8, 2, api_name="/continue")

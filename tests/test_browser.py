@@ -1,9 +1,10 @@
 """The web app in a real browser: ``python app.py`` on the real embedded backbone, driven by Playwright through
 Debian's Chromium (installed with apt-get when missing; never downloaded by Playwright).
 
-One walk through the page as a person would do it: upload a small book into a new bank from the Memory banks tab,
-watch the ingestion job finish, then ask about it in the Chat tab and watch the answer stream in, with the passages
-memory retrieved in their collapsible block. Full-page screenshots go to ``$LONGMEM_SCREENSHOTS`` (else pytest's
+One walk through the page as a new user would do it: drop a small book on the Chat tab (the first one), watch it
+load into a bank of its own, ask about it and watch the answer stream in, with what it read (each citation opening
+onto its surrounding text) and the passages memory retrieved in their collapsible blocks; then find the bank and its
+finished job in the Memory banks tab. Full-page screenshots go to ``$LONGMEM_SCREENSHOTS`` (else pytest's
 tmp_path). Skipped, with the reason, only when Chromium (or the playwright package) cannot be installed.
 
     python -m pytest -q tests/test_browser.py          # or: pytest -m browser
@@ -26,13 +27,11 @@ from browser import (  # noqa: E402
     VIEWPORT,
     BrowserUnavailable,
     app_errors,
-    choose,
     ensure_chromium,
     ensure_playwright,
     launch_chromium,
     open_passages,
     start_app,
-    type_new_value,
     upload_file,
     wait_idle,
 )
@@ -40,7 +39,7 @@ from browser import (  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
-BANK = "lighthouse"
+BANK = "gull_point"  # the bank a dropped gull_point.txt gets
 QUESTION = "Who kept the lighthouse on Gull Point, and what did he do every evening? Tell me about him."
 PASSAGES = "Passages memory retrieved"
 READ = "Read from the book"
@@ -159,44 +158,32 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
             page.on("pageerror", lambda e: page_errors.append(str(e)))
             page.goto(url, wait_until="domcontentloaded")
 
-            # -- Memory banks: a new bank, a book, Ingest -----------------------------------------------------------
-            page.get_by_role("tab", name="Memory banks").wait_for()
-            page.locator("#upload-bank input[role=combobox]").wait_for()
-            page.locator("#jobs-panel #jobs-empty").wait_for()  # the panel's first render: no job yet
-            type_new_value(page, "upload-bank", BANK)
-            upload_file(page, "upload-files", book)  # and wait until the upload reached the server
+            # -- Chat, the first tab: drop a book, watch it load ------------------------------------------------------
+            page.get_by_role("tab", name="Chat", selected=True).wait_for()
+            page.locator("#chat-bank input[role=combobox]").wait_for()
             t0 = time.perf_counter()
-            page.click("#ingest")
-            job = page.locator("#jobs-panel div.job").first
-            job.wait_for()
-            page.locator("#jobs-panel div.job[data-status=running], #jobs-panel div.job[data-status=done]").first \
-                .wait_for(timeout=300 * MS)
-            seen_running = job.get_attribute("data-status") == "running"
+            upload_file(page, "chat-book", book)  # and wait until the upload reached the server
+            loading = page.locator("#chat-loading-panel #chat-loading")
+            loading.wait_for(timeout=120 * MS)
+            page.wait_for_function(f"() => document.querySelector('#chat-bank input[role=combobox]').value === "
+                                   f"'{BANK}'", timeout=30 * MS)  # the picker shows the new bank
+            seen_running = loading.get_attribute("data-status") == "running"
             if seen_running:  # a few seconds in, so that the bar has moved
                 page.wait_for_function(
-                    "() => { const b = document.querySelector('#jobs-panel div.job progress');"
-                    " const j = document.querySelector('#jobs-panel div.job');"
-                    " return j.dataset.status !== 'running' || (b && b.value > 0); }", timeout=300 * MS)
+                    "() => { const p = document.querySelector('#chat-loading');"
+                    " const b = document.querySelector('#chat-loading progress');"
+                    " return !p || p.dataset.status !== 'running' || (b && b.value > 0); }", timeout=300 * MS)
             page.screenshot(path=str(shots / "1-ingesting.png"), full_page=True)
-            assert page.locator("#jobs-panel div.job progress").count() == 1
-            assert BANK in job.inner_text()
-
             page.wait_for_function(
-                "() => { const j = document.querySelector('#jobs-panel div.job');"
-                " return j && !['queued', 'running'].includes(j.dataset.status); }", timeout=600 * MS)
+                "() => { const p = document.querySelector('#chat-loading');"
+                " return p && !['queued', 'running'].includes(p.dataset.status); }", timeout=600 * MS)
             timings["ingestion"] = time.perf_counter() - t0
-            status = job.get_attribute("data-status")
-            assert status == "done", f"ingestion ended {status}: {job.inner_text()}"
-            assert "ingested" in job.inner_text() and "tokens" in job.inner_text()
-            assert page.locator("#jobs-panel div.job progress").get_attribute("value") == "100.0"
-            # the banks table shows the new bank, ready
-            page.locator("#banks-table", has_text=BANK).wait_for(timeout=30 * MS)
-            page.locator("#banks-table", has_text="ready").wait_for(timeout=30 * MS)
+            text = loading.inner_text()
+            assert loading.get_attribute("data-status") == "done", f"loading ended: {text}"
+            assert "is ready" in text and "tokens in memory" in text, text
             page.screenshot(path=str(shots / "2-ingested.png"), full_page=True)
 
-            # -- Chat: pick the bank, ask, watch the answer stream --------------------------------------------------
-            page.get_by_role("tab", name="Chat").click()
-            choose(page, "chat-bank", BANK)
+            # -- ask, watch the answer stream -----------------------------------------------------------------------
             wait_idle(page, "chatbot")  # the bank's (empty) history has loaded
             page.locator("#question textarea").fill(QUESTION)
             page.evaluate(RECORDER)
@@ -237,6 +224,16 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
             read.locator("details[open] blockquote mark").first.wait_for(timeout=10 * MS)
             read.evaluate("el => el.scrollIntoView({block: 'start'})")
             page.screenshot(path=str(shots / "5-citations.png"), full_page=True)
+
+            # -- bank management, one tab away: the new bank, ready, and its finished job ---------------------------
+            page.get_by_role("tab", name="Memory banks").click()
+            page.locator("#banks-table", has_text=BANK).wait_for(timeout=30 * MS)
+            page.locator("#banks-table", has_text="ready").wait_for(timeout=30 * MS)
+            job = page.locator("#jobs-panel div.job", has_text=BANK).first
+            job.wait_for(timeout=30 * MS)
+            assert job.get_attribute("data-status") == "done" and "ingested" in job.inner_text()
+            assert job.locator("progress").get_attribute("value") == "100.0"
+            page.screenshot(path=str(shots / "6-banks.png"), full_page=True)
         finally:
             browser.close()
         assert proc.poll() is None, "the app exited during the test"
@@ -249,5 +246,5 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
     errors = app_errors(log_path)
     assert not page_errors, f"JavaScript errors in the page: {page_errors}"
     assert not any("Traceback" in line for line in errors), f"errors in {log_path}: {errors}"
-    for name in ("1-ingesting.png", "2-ingested.png", "3-streaming.png", "4-answered.png"):
+    for name in ("1-ingesting.png", "2-ingested.png", "3-streaming.png", "4-answered.png", "6-banks.png"):
         assert (shots / name).stat().st_size > 10_000, name

@@ -112,6 +112,22 @@ def test_bank_names_cannot_escape_the_banks_directory(store, model, name):
     assert not any(store.root.parent.glob("escape*"))
 
 
+@pytest.mark.parametrize("title, name", [
+    ("The Great Gatsby", "the-great-gatsby"), ("Moby-Dick; or, The Whale", "moby-dick-or-the-whale"),
+    ("../../etc/passwd", "etc-passwd"), ("a...b", "a.b"), ("Война и мир", "book"), ("", "book"),
+    ("  .hidden ", "hidden"), ("x" * 200, "x" * 56)])
+def test_a_free_name_is_made_from_a_title(store, title, name):
+    assert store.free_name(title) == name
+    store.path(name)  # valid: it raises for a name that could leave the banks directory
+
+
+def test_a_taken_name_gets_a_number(store, model):
+    store.create("gatsby", model).close()
+    assert store.free_name("Gatsby") == "gatsby-2"
+    store.create("gatsby-2", model).close()
+    assert store.free_name("GATSBY") == "gatsby-3"
+
+
 def test_banks_dir_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("LONGMEM_BANKS_DIR", str(tmp_path / "elsewhere"))
     assert Store().root == tmp_path / "elsewhere"

@@ -120,6 +120,32 @@ def test_chat_streams_stores_turns_and_shows_passages(ws, book):
     assert history[0]["passages"] == [] and history[1]["passages"] == reply.passages  # stored with the answer
 
 
+def test_a_dropped_book_gets_a_bank_of_its_own_loads_and_answers(book, tmp_path):
+    ws = Workspace(chat_model(segment_len=512), Store(tmp_path / "banks"))  # a window with room for passages
+    ingested(ws, book, name="the-lighthouse")  # a bank of that name exists already: the new one gets a number
+    name, job = ws.add_book(book, title="The Lighthouse.txt")
+    assert name == "the-lighthouse-2" and ws.loading(name).id == job
+    state = ws.jobs.wait(job, timeout=JOB_TIMEOUT)
+    assert state.status == "done" and ws.loading(name).status == "done"
+    [doc] = ws.documents(name)
+    assert doc.title == "The Lighthouse" and doc.n_tokens == len(book.read_text())
+    reply = ws.chat(name, "How many gulls did the keeper count?", FAST)
+    list(reply)
+    assert reply.citations and all(c.text in book.read_text() for c in reply.citations)  # it read the book
+    ws.close()
+
+
+def test_a_dropped_file_that_is_refused_leaves_no_bank(ws, tmp_path):
+    binary, demos = tmp_path / "x.txt", tmp_path / "reviews.csv"
+    binary.write_bytes(bytes(range(256)) * 10)
+    demos.write_text("text,label\ngood,1\n")
+    with pytest.raises(InputError, match="binary|not text"):
+        ws.add_book(binary)
+    with pytest.raises(InputError, match="classifier"):
+        ws.add_book(demos)
+    assert ws.banks() == [] and ws.jobs.list() == [] and ws.loading("x") is None
+
+
 def test_chat_history_survives_a_new_workspace_and_moves_old_turns_into_memory(ws, book, tmp_path):
     ingested(ws, book)
     for q in ("first question about the keeper", "second one", "a third, longer question about the gulls"):
