@@ -19,7 +19,7 @@ from longmem.corpus import Document
 from longmem.eval import books, distance, icl
 from longmem.eval.chapterbreak import Item, choose
 from longmem.eval.core import EMPTY_LABELS, Entrant, apply_overrides, lineup, mean_std
-from longmem.eval.cli import parse_overrides
+from longmem.eval.cli import parse_overrides, provenance
 from longmem.eval.scoring import Prefix
 from longmem.model import LongMemModel
 
@@ -205,6 +205,16 @@ def test_lineup_has_the_full_context_row_only_when_longer(llama):
     assert [e.key for e in lineup(lm)] == ["backbone_1k", "backbone_full", "longmem"]
     assert lineup(lm)[1].context == 512  # the tiny llama's native context
     assert [e.key for e in lineup(lm, full_context=64)] == ["backbone_1k", "longmem"]
+
+
+def test_a_record_says_which_dtype_was_asked_for_and_why_it_was_chosen(llama, monkeypatch):
+    monkeypatch.delenv("LONGMEM_DTYPE", raising=False)
+    lm = memory_model(llama)
+    m = provenance(lm, ["squad"], "shipped", None, "auto")["machine"]
+    assert m["dtype_requested"] == "auto" and m["dtype"] == "float32"  # what the model ran in
+    assert "chosen automatically" in m["dtype_reason"]
+    m = provenance(lm, ["squad"], "shipped", None, "float32")["machine"]
+    assert (m["dtype_requested"], m["dtype_reason"]) == ("float32", "float32, as asked")
 
 
 def test_size_overrides_are_typed_and_checked():

@@ -96,8 +96,9 @@ def run_suite(name: str, ctx: EvalContext) -> SuiteResult:
     return result
 
 
-def provenance(model, argv: list[str], sidenet: str, memtrm: str | None) -> dict:
-    """What a suite's result states about the run that made it: command, commit, date, hardware, models."""
+def provenance(model, argv: list[str], sidenet: str, memtrm: str | None, dtype: str = "auto") -> dict:
+    """What a suite's result states about the run that made it: command, commit, date, hardware, models, and the
+    dtype: ``dtype`` as asked (``--dtype``), the one the models ran in, and why."""
     from ..bench import machine_facts
 
     def git(*a: str) -> str:
@@ -106,10 +107,11 @@ def provenance(model, argv: list[str], sidenet: str, memtrm: str | None) -> dict
         except (OSError, subprocess.CalledProcessError):
             return "unknown"
 
-    dtype = str(model.backbone.dtype).removeprefix("torch.")  # what the models ran in
+    machine = machine_facts(dtype, torch.get_num_threads())
+    machine["dtype"] = str(model.backbone.dtype).removeprefix("torch.")  # what the models ran in
     return {"command": "longmem eval " + " ".join(argv), "commit": git("rev-parse", "--short", "HEAD"),
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-            "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine_facts(dtype, torch.get_num_threads()),
+            "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine,
             "platform": platform.platform(), "backbone": model.backbone.name,
             "sidenet": sidenet, "topk": model.config.topk, "csz": model.config.csz, "memtrm": memtrm}
 
@@ -207,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         memtrm = MemTRM.load(args.memtrm, backbone=model.backbone).eval()
     log = lambda m: print(f"[eval {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     data = Path(args.data) if args.data else data_dir_default()
+    made_by = provenance(model, argv, sidenet, args.memtrm, args.dtype)
     ctx = EvalContext(model, lineup(model, args.full_context, memtrm), data, out, quick=args.quick, seed=args.seed,
-                      overrides=overrides, log=log, provenance=provenance(model, argv, sidenet, args.memtrm))
+                      overrides=overrides, log=log, provenance=made_by)
     names = list(SUITES) if args.suite == "all" else [args.suite]
     results = []
     for name in names:
