@@ -268,6 +268,9 @@ def read_pdf(path: Path, sink: TextSink, limits: ExtractLimits) -> tuple[str, di
                 sink.part((page.extract_text() or "").strip())
     except LimitReachedError as e:  # pypdf's own limits, decompressed streams among them
         where = f"page {pages}" if pages else "opening it"
+        if "tokens" in str(e):  # pypdf 7's parsing budget of one content stream, a limit of its own (not ours)
+            raise InputError(f"{path}: {where}: a content stream too long to parse ({e}: a pypdf safety "
+                             "limit)") from e
         raise LimitError(f"{path}: {where}: {e} (a pypdf safety limit; each decompressed stream may hold "
                          f"{limits.describe('max_pdf_stream_bytes')})", "max_pdf_stream_bytes") from e
     except (InputError, MemoryError):

@@ -119,10 +119,13 @@ def bomb_pdf(path: Path, inflated: int) -> Path:
     return path
 
 
-def slow_pdf(path: Path, shows: int = 3_000_000) -> Path:
-    """A small PDF (tens of KB) whose one page draws ``shows`` one-letter strings: pypdf needs ~10 us per string,
-    so extracting its text takes ~30 s at the default."""
-    path.write_bytes(pdf_bytes([b"BT /F1 12 Tf 72 720 Td " + b"(a) Tj " * shows + b"ET"]))
+def slow_pdf(path: Path, shows: int = 3_000_000, per_page: int = 500_000) -> Path:
+    """A small PDF (tens of KB) whose pages draw ``shows`` one-letter strings in all, ``per_page`` on each: pypdf
+    needs ~10 us per string, so extracting its text takes ~30 s at the default. A page stays under pypdf 7's parsing
+    budget of 2 M tokens per content stream (a show is two), so the file is slow, not refused, by default."""
+    pages = [b"BT /F1 12 Tf 72 720 Td " + b"(a) Tj " * min(per_page, shows - i) + b"ET"
+             for i in range(0, shows, per_page)]
+    path.write_bytes(pdf_bytes(pages))
     return path
 
 

@@ -4,6 +4,7 @@ memory caps; cancelling an extraction; the limits as command-line flags."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -203,11 +204,23 @@ def test_time_cap_stops_the_child(tmp_path, temp_dir):
 
 
 def test_memory_cap_stops_the_child(tmp_path, temp_dir):
-    slow = slow_pdf(tmp_path / "slow.pdf")  # pypdf holds its 3 M operations at once: several hundred MiB
+    slow = slow_pdf(tmp_path / "slow.pdf", per_page=3_000_000)  # one page's operations at once: hundreds of MiB
     w = Watch(lambda: open_source(slow, limits=ExtractLimits(max_extract_memory_mb=256)))
     assert isinstance(w.error, LimitError) and w.error.limit == "max_extract_memory_mb", w.error
     assert "past the limit of 256 MiB (max_extract_memory_mb, --max-extract-memory-mb)" in str(w.error)
     assert w.child_mb < 256 and w.parent_mb < 64
+    assert psutil.Process().children() == [] and list(temp_dir.iterdir()) == []
+
+
+def test_a_content_stream_past_pypdf_parsing_budget_is_refused_by_name(tmp_path, temp_dir):
+    from pypdf import Configuration
+
+    if "stream_parsing_work_maximum_count" not in {f.name for f in dataclasses.fields(Configuration)}:
+        pytest.skip("this pypdf has no parsing budget per content stream (it came in pypdf 7)")
+    slow = slow_pdf(tmp_path / "slow.pdf", shows=1_100_000, per_page=1_100_000)  # 2.2 M tokens on one page
+    w = Watch(lambda: open_source(slow))
+    assert type(w.error) is InputError, w.error
+    assert "slow.pdf: page 1: a content stream too long to parse" in str(w.error) and "pypdf" in str(w.error)
     assert psutil.Process().children() == [] and list(temp_dir.iterdir()) == []
 
 
