@@ -184,7 +184,10 @@ def test_ctrl_c_ends_an_extraction_at_once(tmp_path, checkpoint):
            "TMPDIR": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-m", "longmem", "bank", "ingest", "lib", str(slow), "--create",
                              "--checkpoint", checkpoint, "--banks-dir", str(banks)], cwd=root, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a terminal's Ctrl-C, even where the tests run as a background job of a non-interactive
+                            # shell, which starts them (and would start the CLI) with SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not extraction_children(psutil.Process(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.05)

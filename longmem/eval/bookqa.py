@@ -293,8 +293,8 @@ def _plot(ctx: EvalContext, distances: list[int], results: dict) -> str:
     ax.set_xticks(distances, [distance_label(d) for d in distances])
     ax.set_xlabel("tokens between the paragraph and the question")
     ax.set_ylabel("answers containing a gold answer, %")
-    legend_below(ax, ncol=2)
+    legend_below(ax, ncol=2, gap=0.16)
     fig.tight_layout()
     path = Path(ctx.out_dir) / "bookqa.png"
-    fig.savefig(path)
+    fig.savefig(path, bbox_inches="tight")
     return path.name

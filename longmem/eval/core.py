@@ -36,9 +36,10 @@ def data_dir_default() -> Path:
     return Path(os.environ.get("LONGMEM_DATA_DIR", DEFAULT_DATA))
 
 
-def legend_below(ax, ncol: int = 1) -> None:
-    """The legend under the axes (and their tick labels), where it cannot hide the bars of many models."""
-    ax.legend(fontsize=7, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
+def legend_below(ax, ncol: int = 1, gap: float = 0.1) -> None:
+    """The legend under the axes (and their tick labels, and an x-axis label with ``gap`` ~0.16), where it cannot
+    hide the bars or lines of many models; save the figure with ``bbox_inches="tight"`` to keep all of it."""
+    ax.legend(fontsize=7, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, -gap), frameon=False)
 
 
 @dataclass
