@@ -317,8 +317,11 @@ class Workspace:
         with self.store.open(name) as bank:
             bank.check(self.model)
         paths = [Path(p) for p in paths]
-        names = titles or [p.name for p in paths]
-        return self.jobs.submit("ingest", name, ", ".join(names), self.ingest_work(name, paths, names, demos))
+        return self._submit_ingest(name, paths, titles or [p.name for p in paths], demos)
+
+    def _submit_ingest(self, name: str, paths: list[Path], titles: list[str], demos: DemoFormat | None) -> str:
+        """The ingestion job of files already checked, into a bank that exists and fits the model."""
+        return self.jobs.submit("ingest", name, ", ".join(titles), self.ingest_work(name, paths, titles, demos))
 
     def add_book(self, path: str | os.PathLike, title: str | None = None) -> tuple[str, str]:
         """A new user's one step: a new bank named after the book (``Store.free_name`` of its title, the file's name
@@ -339,7 +342,7 @@ class Workspace:
                 continue
         else:
             raise BankError(f"could not make a bank for {title!r}")
-        return name, self.ingest(name, [path], titles=[title])
+        return name, self._submit_ingest(name, [Path(path)], [title], None)  # checked above; the bank is the model's
 
     def loading(self, name: str) -> JobState | None:
         """The newest job that wrote (or writes) into bank ``name``, if the job manager still remembers one."""
