@@ -1,6 +1,7 @@
 """Classify tab: the many-shot classifier builder. Upload labelled examples, map columns, choose a template (the
-paper's presets or your own) and how many demonstrations go in context and in memory; evaluate on a held-out split
-(accuracy, per-label precision/recall, confusion matrix, accuracy vs in-memory demonstrations); classify texts or a
+paper's presets or your own), how many demonstrations the prompt reads (found for each text in the bank, or fixed)
+and how many go into memory; evaluate on a held-out split (accuracy, per-label precision/recall, confusion matrix,
+accuracy vs in-memory demonstrations with 95% intervals); classify texts (showing the demonstrations each read) or a
 whole file. Classifiers are saved in their bank and reopen with it."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from .common import file_paths, friendly, parse_label_words
 from .shared import Shared
 
 CUSTOM = "Custom"
+FINDERS = [("found in the bank for each text (memory + words)", "fused"), ("found by memory", "memory"),
+           ("found by words (BM25)", "lexical"), ("fixed (the paper's)", "none")]
 
 
 def build(ws: Workspace, shared: Shared) -> None:
@@ -41,7 +44,12 @@ def build(ws: Workspace, shared: Shared) -> None:
         words = gr.Textbox(label="Label words (value=word, comma-separated; empty = labels as written)",
                            value=_words(PRESETS["SST-2"].label_words), elem_id="label-words")
     with gr.Row():
-        n_context = gr.Slider(0, 32, value=4, step=1, label="Demonstrations in context")
+        finder = gr.Dropdown(label="Demonstrations in the prompt", choices=FINDERS, value="fused",
+                             elem_id="demo-finder")
+        balance = gr.Checkbox(label="Balance their labels", value=False)
+        calibrate = gr.Checkbox(label="Calibrate (divide by each label's content-free probability)", value=False)
+    with gr.Row():
+        n_context = gr.Slider(0, 32, value=20, step=1, label="Demonstrations in the prompt")
         n_memory = gr.Number(label="Demonstrations in memory", value=2000, precision=0)
         n_test = gr.Number(label="Held-out examples to evaluate on", value=100, precision=0)
         seed = gr.Number(label="Seed", value=0, precision=0)
@@ -68,6 +76,7 @@ def build(ws: Workspace, shared: Shared) -> None:
         text = gr.Textbox(label="Text to classify", scale=4, elem_id="classify-text")
         one = gr.Button("Classify", scale=1, elem_id="classify-one")
     label = gr.Label(label="Prediction", elem_id="prediction")
+    read = gr.Markdown(elem_id="demos-read")
     with gr.Row():
         batch = gr.File(label="File to classify (.csv .tsv .jsonl, or .txt with one text per line)",
                         file_types=[".csv", ".tsv", ".jsonl", ".txt"])
@@ -95,7 +104,7 @@ def build(ws: Workspace, shared: Shared) -> None:
         return PRESETS[p].template, _words(PRESETS[p].label_words)
 
     @friendly
-    def do_build(bank_name, clf, files, has_header, tcol, lcol, tmpl, wordmap, k, m, t, s, size):
+    def do_build(bank_name, clf, files, has_header, tcol, lcol, tmpl, wordmap, k, m, t, s, size, how, bal, cal):
         paths = file_paths(files)
         if not paths:
             raise ValueError("upload a CSV/TSV/JSONL file of labelled examples first")
@@ -104,7 +113,8 @@ def build(ws: Workspace, shared: Shared) -> None:
         columns = None if has_header else peek_columns(paths[0], False)[0]
         fmt = DemoFormat(template=tmpl, label_words=parse_label_words(wordmap), text_column=tcol or "text",
                          label_column=lcol or "label", columns=columns)
-        job = ws.classifiers.build(bank_name.strip(), clf, paths[0], fmt, int(k), int(m), int(t), int(s), int(size))
+        job = ws.classifiers.build(bank_name.strip(), clf, paths[0], fmt, int(k), int(m), int(t), int(s), int(size),
+                                   finder=how, balance=bool(bal), calibrate=bool(cal))
         return f"Building: job {job} (the demonstrations are being written into memory).", shared.bump()
 
     @friendly
@@ -122,8 +132,9 @@ def build(ws: Workspace, shared: Shared) -> None:
         lines = [f"**Accuracy {100 * r.accuracy:.1f}%** on {len(r.predictions)} held-out examples "
                  f"(majority class {100 * out['majority']:.1f}%, macro F1 {r.macro_f1:.3f})."]
         if out["curve"]:
-            lines.append("Accuracy by demonstrations in memory: " + ", ".join(
-                f"{p.n_memory:,} → {100 * p.accuracy:.1f}%" for p in out["curve"]))
+            lines.append("Accuracy by demonstrations in memory (95% interval): " + ", ".join(
+                f"{p.n_memory:,} → {100 * p.accuracy:.1f}% ({100 * p.interval[0]:.0f}-{100 * p.interval[1]:.0f})"
+                for p in out["curve"]))
         table = [[w, round(m.precision, 3), round(m.recall, 3), round(m.f1, 3), m.support]
                  for w, m in r.per_label.items()]
         return "\n\n".join(lines), table, out["confusion_png"], out["curve_png"]
@@ -138,7 +149,11 @@ def build(ws: Workspace, shared: Shared) -> None:
         scores = {k[len("score_"):]: v for k, v in row.items() if k.startswith("score_")}
         top = max(scores.values())
         z = sum(math.exp(v - top) for v in scores.values())
-        return {w: math.exp(v - top) / z for w, v in scores.items()}
+        demos = row["read"].split("\n") if row["read"] else []
+        shown = (f"**Read {len(demos)} demonstrations found in the bank** (closest last):\n\n"
+                 + "\n".join(f"{i}. {_escape(d)}" for i, d in enumerate(demos, 1))) if demos else \
+            "The prompt read the classifier's fixed demonstrations."
+        return {w: math.exp(v - top) / z for w, v in scores.items()}, shown
 
     @friendly
     def do_batch(bank_name, clf, files, col, progress=gr.Progress()):
@@ -160,19 +175,26 @@ def build(ws: Workspace, shared: Shared) -> None:
     header.change(on_upload, [upload, header], [preview, text_col, label_col], api_visibility="private")
     preset.change(on_preset, [preset], [template, words], api_name="preset")
     build_btn.click(do_build, [bank, name, upload, header, text_col, label_col, template, words, n_context, n_memory,
-                               n_test, seed, csz], [status, shared.version], api_name="build_classifier")
+                               n_test, seed, csz, finder, balance, calibrate], [status, shared.version],
+                    api_name="build_classifier")
     bank.change(list_saved, [bank], [saved], api_visibility="private")
     refresh.click(list_saved, [bank], [saved], api_name="classifiers")
     evaluate.click(do_evaluate, [bank, saved, curve], [summary, per_label, confusion, curve_img],
                    concurrency_id="model", concurrency_limit=1, api_name="evaluate")
-    one.click(do_one, [bank, saved, text], [label], concurrency_id="model", concurrency_limit=1, api_name="classify")
-    text.submit(do_one, [bank, saved, text], [label], concurrency_id="model", concurrency_limit=1,
+    one.click(do_one, [bank, saved, text], [label, read], concurrency_id="model", concurrency_limit=1,
+              api_name="classify")
+    text.submit(do_one, [bank, saved, text], [label, read], concurrency_id="model", concurrency_limit=1,
                 api_visibility="private")
     run_batch.click(do_batch, [bank, saved, batch, batch_col], [results], concurrency_id="model", concurrency_limit=1,
                     api_name="classify_file")
     was_running = gr.State(False)
     timer.tick(poll, [was_running, bank], [progress, saved, was_running], show_progress="hidden", queue=False,
                api_visibility="private")
+
+
+def _escape(text: str) -> str:
+    """A demonstration as literal Markdown text (its own asterisks, brackets ... shown, not rendered)."""
+    return "".join("\\" + c if c in "\\`*_{}[]()#+-.!|<>" else c for c in text)
 
 
 def _words(mapping: dict[str, str]) -> str:

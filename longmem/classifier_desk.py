@@ -5,10 +5,15 @@ demonstrations (ingested into a bank by a job) and a held-out set; save the clas
     job = ws.classifiers.build("sst2", "sentiment", "train.tsv", PRESETS["SST-2"].demo_format(), 4, 2000, 200)
     ws.classifiers.evaluate("sst2", "sentiment")          # accuracy, per-label metrics, confusion + curve PNGs
     ws.classifiers.classify("sst2", "sentiment", ["a gorgeous film"])
+
+A classifier reads fixed demonstrations in its prompt, or finds them for each text in its bank (``longmem.demos``):
+``finder``, ``shots``, ``balance`` and ``calibrate`` are saved with it and can be changed for one call
+(``settings``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -17,7 +22,9 @@ from typing import TYPE_CHECKING
 from .bank import Bank
 from .classifiers import (ClassifierSpec, Example, accuracy_vs_memory, classify_rows, format_demo, majority_accuracy,
                           plot_confusion, plot_curve, read_examples, read_texts, split_examples, write_predictions_csv)
+from .classifiers import default_sizes
 from .classifiers import evaluate as evaluate_classifier
+from .demos import Choice, DemoFinder, accuracy_vs_bank
 from .readers import DemoFormat
 from .text import InputError
 
@@ -30,19 +37,23 @@ class ClassifierDesk:
         self.ws = ws
 
     def build(self, name: str, classifier: str, path: str | os.PathLike, fmt: DemoFormat, n_context: int,
-              n_memory: int | None, n_test: int, seed: int = 0, csz: int | None = None, create: bool = True) -> str:
+              n_memory: int | None, n_test: int, seed: int = 0, csz: int | None = None, create: bool = True,
+              finder: str = "none", balance: bool = False, calibrate: bool = False) -> str:
         """Split a labelled file into in-context demonstrations, in-memory demonstrations (ingested into bank
         ``name`` by a job) and a held-out test set; the classifier is saved with the bank when the job is done.
-        Returns the job id."""
+        ``finder`` other than "none": the prompt reads the ``n_context`` demonstrations found in the bank for each
+        text (``balance``d over the labels or not) instead of fixed ones. Returns the job id."""
         if not classifier or not classifier.strip():
             raise InputError("give the classifier a name")
+        Choice(finder, n_context, balance)  # refuses bad settings before anything is read
         self.ws.check_upload(path, fmt)
         examples = read_examples(path, fmt, skip_empty=True)
         split = split_examples(examples, n_context, n_memory, n_test, seed)
         words = list(dict.fromkeys((fmt.label_words or {}).values())) or sorted({e.label for e in examples})
         spec = ClassifierSpec(name=classifier.strip(), template=fmt.template, labels=words,
                               context=[format_demo(fmt.template, e) for e in split.context], source=Path(path).name,
-                              n_memory=len(split.memory), n_test=len(split.test), seed=seed, test=split.test)
+                              n_memory=len(split.memory), n_test=len(split.test), seed=seed, test=split.test,
+                              finder=finder, shots=n_context, balance=balance, calibrate=calibrate)
         saved = {"spec": spec.to_dict(), "csz": csz or self.ws.model.csz,
                  "memory_examples": [{"text": e.text, "label": e.label} for e in split.memory]}
         if not self.ws.store.exists(name):
@@ -69,30 +80,55 @@ class ClassifierDesk:
         with self.ws.store.open(name) as bank:
             return list(bank.classifiers())
 
-    def _spec(self, name: str, classifier: str) -> tuple[ClassifierSpec, dict]:
+    def _spec(self, name: str, classifier: str, settings: dict | None = None) -> tuple[ClassifierSpec, dict]:
+        """The saved classifier, with ``settings`` (finder, shots, balance, calibrate) changed for this call."""
         with self.ws.store.open(name) as bank:
             saved = bank.classifiers().get(classifier)
         if saved is None:
             raise KeyError(f"bank {name!r} has no classifier {classifier!r}")
-        return ClassifierSpec.from_dict(saved["spec"]), saved
+        spec = ClassifierSpec.from_dict(saved["spec"])
+        unknown = set(settings or {}) - {"finder", "shots", "balance", "calibrate"}
+        if unknown:
+            raise ValueError(f"unknown classifier settings: {', '.join(sorted(unknown))}")
+        spec = dataclasses.replace(spec, **(settings or {}))
+        if spec.finder != "none":
+            Choice(spec.finder, spec.shots, spec.balance)  # checks them
+        return spec, saved
 
-    def evaluate(self, name: str, classifier: str, curve: bool = True, progress=None) -> dict:
+    def _classifier(self, name: str, spec: ClassifierSpec, csz: int | None):
+        """The classifier over the bank's loaded memory (callers hold the model lock)."""
+        s = self.ws.session(name, csz)
+        demos = DemoFinder(s.bank, self.ws.model, s.memory, spec.template, spec.labels) if spec.finder != "none" \
+            else None
+        return spec.classifier(self.ws.model, s.memory, demos)
+
+    def evaluate(self, name: str, classifier: str, curve: bool = True, progress=None,
+                 settings: dict | None = None) -> dict:
         """Accuracy, per-label metrics and confusion matrix on the held-out set (bank memory), plus accuracy vs the
-        number of in-memory demonstrations; plots as PNG. Returns {"result", "curve", "confusion_png", "curve_png"}."""
-        spec, saved = self._spec(name, classifier)
+        number of in-memory demonstrations (0, 100, 500, 2,000 and all, each with a 95% interval over the held-out
+        set; a classifier that finds its demonstrations finds them among those in memory); plots as PNG. Returns
+        {"result", "curve", "majority", "confusion_png", "curve_png"}."""
+        spec, saved = self._spec(name, classifier, settings)
         if not spec.test:
             raise ValueError(f"classifier {classifier!r} has no held-out examples to evaluate on")
         mem_examples = [Example(e["text"], e["label"]) for e in saved.get("memory_examples", [])]
         csz = saved.get("csz")
-        n_curve = (len(spec.test) * 5 + len(mem_examples)) if curve else 0
+        sizes = default_sizes(len(mem_examples))
+        n_curve = (len(spec.test) * len(sizes) + len(mem_examples)) if curve else 0
         total = len(spec.test) + n_curve
         report = (lambda base: (lambda d, _t: progress(base + d, total))) if progress else (lambda base: None)
 
         def run():
-            memory = self.ws.session(name, csz).memory
-            result = evaluate_classifier(spec.classifier(self.ws.model, memory), spec.test, report(0))
-            points = accuracy_vs_memory(self.ws.model, spec.template, spec.labels, spec.context, mem_examples,
-                                        spec.test, progress=report(len(spec.test)), csz=csz) if curve else []
+            result = evaluate_classifier(self._classifier(name, spec, csz), spec.test, report(0))
+            if not curve:
+                return result, []
+            if spec.finder == "none":
+                points = accuracy_vs_memory(self.ws.model, spec.template, spec.labels, spec.context, mem_examples,
+                                            spec.test, sizes, progress=report(len(spec.test)), csz=csz)
+            else:
+                points = accuracy_vs_bank(self.ws.model, spec.template, spec.labels, spec.context, mem_examples,
+                                          spec.test, Choice(spec.finder, spec.shots, spec.balance),
+                                          self.ws.scratch_dir(), sizes, spec.calibrate, csz, report(len(spec.test)))
             return result, points
 
         result, points = self.ws.run_locked(run)
@@ -101,27 +137,32 @@ class ClassifierDesk:
         with self.ws.store.open(name) as bank:
             saved["spec"]["last_eval"] = result.to_dict()
             bank.save_classifier(classifier, saved)
+        how = "fixed demonstrations" if spec.finder == "none" else f"{spec.shots} found by {spec.finder}"
         return {"result": result,
                 "curve": points,
                 "majority": majority_accuracy(spec.test),
                 "confusion_png": str(plot_confusion(result, out_dir / f"{stem}-confusion.png")),
                 "curve_png": str(plot_curve(points, out_dir / f"{stem}-curve.png",
-                                            baseline=majority_accuracy(spec.test))) if points else None}
+                                            baseline=majority_accuracy(spec.test),
+                                            label=f"LongMem, {how}" + (", calibrated" if spec.calibrate else "")))
+                if points else None}
 
-    def classify(self, name: str, classifier: str, texts: list[str], progress=None) -> list[dict]:
-        """Label ``texts``: one row per text with the prediction, its confidence and every label's score."""
+    def classify(self, name: str, classifier: str, texts: list[str], progress=None,
+                 settings: dict | None = None) -> list[dict]:
+        """Label ``texts``: one row per text with the prediction, its confidence, every label's score and the
+        demonstrations it read when they are found per text (``classifiers.classify_rows``)."""
         texts = [t for t in texts if t and t.strip()]
         if not texts:
             raise InputError("nothing to classify: the text is empty")
-        spec, saved = self._spec(name, classifier)
-        return self.ws.run_locked(lambda: classify_rows(
-            spec.classifier(self.ws.model, self.ws.session(name, saved.get("csz")).memory), texts, progress))
+        spec, saved = self._spec(name, classifier, settings)
+        return self.ws.run_locked(lambda: classify_rows(self._classifier(name, spec, saved.get("csz")), texts,
+                                                        progress))
 
     def classify_file(self, name: str, classifier: str, path: str | os.PathLike, text_column: str = "text",
-                      columns: list[str] | None = None, progress=None) -> Path:
+                      columns: list[str] | None = None, progress=None, settings: dict | None = None) -> Path:
         """Label every text of a file (CSV/TSV/JSONL column, or the lines of a .txt); returns a CSV of results."""
         p = Path(path)
         if p.is_file() and p.stat().st_size > self.ws.max_upload_bytes:
             raise InputError(f"{p.name} is larger than the {self.ws.max_upload_bytes / 2**20:,.0f} MiB limit")
-        rows = self.classify(name, classifier, read_texts(p, text_column, columns), progress)
+        rows = self.classify(name, classifier, read_texts(p, text_column, columns), progress, settings)
         return write_predictions_csv(rows, self.ws.scratch_dir() / f"{p.stem}-predictions.csv")

@@ -6,7 +6,8 @@ The flow, top to bottom:
         --split_examples--> context (k demonstrations in the prompt) | memory (many, in the memory bank) | test
     memory examples --demo_stream--> one text --tokenizer--> model.memorize (or a persistent bank, see ingest)
     tasks.Classifier(template, labels, context) + memory --evaluate(test)--> accuracy, per-label metrics, confusion
-    accuracy_vs_memory: the same test set scored while the memory grows (0 = in-context only)
+    accuracy_vs_memory: the same test set scored while the memory grows (0 = in-context only); with demonstrations
+        chosen per input from the bank, ``demos.accuracy_vs_bank``
     ClassifierSpec: what the app saves (as JSON) to rebuild the classifier later; classify_rows: label a whole file
 
 ``PRESETS`` holds the paper's templates (appendix D) and how the shared copies of its datasets (``icl/`` of the
@@ -275,9 +276,25 @@ class ClassifierSpec:
     seed: int = 0  # of the split
     test: list[Example] = field(default_factory=list)  # the held-out examples
     last_eval: dict | None = None  # EvalResult.to_dict() of the latest evaluation
+    # the demonstrations in the prompt: "none" = the fixed ``context``; "fused", "memory" or "lexical" = the ``shots``
+    # best of the bank's found for each text (``longmem.demos``), ``balance``d over the labels or not
+    finder: str = "none"
+    shots: int = 4
+    balance: bool = False
+    calibrate: bool = False  # contextual calibration (``tasks.calibrate``)
 
-    def classifier(self, model: SegmentLM, memory) -> Classifier:
-        return Classifier(model, memory, self.template, list(self.labels), list(self.context), self.separator)
+    def classifier(self, model: SegmentLM, memory, demos=None) -> Classifier:
+        """The classifier over ``memory``; ``demos`` (a ``demos.DemoFinder`` over the bank) chooses the prompt's
+        demonstrations when ``finder`` is not "none"."""
+        choose = None
+        if self.finder != "none":
+            if demos is None:
+                raise ValueError(f"classifier {self.name!r} finds its demonstrations in its bank: give it a DemoFinder")
+            from .demos import Choice  # the finder's settings; demos itself builds on this module
+
+            choose = demos.chooser(Choice(self.finder, self.shots, self.balance))
+        return Classifier(model, memory, self.template, list(self.labels), list(self.context), self.separator,
+                          choose=choose, calibrate=self.calibrate)
 
     def to_dict(self) -> dict:
         return asdict(self)  # Examples become {"text", "label"}; all values JSON-safe
@@ -373,11 +390,30 @@ class CurvePoint:
     n_memory: int  # demonstrations in memory
     accuracy: float  # on the test set
     memory_tokens: int  # searchable tokens in memory
+    n_test: int = 0  # test examples scored
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """95% interval of the accuracy over the test examples (Wilson)."""
+        return wilson(round(self.accuracy * self.n_test), self.n_test)
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion k/n (95% by default); (0, 1) for n = 0."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+CURVE_SIZES = (100, 500, 2000)  # demonstrations in memory a curve is measured at (besides 0 and all of them)
 
 
 def default_sizes(n: int) -> list[int]:
-    """Memory sizes to try for ``n`` available demonstrations: 0, n/8, n/4, n/2, n."""
-    return sorted({0, n // 8, n // 4, n // 2, n})
+    """Memory sizes to try for ``n`` available demonstrations: 0, those of ``CURVE_SIZES`` below n, and n."""
+    return sorted({0, n, *(s for s in CURVE_SIZES if s < n)})
 
 
 def accuracy_vs_memory(model: SegmentLM, template: str, labels: Sequence[str], context: Sequence[str],
@@ -412,7 +448,7 @@ def accuracy_vs_memory(model: SegmentLM, template: str, labels: Sequence[str], c
             classifier.memory = memory.rechunk(csz)  # shares the keys/values; only the chunk index is rebuilt
         result = evaluate(classifier, test, lambda d, _t, base=done: report(base + d))
         done += len(test)
-        points.append(CurvePoint(size, result.accuracy, len(memory) if memory is not None else 0))
+        points.append(CurvePoint(size, result.accuracy, len(memory) if memory is not None else 0, len(test)))
     return points
 
 
@@ -449,11 +485,15 @@ def plot_confusion(result: EvalResult, path: str | Path) -> Path:
 
 
 def plot_curve(points: Sequence[CurvePoint], path: str | Path, baseline: float | None = None,
-               baseline_label: str = "majority class") -> Path:
-    """Accuracy against the number of demonstrations in memory as a PNG, with an optional horizontal baseline."""
+               baseline_label: str = "majority class", label: str = "LongMem") -> Path:
+    """Accuracy against the number of demonstrations in memory as a PNG, each point with its 95% interval over the
+    test examples, and an optional horizontal baseline."""
     fig = agg_figure(6, 4)
     ax = fig.subplots()
-    ax.plot([p.n_memory for p in points], [100 * p.accuracy for p in points], "o-", label="LongMem")
+    acc = [100 * p.accuracy for p in points]
+    bars = [[a - 100 * p.interval[0] for a, p in zip(acc, points)],
+            [100 * p.interval[1] - a for a, p in zip(acc, points)]]
+    ax.errorbar([p.n_memory for p in points], acc, yerr=bars, fmt="o-", capsize=3, label=f"{label} (95% interval)")
     if baseline is not None:
         ax.axhline(100 * baseline, color="gray", linestyle="--", label=baseline_label)
     ax.set_xlabel("demonstrations in memory")
@@ -472,20 +512,23 @@ def plot_curve(points: Sequence[CurvePoint], path: str | Path, baseline: float |
 
 def classify_rows(classifier: Classifier, texts: Sequence[str], progress: Progress | None = None) -> list[dict]:
     """One row per text: the text, the predicted label, its probability among the labels ("confidence"),
-    log P(word | prompt, memory) of every label word as "score_<word>", and "error": why a text could not be
-    classified (e.g. longer than the window), empty otherwise. One bad row never loses the others."""
+    log P(word | prompt, memory) of every label word as "score_<word>" (calibrated when the classifier is), "read":
+    the demonstrations its prompt held, one per line, when they are chosen per text (else empty), and "error": why a
+    text could not be classified (e.g. longer than the window), empty otherwise. One bad row never loses the
+    others."""
     rows = []
     for i, text in enumerate(texts):
         try:
             scores = classifier.scores(text)
         except ValueError as e:
             rows.append({"text": text, "prediction": "", "confidence": None,
-                         **{f"score_{w}": None for w in classifier.labels}, "error": str(e)})
+                         **{f"score_{w}": None for w in classifier.labels}, "read": "", "error": str(e)})
         else:
             best = max(scores, key=scores.get)
             confidence = 1 / sum(math.exp(s - scores[best]) for s in scores.values())  # softmax over the labels
+            read = "\n".join(classifier.read(text)) if classifier.choose is not None else ""
             rows.append({"text": text, "prediction": best, "confidence": confidence,
-                         **{f"score_{w}": s for w, s in scores.items()}, "error": ""})
+                         **{f"score_{w}": s for w, s in scores.items()}, "read": read, "error": ""})
         if progress is not None:
             progress(i + 1, len(texts))
     return rows

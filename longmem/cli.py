@@ -184,6 +184,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_classify(args) -> int:
+    from .cli_bank import load_memory
+    from .demos import Choice, DemoFinder
     from .store import Store
     from .tasks import Classifier
 
@@ -191,18 +193,26 @@ def cmd_classify(args) -> int:
     if not texts:
         print("error: give --text (repeatable) or texts on standard input, one per line", file=sys.stderr)
         return 2
+    choice = Choice(args.finder, args.shots, args.balance)  # bad settings fail before the model loads
     with Store(args.banks_dir).open(args.bank) as bank:
         documents = bank.documents()
         model = _load_model(args)
-        memory = _memory(args, model)
-    classifier = Classifier.from_documents(model, memory, documents)
-    if args.template:
-        classifier = Classifier(model, memory, args.template, classifier.labels)  # validates the template
-    for text in texts:
-        scores = classifier.scores(text)
-        best = max(scores, key=scores.get)
-        detail = "  ".join(f"{w}={s:.2f}" for w, s in scores.items())
-        print(f"{best}\t{text}" if not args.verbose else f"{best}\t{detail}\t{text}")
+        memory = load_memory(bank, model)
+        if args.csz and args.csz != memory.csz:
+            memory = memory.rechunk(args.csz)
+        stored = Classifier.from_documents(model, memory, documents)  # the bank's template and label words
+        finder = DemoFinder(bank, model, memory, stored.template, stored.labels) if args.finder != "none" else None
+        classifier = Classifier(model, memory, args.template or stored.template, stored.labels,
+                                choose=finder.chooser(choice) if finder is not None else None,
+                                calibrate=args.calibrate)  # validates the template
+        for text in texts:
+            scores = classifier.scores(text)
+            best = max(scores, key=scores.get)
+            detail = "  ".join(f"{w}={s:.2f}" for w, s in scores.items())
+            print(f"{best}\t{text}" if not args.verbose else f"{best}\t{detail}\t{text}")
+            if args.show_demos:
+                for demo in classifier.read(text):
+                    print(f"  read: {demo}")
     return 0
 
 
@@ -240,6 +250,17 @@ def build_parser() -> argparse.ArgumentParser:
     cls.add_argument("--bank", required=True, help="bank holding the demonstrations")
     cls.add_argument("--text", action="append", help="text to classify (repeatable; default: stdin lines)")
     cls.add_argument("--template", default=None, help="prompt template (default: the demonstrations' own)")
+    cls.add_argument("--finder", default="fused", choices=["fused", "memory", "lexical", "none"],
+                     help="how the demonstrations read in the prompt are found in the bank for each text: LongMem's "
+                          "memory retrieval and BM25 fused, one of them, or none (memory alone, as the paper)")
+    cls.add_argument("--shots", type=int, default=20, help="demonstrations found and read in the prompt per text")
+    cls.add_argument("--balance", action="store_true", help="take the labels in turn when choosing demonstrations")
+    cls.add_argument("--calibrate", action="store_true",
+                     help="divide each label's probability by its probability for a content-free input (contextual "
+                          "calibration)")
+    cls.add_argument("--csz", type=int, default=2, help="memory chunk size to retrieve with (the paper's 2 for "
+                                                      "demonstrations; 0 = the bank's own)")
+    cls.add_argument("--show-demos", action="store_true", help="print the demonstrations each prediction read")
     _model_args(cls)
     cli_bank.banks_dir_arg(cls)
 

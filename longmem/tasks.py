@@ -5,11 +5,14 @@
 retrievable while the prompt stays short.
 
 ``Classifier`` scores label words after a prompt of optional in-context demonstrations and the text, while many
-more demonstrations sit in memory (the paper's many-shot in-context learning); ``classifiers`` builds on it.
+more demonstrations sit in memory (the paper's many-shot in-context learning); ``classifiers`` builds on it. The
+demonstrations in the prompt are fixed, or chosen for each text (``longmem.demos``); scores may be calibrated
+against a content-free input (``calibrate``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -77,12 +80,30 @@ class Chat:
         self.history.append({"role": "assistant", "content": "".join(pieces)})
 
 
+def calibrate(scores: dict[str, float], prior: dict[str, float]) -> dict[str, float]:
+    """Contextual calibration (Zhao et al. 2021, "Calibrate before use"): each label's log-probability among the
+    labels for the text, minus the same for a content-free input read after the same demonstrations (the model's
+    prior for that label). The likeliest label then is argmax p(label | text) / p(label | content-free)."""
+    def among_labels(s: dict[str, float]) -> dict[str, float]:
+        top = max(s.values())
+        log_total = top + math.log(sum(math.exp(v - top) for v in s.values()))
+        return {w: v - log_total for w, v in s.items()}
+
+    if set(scores) != set(prior):
+        raise ValueError(f"calibration needs the same labels, got {sorted(scores)} and {sorted(prior)}")
+    text, free = among_labels(scores), among_labels(prior)
+    return {w: text[w] - free[w] for w in scores}
+
+
 @dataclass
 class Classifier:
     """Many-shot in-context classification: demonstrations ``template.format(text=..., label=word)`` sit in memory
-    (thousands of them, far beyond the local window) and, optionally, a few more (``context``, k-shot) sit in the
-    prompt itself. A new text is scored against every label word,
-    log P(word | "<context><separator><template up to {label}>", memory), and the likeliest word wins.
+    (thousands of them, far beyond the local window) and, optionally, a few more sit in the prompt itself: the fixed
+    ``context`` (k-shot), or those ``choose`` picks for each text (e.g. the ones its memory finds,
+    ``longmem.demos.DemoFinder.chooser``). A new text is scored against every label word,
+    log P(word | "<demonstrations><separator><template up to {label}>", memory), and the likeliest word wins; with
+    ``calibrate``, each score is first divided by the label's probability for ``content_free`` read after the same
+    demonstrations (``calibrate``).
 
     When every label word is a single token after the template (BPE backbones: " positive"), all labels are scored
     from one forward pass; otherwise (e.g. a character tokenizer) each label word is scored with its own pass."""
@@ -93,6 +114,9 @@ class Classifier:
     labels: list[str]  # the label words, as written in the demonstrations
     context: list[str] = field(default_factory=list)  # formatted demonstrations put in the prompt, before the text
     separator: str = "\n"  # joins the context's demonstrations and the text (the paper: newlines)
+    choose: Callable[[str], list[str]] | None = None  # text -> formatted demonstrations for its prompt (not context)
+    calibrate: bool = False  # divide by each label's probability for a content-free input (contextual calibration)
+    content_free: str = "N/A"  # the content-free input (Zhao et al.'s)
 
     def __post_init__(self):
         if "{label}" not in self.template or "{text}" not in self.template.split("{label}")[0]:
@@ -102,6 +126,7 @@ class Classifier:
         if len(set(self.labels)) != len(self.labels) or not all(w.strip() for w in self.labels):
             raise ValueError(f"the label words must be distinct and not blank, got {self.labels}")
         self.context = list(self.context)
+        self._chosen: tuple[str, list[str]] | None = None  # the last text's demonstrations (``read`` then scores)
 
     @classmethod
     def from_documents(cls, model: SegmentLM, memory: MemoryBank | None, documents: Iterable,
@@ -116,24 +141,40 @@ class Classifier:
         words = sorted({w for d in demos for w in d.meta["label_counts"]})
         return cls(model, memory, templates[0], words, list(context), separator)
 
-    def prompt(self, text: str) -> str:
-        """What the model reads before a label word: the context demonstrations, then the template up to {label}
-        (without its trailing whitespace, which goes with the label word, as in the demonstrations' tokens)."""
-        return self._parts(text)[0]
+    def read(self, text: str) -> list[str]:
+        """The formatted demonstrations the prompt for ``text`` holds, in prompt order: ``choose(text)``, else the
+        fixed ``context``."""
+        if not text.strip():
+            raise ValueError("the text to classify is empty")
+        if self.choose is None:
+            return self.context
+        if self._chosen is None or self._chosen[0] != text:
+            self._chosen = (text, list(self.choose(text)))
+        return self._chosen[1]
 
-    def _parts(self, text: str) -> tuple[str, str, str]:
+    def prompt(self, text: str) -> str:
+        """What the model reads before a label word: the demonstrations (``read``), then the template up to {label}
+        (without its trailing whitespace, which goes with the label word, as in the demonstrations' tokens)."""
+        return self._parts(text, self.read(text))[0]
+
+    def _parts(self, text: str, demos: list[str]) -> tuple[str, str, str]:
         """(prompt, the text's own prompt, whitespace between the prompt and a label word)."""
         if not text.strip():
             raise ValueError("the text to classify is empty")
         prefix = self.template.split("{label}")[0].format(text=text.strip())  # as the demonstrations were written
         own = prefix.rstrip()
-        head = self.separator.join(self.context) + self.separator if self.context else ""
+        head = self.separator.join(demos) + self.separator if demos else ""
         return head + own, own, prefix[len(own):]
 
     def scores(self, text: str) -> dict[str, float]:
-        """log P(label word | prompt, memory) for every label."""
+        """log P(label word | prompt, memory) for every label (calibrated: see ``calibrate``)."""
+        demos = self.read(text)
+        raw = self._scores(text, demos)
+        return calibrate(raw, self._scores(self.content_free, demos)) if self.calibrate else raw
+
+    def _scores(self, text: str, demos: list[str]) -> dict[str, float]:
         tok, window = self.model.backbone.tokenizer, self.model.segment_len
-        prompt, own, gap = self._parts(text)
+        prompt, own, gap = self._parts(text, demos)
         words = {w: tok(gap + w, add_special_tokens=False).input_ids for w in self.labels}
         longest = max(len(ids) for ids in words.values())
         n_own = len(tok(own, add_special_tokens=False).input_ids)

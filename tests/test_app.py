@@ -154,7 +154,8 @@ def test_classifier_from_a_csv(server):
     assert preview["headers"] == ["label", "text"] and len(preview["data"]) == 5
     assert text_col["value"] == "text" and label_col["value"] == "label"  # guessed from the header
     status = client.predict("reviews", "mood", handle_file(str(csv)), True, "text", "label",
-                            "Review: {text} Sentiment: {label}", "", 2, 20, 10, 0, 2, api_name="/build_classifier")
+                            "Review: {text} Sentiment: {label}", "", 2, 20, 10, 0, 2, "fused", True, True,
+                            api_name="/build_classifier")
     assert "job" in status[0]
     for _ in range(600):  # the demonstrations are ingested by a job; the classifier is saved when it is done
         if client.predict("reviews", api_name="/classifiers")["value"] == "mood":
@@ -165,8 +166,9 @@ def test_classifier_from_a_csv(server):
     assert "Accuracy" in summary and "10 held-out" in summary
     assert {r[0] for r in per_label["data"]} == {"good", "bad"}
     assert open(confusion, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and open(curve, "rb").read(4) == b"\x89PNG"
-    pred = client.predict("reviews", "mood", "a fine warm film", api_name="/classify")
+    pred, read = client.predict("reviews", "mood", "a fine warm film", api_name="/classify")
     assert pred["label"] in ("good", "bad") and len(pred["confidences"]) == 2
+    assert "Read 2 demonstrations found in the bank" in read and read.count("Sentiment:") == 2  # one of each label
     todo = root / "todo.txt"
     todo.write_text("a fine warm film\na dull cold film\n")
     out = client.predict("reviews", "mood", handle_file(str(todo)), "text", api_name="/classify_file")
@@ -190,7 +192,8 @@ def test_bad_inputs_are_rejected_with_a_message(server, book_bank):
     bad_csv.write_text("label,text\npositive,fine\n\"unclosed,quote\n")
     with pytest.raises(AppError, match="bad.csv"):
         client.predict("reviews2", "x", handle_file(str(bad_csv)), True, "text", "label",
-                       "Review: {text} Sentiment: {label}", "", 1, 1, 1, 0, 2, api_name="/build_classifier")
+                       "Review: {text} Sentiment: {label}", "", 1, 1, 1, 0, 2, "none", False, False,
+                       api_name="/build_classifier")
     big = root / "big.txt"
     big.write_text("word " * 300_000)  # over the fixture's 1 MiB upload limit
     with pytest.raises(AppError, match="limit"):

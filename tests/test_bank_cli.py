@@ -111,6 +111,14 @@ def test_classify_and_generate_with_a_bank(run, files):
     assert code == 0
     labels = [line.split("\t")[0] for line in out.strip().splitlines()]
     assert len(labels) == 2 and set(labels) <= {"negative", "positive"}
+    code, out, _ = run("classify", "--bank", "demos", "--text", "a fine bright film", "--finder", "lexical",
+                       "--shots", "2", "--calibrate", "--show-demos", model=True)
+    lines = out.strip().splitlines()
+    assert code == 0 and lines[0].split("\t")[0] in {"negative", "positive"}
+    read = [line for line in lines[1:] if line.startswith("  read: ")]
+    assert 1 <= len(read) <= 2 and all("Sentiment:" in line for line in read)  # the bank's demonstrations
+    code, _, err = run("classify", "--bank", "demos", "--text", "x", "--shots", "-1", model=True)
+    assert code == 2 and "shots must be >= 0" in err
     code, out, err = run("generate", "--bank", "demos", "--prompt", "a fine", "--max-new-tokens", "5",
                          "--temperature", "0", model=True)
     assert code == 0 and "tokens in memory" in err and out.strip()

@@ -347,8 +347,8 @@ def test_evaluate_scores_the_classifiers_own_predictions(model):
 # accuracy vs memory
 
 def test_default_sizes():
-    assert C.default_sizes(2000) == [0, 250, 500, 1000, 2000]
-    assert C.default_sizes(3) == [0, 1, 3] and C.default_sizes(0) == [0]
+    assert C.default_sizes(2000) == [0, 100, 500, 2000] and C.default_sizes(3000) == [0, 100, 500, 2000, 3000]
+    assert C.default_sizes(300) == [0, 100, 300] and C.default_sizes(0) == [0]
 
 
 def test_accuracy_vs_memory_grows_the_memory(model):
@@ -398,7 +398,7 @@ def test_plots_write_png(tmp_path):
 
     r = C.score_predictions(["pos", "neg"], ["pos", "neg", "neg"], ["pos", "pos", "neg"])
     for path in (C.plot_confusion(r, tmp_path / "confusion.png"),
-                 C.plot_curve([C.CurvePoint(0, 0.5, 0), C.CurvePoint(100, 0.75, 400)], tmp_path / "curve.png",
+                 C.plot_curve([C.CurvePoint(0, 0.5, 0, 20), C.CurvePoint(100, 0.75, 400, 20)], tmp_path / "curve.png",
                               baseline=0.6)):
         assert path.read_bytes()[:8] == PNG
         assert matplotlib.image.imread(path).ndim == 3
@@ -407,7 +407,8 @@ def test_plots_write_png(tmp_path):
 def test_classify_rows_and_csv(model, tmp_path):
     clf = Classifier(model, None, "{text}:{label}", SIGNS)
     rows = C.classify_rows(clf, ["nice, really", 'he said "no"', "x" * 500])
-    assert list(rows[0]) == ["text", "prediction", "confidence", "score_+", "score_-", "score_=", "error"]
+    assert list(rows[0]) == ["text", "prediction", "confidence", "score_+", "score_-", "score_=", "read", "error"]
+    assert rows[0]["read"] == ""  # fixed demonstrations: nothing chosen per text
     too_long = rows.pop()  # longer than the window: reported on its row, the others are classified
     assert too_long["prediction"] == "" and "window" in too_long["error"] and not rows[0]["error"]
     for row in rows:

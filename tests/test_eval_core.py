@@ -175,6 +175,44 @@ def test_full_context_demonstrations_fit_the_budget_and_end_with_the_shots(llama
         "Review: " + task.memory[0].text, add_special_tokens=False).input_ids[:5]  # everything fits: all of memory
 
 
+def test_a_task_log_resumes_only_its_own_finished_units(tmp_path):
+    from longmem.eval.core import TaskLog
+
+    path, sig = tmp_path / "icl.tasks.jsonl", {"size": {"test": 8}, "seed": 0}
+    first = TaskLog(path, sig, resume=False, made_at="abc")
+    first.put("SST-2/0", {"runs": [1]})
+    first.put("SST-2/1", {"runs": [2]})
+    with open(path, "a") as f:
+        f.write('{"signature": {"size": {"test": 8}, "seed": 0}, "key": "MR/0", "val')  # cut off by a kill
+    again = TaskLog(path, sig, resume=True, made_at="def", log=lambda m: None)
+    assert again.get("SST-2/0") == {"runs": [1]} and again.get("MR/0") is None and again.commits() == ["abc"]
+    again.put("MR/0", {"runs": [3]})
+    assert TaskLog(path, sig, resume=True, log=lambda m: None).commits() == ["abc", "def"]
+    other = TaskLog(path, {**sig, "seed": 1}, resume=True, log=lambda m: None)  # another size or seed: nothing reused
+    assert other.get("SST-2/0") is None
+    fresh = TaskLog(path, sig, resume=False)  # without --resume a run starts afresh
+    assert fresh.get("SST-2/0") is None and not path.exists()
+
+
+def test_summary_intervals_are_wilson_per_set_and_binomial_on_the_average():
+    runs = [{"set": s, "seed": 0, "k": 4, "model": "m", "greedy": a, "label": a, "n": 100} for s, a in
+            (("A", 0.5), ("B", 0.9))]
+    s = icl.summarize(runs)
+    lo, hi = s["m/4/A"]["ci"]["label"]
+    assert (lo, hi) == pytest.approx((40.38, 59.62), abs=0.01)
+    half = 100 * 1.96 * math.sqrt(0.25 / 100 + 0.09 / 100) / 2
+    assert s["m/4/Avg"]["ci"]["label"] == pytest.approx((70 - half, 70 + half))
+    assert icl.cell(s["m/4/A"], "label") == "50.0 ±9.6" and icl.cell(s["m/4/A"], "calibrated") == ""
+
+
+def test_paired_differences_use_the_same_sentences():
+    runs = [{"set": "A", "seed": 0, "k": 4, "model": m, "items": {"label": bits, "calibrated": bits}}
+            for m, bits in (("x", "1100"), ("y", "0100"))]
+    mean, half, n = icl.paired(runs, ("x", 4), ("y", 4))
+    assert (mean, n) == (25.0, 4) and half == pytest.approx(100 * 1.96 * 0.5 / 2)
+    assert icl.paired(runs, ("x", 4), ("z", 4)) is None
+
+
 def test_summary_means_stds_and_average():
     runs = [{"set": s, "seed": seed, "k": 4, "model": "m", "greedy": g, "label": lab, "n": 10}
             for s, seed, g, lab in [("A", 0, 0.5, 0.6), ("A", 1, 0.7, 0.8), ("B", 0, 0.9, 1.0), ("B", 1, 0.9, 1.0)]]

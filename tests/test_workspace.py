@@ -306,3 +306,29 @@ def test_a_job_in_extraction_is_cancelled_at_once(ws, tmp_path):
     assert state.status == "cancelled" and time.perf_counter() - t0 < 3
     assert not child.is_running() or child.status() == "zombie"
     assert ws.documents("b") == [] and not ws.jobs.busy("b")
+
+
+def test_a_classifier_finds_its_demonstrations_in_its_bank(ws, tmp_path):
+    from longmem.readers import DemoFormat
+
+    reviews = tmp_path / "reviews.csv"
+    rows = [("1", f"a fine warm film {i}") if i % 2 else ("0", f"a dull cold film {i}") for i in range(40)]
+    reviews.write_text("label,text\n" + "".join(f"{label},{text}\n" for label, text in rows))
+    fmt = DemoFormat(template="Review: {text} Sentiment: {label}", label_words={"0": "negative", "1": "positive"})
+    job = ws.classifiers.build("r", "mood", reviews, fmt, 2, 30, 6, finder="lexical", balance=True, calibrate=True)
+    assert ws.jobs.wait(job, timeout=JOB_TIMEOUT).status == "done"
+    [row] = ws.classifiers.classify("r", "mood", ["a fine warm film 99"])
+    read = row["read"].split("\n")
+    assert len(read) == 2 and {d.rsplit(" ", 1)[1] for d in read} == {"positive", "negative"}  # balanced
+    assert all(d in {f"Review: {t} Sentiment: {'positive' if lab == '1' else 'negative'}" for lab, t in rows}
+               for d in read)
+    [fixed] = ws.classifiers.classify("r", "mood", ["a fine warm film 99"], settings={"finder": "none"})
+    assert fixed["read"] == ""  # the saved fixed demonstrations, changed for this call only
+    out = ws.classifiers.evaluate("r", "mood")
+    assert [p.n_memory for p in out["curve"]] == [0, 30] and all(p.n_test == 6 for p in out["curve"])
+    assert open(out["curve_png"], "rb").read(4) == b"\x89PNG"
+    with pytest.raises(ValueError, match="unknown classifier settings: colour"):
+        ws.classifiers.classify("r", "mood", ["x"], settings={"colour": "red"})
+    with pytest.raises(ValueError, match="finder must be one of"):
+        ws.classifiers.build("r", "m2", reviews, fmt, 2, 30, 6, finder="magic")
+    ws.close()

@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="SUITE.FIELD=VALUE",
                    help="change one size setting, e.g. icl.seeds=2 or books.books=4 (lists: comma-separated)")
     p.add_argument("--seed", type=int, default=0, help="first seed (demonstrations, test samples, items)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on from the work units an earlier run into the same --out finished (same sizes, seed, "
+                        "commit and models; the icl suite records one unit per set and seed)")
     add_dtype_flag(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     return p.parse_args(argv)
@@ -211,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     data = Path(args.data) if args.data else data_dir_default()
     made_by = provenance(model, argv, sidenet, args.memtrm, args.dtype)
     ctx = EvalContext(model, lineup(model, args.full_context, memtrm), data, out, quick=args.quick, seed=args.seed,
-                      overrides=overrides, log=log, provenance=made_by)
+                      overrides=overrides, log=log, provenance=made_by, resume=args.resume)
     names = list(SUITES) if args.suite == "all" else [args.suite]
     results = []
     for name in names:

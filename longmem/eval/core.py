@@ -14,6 +14,7 @@ A suite's size is a dataclass with a ``quick`` instance (CI: seconds per suite o
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -24,6 +25,7 @@ from typing import Callable
 from ..baselines import BackboneLM
 from ..classifiers import agg_figure as figure  # noqa: F401 (the suites' plots)
 from ..corpus import Document, book_split, tokenize_files
+from ..files import write_file_atomic
 from ..lm import SegmentLM
 from ..model import LongMemModel
 
@@ -121,6 +123,7 @@ class EvalContext:
     overrides: dict[str, dict[str, str]] = field(default_factory=dict)  # suite -> {size field: value}
     log: Log = print
     provenance: dict = field(default_factory=dict)  # how this run was made, stored with each suite's result
+    resume: bool = False  # a long suite goes on from the work units an earlier run of it finished (``TaskLog``)
     _books: list[Document] | None = None
 
     @property
@@ -143,6 +146,62 @@ class EvalContext:
         """The suite's size: ``quick`` or ``full``, with this run's ``--set`` overrides applied."""
         base = quick if self.quick else full
         return apply_overrides(base, self.overrides.get(suite, {}), suite)
+
+    def task_log(self, suite: str, size) -> "TaskLog":
+        """The suite's finished work units in this run's folder (see ``TaskLog``), for ``size``."""
+        same = {k: self.provenance.get(k) for k in SAME_RUN}
+        signature = json.loads(json.dumps({"size": asdict(size), "seed": self.seed, **same}))
+        return TaskLog(self.out_dir / f"{suite}.tasks.jsonl", signature, self.resume, self.log,
+                       made_at=str(self.provenance.get("commit", "unknown")))
+
+
+SAME_RUN = ("backbone", "sidenet", "topk", "csz", "memtrm", "machine")  # what a resumed unit shares with the run
+
+
+class TaskLog:
+    """A long suite's finished work units (e.g. one ICL set under one seed), appended to a JSON-lines file as each
+    finishes, so that a run cut off (a session's end) goes on where it stopped: with ``resume``, the units the file
+    holds under the same ``signature`` (size, seed, models, machine) are reused; without it the file starts afresh.
+    Each unit records the commit that made it (``made_at``): a result names them all (``commits``). Each line is
+    written whole and flushed to disk before the next unit starts."""
+
+    def __init__(self, path: Path, signature: dict, resume: bool, log: Log = print, made_at: str = "unknown"):
+        self.path, self.signature, self.made_at = Path(path), signature, made_at
+        self.units: dict[str, object] = {}
+        self.made: dict[str, str] = {}  # unit -> commit
+        if resume and self.path.exists():
+            kept = []
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # a line cut off by a kill: that unit runs again
+                    continue
+                if row.get("signature") == signature:
+                    self.units[row["key"]] = row["value"]
+                    self.made[row["key"]] = row.get("commit", "unknown")
+                    kept.append(line + "\n")
+            write_file_atomic(self.path, "".join(kept).encode())  # whole lines only: the next unit starts its own
+            log(f"resuming: {len(self.units)} finished units in {self.path.name}")
+        elif self.path.exists():
+            self.path.unlink()
+
+    def get(self, key: str):
+        """The value stored for unit ``key``, or None when it has not run."""
+        return self.units.get(key)
+
+    def put(self, key: str, value) -> None:
+        """Record unit ``key`` as finished with ``value`` (JSON-able)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"signature": self.signature, "key": key, "commit": self.made_at, "value": value})
+                    + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.units[key], self.made[key] = value, self.made_at
+
+    def commits(self) -> list[str]:
+        """The commits the finished units were made at, in order of first use."""
+        return list(dict.fromkeys(self.made.values()))
 
 
 def apply_overrides(size, values: dict[str, str], suite: str = "suite"):

@@ -1,29 +1,45 @@
 """Suite 3, memory-augmented in-context learning (paper table 5): SST-2, MR, Subj, SST-5, MPQA.
 
-For each set and seed: k demonstrations (k = 4 and 20) go into the prompt, ``memory_demos`` (2,000) more into
-LongMem's memory (chunk size 2, as the paper's), and test sentences from the set's evaluation file are classified
-with the paper's templates (``longmem.classifiers.PRESETS``). Every model reads the same k-shot prompt:
+For each set and seed (a *unit*, recorded as it finishes, ``--resume``): k demonstrations (k = 4 and 20) go into the
+prompt, ``memory_demos`` (2,000) more into memory (chunk size 2, as the paper's), and test sentences from the set's
+evaluation file are classified with the paper's templates (``longmem.classifiers.PRESETS``). The rows:
 
-- the 1k backbone reads the k demonstrations only (the paper's k-shot GPT-2*);
+- the 1k backbone reads the k fixed demonstrations only (the paper's k-shot GPT-2*);
 - the full-context backbone (8k) also reads as many of the memory demonstrations as fit before them;
-- LongMem reads the k demonstrations with the 2,000 in memory.
+- LongMem as the paper runs it: the k fixed demonstrations, the 2,000 in memory (a bank, as the app writes one);
+- LongMem reading the k demonstrations its bank finds for each sentence (``longmem.demos``: memory, words, fused),
+  the 2,000 in memory;
+- the backbone reading the k demonstrations BM25 finds (retrieval-augmented prompting, what a user would pick
+  instead of a memory model: KATE's method with a lexical retriever);
+- MemTRM and the memory-empty twins; the majority class of each test sample, the floor.
 
-Two protocols, both from one forward pass per test sentence: the paper's (the greedy next token must start the gold
-label word: " pos" or " positive" for " positive"), and label-word scoring (the label word with the highest
-log-probability wins, ``longmem.tasks.Classifier``'s rule). Accuracy is the mean over seeds, with the standard
-deviation; the majority class of each test sample is the floor.
+LongMem's bank grows through ``curve`` (100, 500) to ``memory_demos``: at each size, the fixed and the found rows at
+the most shots are scored again, for the accuracy-vs-demonstrations curve (0 = the memory-empty twin).
+
+Three protocols, all from one forward pass per test sentence after its demonstrations: the paper's (the greedy next
+token must start the gold label word: " pos" or " positive" for " positive"), label-word scoring (the label word with
+the highest log-probability wins, ``longmem.tasks.Classifier``'s rule), and label-word scoring calibrated against the
+content-free input "N/A" after the same demonstrations (``tasks.calibrate``). Accuracy is the mean over seeds with a
+95% interval over the pooled test sentences; the targets compare configurations on the same sentences (paired).
 """
 
 from __future__ import annotations
 
+import math
 import random
+import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..classifiers import PRESETS, Example, Preset, demo_stream, format_demo, majority_accuracy, split_examples
+from ..classifiers import (PRESETS, Example, Preset, demo_stream, format_demo, majority_accuracy, split_examples,
+                           wilson)
+from ..demos import Choice, DemoFinder, grow_bank
 from ..lm import SegmentLM
 from ..memory import MemoryBank
+from ..store import Store
+from ..tasks import calibrate
 from .core import (WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, figure, legend_below, mean_std, memory_empty,
                    table, versus)
 from .scoring import Prefix
@@ -31,6 +47,7 @@ from .scoring import Prefix
 SEPARATOR = "\n"  # between the prompt's demonstrations (and before the test sentence)
 MEMORY_SEPARATOR = "\n\n"  # between demonstrations in memory, as a bank ingests them
 TEST_ROOM = 256  # window tokens kept free after the demonstrations, for a test sentence and its label
+CONTENT_FREE = "N/A"  # the content-free input of contextual calibration (Zhao et al. 2021)
 
 
 @dataclass
@@ -39,11 +56,14 @@ class Size:
     shots: list[int] = field(default_factory=lambda: [4, 20])  # k: demonstrations in the prompt
     memory_demos: int = 2000  # demonstrations in LongMem's memory
     csz: int = 2  # memory chunk size for demonstrations (the paper's)
-    seeds: int = 6  # runs per set, each with its own demonstrations and test sample
-    test: int = 200  # test sentences per set and seed, from the evaluation file (0 = all)
+    seeds: int = 3  # runs per set, each with its own demonstrations and test sample
+    test: int = 100  # test sentences per set and seed, from the evaluation file (0 = all)
+    finders: list[str] = field(default_factory=lambda: ["fused"])  # how LongMem finds its prompt's demonstrations
+    balance: bool = False  # found demonstrations take the labels in turn
+    curve: list[int] = field(default_factory=lambda: [100, 500])  # memory sizes below memory_demos for the curve
 
 
-QUICK = Size(sets=["SST-2"], shots=[4], memory_demos=100, seeds=1, test=8)
+QUICK = Size(sets=["SST-2"], shots=[4], memory_demos=100, seeds=1, test=8, curve=[40])
 FULL = Size()
 
 
@@ -82,6 +102,7 @@ class Scored:
     greedy: list[bool]  # the paper's protocol, per test sentence
     label: list[bool]  # label-word scoring, per test sentence
     predictions: list[str]  # label-word predictions
+    calibrated: list[bool] = field(default_factory=list)  # label-word scoring after contextual calibration
 
     @property
     def greedy_acc(self) -> float:
@@ -90,6 +111,10 @@ class Scored:
     @property
     def label_acc(self) -> float:
         return sum(self.label) / len(self.label) if self.label else float("nan")
+
+    @property
+    def calibrated_acc(self) -> float:
+        return sum(self.calibrated) / len(self.calibrated) if self.calibrated else float("nan")
 
     @property
     def agree(self) -> int:
@@ -115,26 +140,45 @@ def starts_label(piece: str, gap: str, label: str) -> bool:
     return bool(piece.strip()) and (gap + label).startswith(piece)
 
 
-def classify(lm: SegmentLM, memory: MemoryBank | None, context_ids: list[int], template: str, labels: list[str],
-             test: Sequence[Example]) -> Scored:
-    """Both protocols for every test sentence after ``context_ids`` (read once), with ``memory``."""
+def label_scores(lm: SegmentLM, memory: MemoryBank | None, prefix: Prefix | None, context: list[int], text: str,
+                 template: str, labels: list[str]):
+    """(log P of each label word, (V,) next-token log-probabilities) for ``text`` after ``context`` (read once as
+    ``prefix``; None when the context is empty)."""
     tok = lm.backbone.tokenizer
-    prefix = Prefix.read(lm, context_ids, memory) if context_ids else None
-    out = Scored([], [], [])
-    for ex in test:
-        own, gap = prompt_parts(template, ex.text)
-        ids = encode(tok, own)
-        words = {w: encode(tok, gap + w) for w in labels}
-        longest = max(len(t) for t in words.values())
-        if prefix is not None and len(ids) + longest <= prefix.room:
-            state = prefix.extend(ids)
-        else:  # a long sentence: read context + sentence afresh, cut from the left to fit the window
-            state = Prefix.read(lm, (list(context_ids) + ids)[-(lm.segment_len - longest):], memory)
-        logp = state.next_logprobs()
-        scores = {w: float(logp[t[0]]) if len(t) == 1 else float(state.logprobs(t).sum()) for w, t in words.items()}
+    own, gap = prompt_parts(template, text)
+    ids = encode(tok, own)
+    words = {w: encode(tok, gap + w) for w in labels}
+    longest = max(len(t) for t in words.values())
+    if prefix is not None and len(ids) + longest <= prefix.room:
+        state = prefix.extend(ids)
+    else:  # a long sentence: read context + sentence afresh, cut from the left to fit the window
+        state = Prefix.read(lm, (list(context) + ids)[-(lm.segment_len - longest):], memory)
+    logp = state.next_logprobs()
+    return {w: float(logp[t[0]]) if len(t) == 1 else float(state.logprobs(t).sum()) for w, t in words.items()}, logp
+
+
+def classify(lm: SegmentLM, memory: MemoryBank | None, context_ids: list[int], template: str, labels: list[str],
+             test: Sequence[Example], contexts: Sequence[list[int]] | None = None) -> Scored:
+    """Both protocols, and label-word scoring calibrated against the content-free input "N/A" read after the same
+    demonstrations (``tasks.calibrate``), for every test sentence after ``context_ids`` (read once), with ``memory``;
+    ``contexts``: one context per test sentence instead (demonstrations found for it; a context equal to the one
+    before is read once)."""
+    tok = lm.backbone.tokenizer
+    out = Scored([], [], [], [])
+    last, prefix, prior = None, None, None
+    for i, ex in enumerate(test):
+        context = list(contexts[i]) if contexts is not None else context_ids
+        if context != last:
+            prefix = Prefix.read(lm, context, memory) if context else None
+            prior = label_scores(lm, memory, prefix, context, CONTENT_FREE, template, labels)[0]
+            last = context
+        scores, logp = label_scores(lm, memory, prefix, context, ex.text, template, labels)
         predicted = max(scores, key=scores.get)
+        fair = calibrate(scores, prior)
+        gap = prompt_parts(template, ex.text)[1]
         out.greedy.append(starts_label(tok.decode([int(logp.argmax())]), gap, ex.label))
         out.label.append(predicted == ex.label)
+        out.calibrated.append(max(fair, key=fair.get) == ex.label)
         out.predictions.append(predicted)
     return out
 
@@ -185,75 +229,247 @@ def tasks_for(ctx: EvalContext, size: Size) -> list[Task]:
     return out
 
 
-def run(ctx: EvalContext) -> SuiteResult:
-    size: Size = ctx.size("icl", QUICK, FULL)
-    timer = Timer()
-    runs: list[dict] = []  # one per (task, k, model)
-    entrants = ctx.entrants + memory_empty(ctx.entrants)
-    for task in tasks_for(ctx, size):
-        banks: dict[str, MemoryBank] = {}  # each memory model's own keys/values of the memory demonstrations
-        for k in size.shots:
-            for e in entrants:
-                if e.lm.uses_memory and e.key not in banks:
-                    banks[e.key] = memory_bank(e.lm, task.memory if e.fills_memory else [], task.preset.template,
-                                               size.csz)
-                r = run_entrant(e, task, k, banks.get(e.key))
-                runs.append({"set": task.preset.name, "seed": task.seed, "k": k, "model": e.key,
-                             "greedy": r.greedy_acc, "label": r.label_acc, "agree": r.agree, "n": len(task.test)})
-                ctx.log(f"icl {task.preset.name} seed {task.seed} k={k} {e.key}: greedy {r.greedy_acc:.3f}, "
-                        f"label words {r.label_acc:.3f}")
-        runs += [{"set": task.preset.name, "seed": task.seed, "k": 0, "model": "majority",
-                  "greedy": majority_accuracy(task.test), "label": majority_accuracy(task.test),
-                  "n": len(task.test)}]
-    summary = summarize(runs)
-    rows_for = [("majority", 0, "majority class")] + [(e.key, k, f"{e.label}, {k}-shot") for k in size.shots
-                                                       for e in entrants]
-    tables = [f"**{title}**\n\n" + results_table(summary, rows_for, size.sets, protocol)
-              for protocol, title in (("greedy", "The paper's protocol: the greedy next token starts the gold label"),
-                                      ("label", "Label-word scoring: the likeliest label word wins"))]
-    scored = [r for r in runs if r["model"] != "majority"]
-    notes = [verdict(summary, entrants, size.sets, max(size.shots)),
-             f"The two protocols gave the same verdict on {sum(r['agree'] for r in scored):,} of "
-             f"{sum(r['n'] for r in scored):,} test sentences (every model, shot count and seed): they differ only "
-             "where the greedy next token is not a label word.",
-             f"LongMem holds {size.memory_demos:,} demonstrations in memory (chunk size {size.csz}); the "
-             f"full-context backbone reads as many of them as fit before its k-shot prompt."]
-    plot = plot_icl(ctx.out_dir, summary, rows_for, size.sets)
-    return SuiteResult("icl", "Memory-augmented in-context learning (paper table 5): accuracy %, mean ± std over seeds",
-                       tables, {"runs": runs, "summary": summary, "models": {e.key: e.label for e in ctx.entrants}},
-                       asdict(size), [plot], notes, timer.seconds)
-
-
-def summarize(runs: list[dict]) -> dict:
-    """{"<model>/<k>/<set>": {"greedy": (mean, std), "label": (mean, std), "seeds": n}} over seeds, in %, plus
-    "<model>/<k>/Avg": the mean of the sets' means (the paper's average column; no std)."""
-    out: dict = {}
-    keys = sorted({(r["model"], r["k"], r["set"]) for r in runs})
-    for model, k, s in keys:
-        sel = [r for r in runs if (r["model"], r["k"], r["set"]) == (model, k, s)]
-        out[f"{model}/{k}/{s}"] = {p: mean_std([100 * r[p] for r in sel]) for p in ("greedy", "label")}
-        out[f"{model}/{k}/{s}"]["seeds"] = len(sel)
-    for model, k in sorted({(m, k) for m, k, _ in keys}):
-        per_set = [v for key, v in out.items() if key.startswith(f"{model}/{k}/") and not key.endswith("/Avg")]
-        out[f"{model}/{k}/Avg"] = {p: (sum(v[p][0] for v in per_set) / len(per_set), float("nan"))
-                                   for p in ("greedy", "label")}
+def found_contexts(finder: DemoFinder, task: Task, k: int, how: str, balance: bool, window: int) -> list[list[int]]:
+    """For each test sentence, the prompt of the ``k`` demonstrations ``how`` finds for it in the bank (closest
+    last), cut from the left to leave ``TEST_ROOM`` tokens of the window."""
+    tok, choice = finder.model.backbone.tokenizer, Choice(how, k, balance)
+    out = []
+    for ex in task.test:
+        demos = finder.context(ex.text, choice)
+        out.append(encode(tok, "".join(d + SEPARATOR for d in demos))[-(window - TEST_ROOM):] if demos else [])
     return out
 
 
+def run_task(ctx: EvalContext, size: Size, task: Task, entrants: list[Entrant]) -> list[dict]:
+    """Every row of one set under one seed (see the module doc): the fixed-demonstration rows of every model, then
+    LongMem's rows from a bank of the memory demonstrations that grows through ``size.curve``."""
+    rows: list[dict] = []
+    preset, n_memory = task.preset, len(task.memory)
+
+    def record(model: str, k: int, memory: int, r: Scored) -> None:
+        rows.append({"set": preset.name, "seed": task.seed, "k": k, "model": model, "memory": memory,
+                     "greedy": r.greedy_acc, "label": r.label_acc, "calibrated": r.calibrated_acc, "agree": r.agree,
+                     "n": len(task.test), "items": {p: "".join("1" if x else "0" for x in getattr(r, p))
+                                                    for p in ("label", "calibrated")}})
+        ctx.log(f"icl {preset.name} seed {task.seed} k={k} {model}: greedy {r.greedy_acc:.3f}, label words "
+                f"{r.label_acc:.3f}, calibrated {r.calibrated_acc:.3f}")
+
+    memories: dict[str, MemoryBank] = {}  # each other memory model's own keys/values of the memory demonstrations
+    for k in size.shots:
+        for e in entrants:
+            if e.key == "longmem":
+                continue  # below: LongMem reads its bank's memory
+            if e.lm.uses_memory and e.key not in memories:
+                memories[e.key] = memory_bank(e.lm, task.memory if e.fills_memory else [], preset.template, size.csz)
+            filled = n_memory if e.lm.uses_memory and e.fills_memory else 0
+            record(e.key, k, filled, run_entrant(e, task, k, memories.get(e.key)))
+    longmem, backbone = ctx.entrant("longmem"), ctx.entrant("backbone_1k")
+    if longmem is not None:
+        lm, top = longmem.lm, max(size.shots)
+        steps = sorted({n for n in size.curve if 0 < n < n_memory} | {n_memory})
+        root = ctx.out_dir / "icl-banks"
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=root) as tmp, Store(tmp).create("demos", lm) as bank:
+            for n in grow_bank(bank, lm, task.memory, steps, preset.template, Path(tmp)):
+                memory = bank.load_memory(lm).rechunk(size.csz)
+                finder = DemoFinder(bank, lm, memory, preset.template, preset.labels)
+                full, at = n == n_memory, ("" if n == n_memory else f"@{n}")
+                for k in size.shots if full else [top]:
+                    record(f"longmem{at}", k, n, run_entrant(longmem, task, k, memory))
+                    for how in size.finders if full else size.finders[:1]:
+                        found = found_contexts(finder, task, k, how, size.balance, lm.segment_len)
+                        record(f"longmem_{how}{at}", k, n, classify(lm, memory, [], preset.template, preset.labels,
+                                                                   task.test, found))
+                    if full and backbone is not None:  # what a user would pick instead: the backbone reading the
+                        found = found_contexts(finder, task, k, "lexical", size.balance, backbone.lm.segment_len)
+                        record("backbone_1k_lexical", k, 0, classify(  # demonstrations BM25 finds
+                            backbone.lm, None, [], preset.template, preset.labels, task.test, found))
+    majority = majority_accuracy(task.test)
+    rows.append({"set": preset.name, "seed": task.seed, "k": 0, "model": "majority", "memory": 0, "greedy": majority,
+                 "label": majority, "calibrated": majority, "n": len(task.test)})
+    return rows
+
+
+def run(ctx: EvalContext) -> SuiteResult:
+    size: Size = ctx.size("icl", QUICK, FULL)
+    for how in size.finders:
+        Choice(how)  # a bad --set fails before any work
+    timer = Timer()
+    units = ctx.task_log("icl", size)
+    runs: list[dict] = []  # one per (task, k, model)
+    seconds = 0.0  # of every unit, those reused from an earlier run included
+    entrants = ctx.entrants + memory_empty(ctx.entrants)
+    for task in tasks_for(ctx, size):
+        key = f"{task.preset.name}/{task.seed}"
+        unit = units.get(key)
+        if unit is None:
+            t0 = time.perf_counter()
+            unit = {"runs": run_task(ctx, size, task, entrants), "seconds": time.perf_counter() - t0}
+            units.put(key, unit)
+        runs += unit["runs"]
+        seconds += unit["seconds"]
+    summary = summarize(runs)
+    top, n_memory = max(size.shots), size.memory_demos
+    rows_for = [("majority", 0, "majority class")]
+    for k in size.shots:
+        rows_for += [(e.key, k, f"{e.label}, {k}-shot") for e in entrants if e.key != "longmem"]
+        rows_for += [("longmem", k, f"LongMem, {k} fixed in context + {n_memory:,} in memory (the paper's)")]
+        rows_for += [(f"longmem_{how}", k, f"LongMem, {k} found by {how} + {n_memory:,} in memory")
+                     for how in size.finders]
+        rows_for += [("backbone_1k_lexical", k, f"backbone, {k} found by words (BM25), no memory")]
+    rows_for = [r for r in rows_for if f"{r[0]}/{r[1]}/Avg" in summary]
+    titles = {"greedy": "The paper's protocol: the greedy next token starts the gold label",
+              "label": "Label-word scoring: the likeliest label word wins",
+              "calibrated": "Label-word scoring, calibrated: divided by each label's probability for \"N/A\""}
+    tables = [f"**{title}** (accuracy %, ± the half-width of a 95% interval over the pooled test sentences)\n\n"
+              + results_table(summary, rows_for, size.sets, protocol) for protocol, title in titles.items()]
+    curve = curve_table(summary, size, top)
+    if curve:
+        tables.append(f"**Accuracy vs demonstrations in memory** (LongMem at {top} shots, average of "
+                      f"{len(size.sets)} sets, %, ± the half-width of a 95% interval)\n\n" + curve)
+    scored = [r for r in runs if r["model"] != "majority"]
+    notes = [verdict(summary, entrants, size.sets, top), *targets(runs, summary, size),
+             f"The two protocols gave the same verdict on {sum(r['agree'] for r in scored):,} of "
+             f"{sum(r['n'] for r in scored):,} test sentences (every model, shot count and seed): they differ only "
+             "where the greedy next token is not a label word.",
+             f"LongMem's memory is a bank of the {n_memory:,} memory demonstrations (as the app writes one, K/V "
+             f"stored in bfloat16), read at chunk size {size.csz}; MemTRM's is in RAM. Found demonstrations come "
+             f"from that bank ({', '.join(size.finders)}; the backbone's by BM25 from the same bank), never the test "
+             "sentence itself, closest last; the full-context backbone reads as many memory demonstrations as fit "
+             "before its k-shot prompt.",
+             f"Units (set x seed): {len(tasks_for(ctx, size))}, made at commit(s) {', '.join(units.commits())}; "
+             f"{seconds / 60:.1f} min of work in all, {timer.seconds / 60:.1f} min in this run."]
+    plots = [plot_icl(ctx.out_dir, summary, rows_for, size.sets)]
+    if curve:
+        plots.append(plot_curve(ctx.out_dir, summary, size, top))
+    return SuiteResult("icl", "Memory-augmented in-context learning (paper table 5): accuracy %, with 95% intervals",
+                       tables, {"runs": runs, "summary": summary, "models": {e.key: e.label for e in ctx.entrants}},
+                       asdict(size), plots, notes, seconds)
+
+
+PROTOCOLS = ("greedy", "label", "calibrated")
+
+
+def summarize(runs: list[dict]) -> dict:
+    """{"<model>/<k>/<set>": {p: (mean, std) over seeds, "ci": {p: (low, high)}, "seeds": n}} in % for each
+    protocol p the runs have: the interval is Wilson's over the set's pooled test sentences. "<model>/<k>/Avg": the
+    mean of the sets' means (the paper's average column; no std), its interval from the sets' binomial variances."""
+    out: dict = {}
+    keys = sorted({(r["model"], r["k"], r["set"]) for r in runs})
+    pooled: dict = {}
+    for model, k, s in keys:
+        sel = [r for r in runs if (r["model"], r["k"], r["set"]) == (model, k, s)]
+        protocols = [p for p in PROTOCOLS if all(p in r for r in sel)]
+        n = sum(r.get("n", 0) for r in sel)
+        entry = {p: mean_std([100 * r[p] for r in sel]) for p in protocols}
+        entry["ci"] = {p: tuple(100 * x for x in wilson(round(sum(r[p] * r["n"] for r in sel)), n))
+                       for p in protocols if n}
+        entry["seeds"] = len(sel)
+        out[f"{model}/{k}/{s}"] = entry
+        pooled[(model, k, s)] = (n, {p: sum(r[p] * r["n"] for r in sel) / n for p in protocols} if n else {})
+    for model, k in sorted({(m, k) for m, k, _ in keys}):
+        per_set = [(key, v) for key, v in out.items() if key.startswith(f"{model}/{k}/") and not key.endswith("/Avg")]
+        protocols = [p for p in PROTOCOLS if all(p in v for _, v in per_set)]
+        avg = {p: (sum(v[p][0] for _, v in per_set) / len(per_set), float("nan")) for p in protocols}
+        ci = {}
+        for p in protocols:
+            var = [q[p] * (1 - q[p]) / n for n, q in (pooled[(model, k, key.rsplit("/", 1)[1])] for key, _ in per_set)
+                   if n]
+            if len(var) == len(per_set):
+                half = 100 * 1.96 * math.sqrt(sum(var)) / len(per_set)
+                ci[p] = (avg[p][0] - half, avg[p][0] + half)
+        out[f"{model}/{k}/Avg"] = {**avg, "ci": ci}
+    return out
+
+
+def cell(v: dict | None, protocol: str) -> str:
+    if v is None or protocol not in v:
+        return ""
+    mean = v[protocol][0]
+    ci = v.get("ci", {}).get(protocol)
+    return f"{mean:.1f}" if not ci else f"{mean:.1f} ±{(ci[1] - ci[0]) / 2:.1f}"
+
+
 def results_table(summary: dict, rows_for: list[tuple[str, int, str]], sets: list[str], protocol: str) -> str:
-    rows = []
-    for model, k, label in rows_for:
-        cells = []
-        for s in sets + ["Avg"]:
-            v = summary.get(f"{model}/{k}/{s}")
-            if v is None:
-                cells.append("")
-                continue
-            mean, std = v[protocol]
-            plain = s == "Avg" or v.get("seeds", 1) < 2
-            cells.append(f"{mean:.1f}" if plain else f"{mean:.1f} ± {std:.1f}")
-        rows.append([label] + cells)
+    rows = [[label] + [cell(summary.get(f"{model}/{k}/{s}"), protocol) for s in sets + ["Avg"]]
+            for model, k, label in rows_for]
     return table(["model"] + sets + ["Avg"], rows)
+
+
+def curve_points(summary: dict, size: Size, top: int, model: str) -> list[tuple[int, dict | None]]:
+    """(demonstrations in memory, the 5-set average entry) for ``model``'s line at ``top`` shots: 0 is LongMem with
+    its memory empty (fixed demonstrations), the full size the table's row, the sizes between the curve's."""
+    steps = sorted({n for n in size.curve if 0 < n < size.memory_demos})
+    return ([(0, summary.get(f"longmem_empty/{top}/Avg"))] + [(n, summary.get(f"{model}@{n}/{top}/Avg")) for n in steps]
+            + [(size.memory_demos, summary.get(f"{model}/{top}/Avg"))])
+
+
+def curve_lines(size: Size) -> list[tuple[str, str]]:
+    return [("longmem", "fixed demonstrations")] + [(f"longmem_{how}", f"found by {how}") for how in size.finders[:1]]
+
+
+def curve_table(summary: dict, size: Size, top: int) -> str:
+    lines = curve_lines(size)
+    points = {m: curve_points(summary, size, top, m) for m, _ in lines}
+    if not any(v is not None for pts in points.values() for _, v in pts[1:-1]):
+        return ""
+    header = ["in prompt"] + [f"{n:,} in memory" for n, _ in points["longmem"]]
+    rows = [[f"{top} {name}" + (", calibrated" if p == "calibrated" else "")]
+            + [cell(v, p) for _, v in points[m]] for m, name in lines for p in ("label", "calibrated")]
+    return table(header, rows)
+
+
+def paired(runs: list[dict], a: tuple[str, int], b: tuple[str, int], pa: str = "label",
+           pb: str = "label") -> tuple[float, float, int] | None:
+    """Mean difference in points of (model, k) ``a`` under protocol ``pa`` minus ``b`` under ``pb`` over the same
+    test sentences (every set and seed both ran), with the half-width of its 95% interval, and the sentences."""
+    def items(key, p):
+        return {(r["set"], r["seed"]): r["items"][p] for r in runs
+                if (r["model"], r["k"]) == key and "items" in r}
+    xa, xb = items(a, pa), items(b, pb)
+    diffs = [int(u) - int(v) for unit in sorted(set(xa) & set(xb)) for u, v in zip(xa[unit], xb[unit])]
+    if not diffs:
+        return None
+    mean = sum(diffs) / len(diffs)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / max(len(diffs) - 1, 1))
+    return 100 * mean, 100 * 1.96 * sd / math.sqrt(len(diffs)), len(diffs)
+
+
+def targets(runs: list[dict], summary: dict, size: Size) -> list[str]:
+    """The issue's two targets: LongMem's best configuration against the backbone at the most shots (>= 5 points,
+    the gap outside its interval), and accuracy rising with demonstrations in memory."""
+    top = max(size.shots)
+    base = ("backbone_1k", top)
+    mine = [(m, k, p) for m in ["longmem"] + [f"longmem_{h}" for h in size.finders] for k in size.shots
+            for p in ("label", "calibrated") if f"{m}/{k}/Avg" in summary and p in summary[f"{m}/{k}/Avg"]]
+    if not mine or f"backbone_1k/{top}/Avg" not in summary:
+        return []
+    best = max(mine, key=lambda c: summary[f"{c[0]}/{c[1]}/Avg"][c[2]][0])
+    name = f"{best[0]} at {best[1]} shots ({'calibrated' if best[2] == 'calibrated' else 'label words'})"
+    out = []
+    for rival, rp, what in ((base, "label", f"the backbone at {top} shots"),
+                            (base, "calibrated", f"the backbone at {top} shots, calibrated"),
+                            (("backbone_1k_lexical", top), "label", f"the backbone reading {top} found by BM25"),
+                            (("backbone_1k_lexical", top), "calibrated",
+                             f"the backbone reading {top} found by BM25, calibrated")):
+        d = paired(runs, best[:2], rival, best[2], rp)
+        if d is None:
+            continue
+        met = d[0] >= 5 and d[0] - d[1] > 0
+        out.append(f"Best LongMem configuration, {name}, minus {what}: {d[0]:+.1f} ± {d[1]:.1f} points (paired, "
+                   f"{d[2]:,} test sentences)" + (f"; the >= 5-point target is {'met' if met else 'not met'}."
+                                                  if rival == base and rp == "label" else "."))
+    for m, line in curve_lines(size):
+        pts = [(n, v) for n, v in curve_points(summary, size, top, m) if v is not None]
+        if len(pts) > 1:
+            accs = [v["label"][0] for _, v in pts]
+            rising = all(b >= a for a, b in zip(accs, accs[1:]))
+            out.append(f"LongMem at {top} shots, {line}, by demonstrations in memory: "
+                       + ", ".join(f"{n:,} → {a:.1f}" for (n, _), a in zip(pts, accs))
+                       + (" (rises at every step)." if rising else " (does not rise at every step)."))
+    out.append("The best configuration is picked after seeing the results (of "
+               f"{len(mine)}), so its gap is an optimistic estimate.")
+    return out
 
 
 def verdict(summary: dict, entrants: list[Entrant], sets: list[str], k: int) -> str:
@@ -291,3 +507,33 @@ def plot_icl(out_dir: Path, summary: dict, rows_for: list[tuple[str, int, str]],
     fig.tight_layout()
     fig.savefig(Path(out_dir) / "icl.png", bbox_inches="tight")  # the legend below may be wider than the axes
     return "icl.png"
+
+
+def plot_curve(out_dir: Path, summary: dict, size: Size, top: int) -> str:
+    """The 5-set average against demonstrations in memory, each point with its 95% interval; the backbone's
+    rows as horizontal lines."""
+    fig = figure(6.5, 4.5)
+    ax = fig.add_subplot()
+    for m, line in curve_lines(size):
+        for p, style in (("label", "o-"), ("calibrated", "s--")):
+            pts = [(n, v) for n, v in curve_points(summary, size, top, m) if v is not None and p in v]
+            if not pts:
+                continue
+            xs, ys = [n for n, _ in pts], [v[p][0] for _, v in pts]
+            err = [[y - v["ci"].get(p, (y, y))[0] for y, (_, v) in zip(ys, pts)],
+                   [v["ci"].get(p, (y, y))[1] - y for y, (_, v) in zip(ys, pts)]]
+            ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=3,
+                        label=f"LongMem, {top} {line}" + (", calibrated" if p == "calibrated" else ""))
+    for key, label, style in ((f"backbone_1k/{top}/Avg", f"backbone, {top} fixed", ":"),
+                              (f"backbone_1k_lexical/{top}/Avg", f"backbone, {top} found by BM25", "-."),
+                              ("majority/0/Avg", "majority class", "-")):
+        if key in summary:
+            ax.axhline(summary[key]["label"][0], color="gray", linestyle=style, linewidth=1, label=label)
+    ax.set_xscale("symlog", linthresh=100)
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("demonstrations in memory")
+    ax.set_ylabel(f"accuracy %, average of {len(size.sets)} sets")
+    legend_below(ax, ncol=2, gap=0.16)
+    fig.tight_layout()
+    fig.savefig(Path(out_dir) / "icl-curve.png", bbox_inches="tight")
+    return "icl-curve.png"
