@@ -219,14 +219,14 @@ def run_entrant(entrant: Entrant, task: Task, k: int, bank: MemoryBank | None) -
 
 
 def tasks_for(ctx: EvalContext, size: Size) -> list[Task]:
-    out = []
+    """Every set under every seed, seed by seed: a run cut off after n units has each set's first seeds."""
+    read = {}
     for name in size.sets:
         if name not in PRESETS:
             raise ValueError(f"unknown ICL set {name!r} (known: {', '.join(PRESETS)})")
-        train, evaluation = PRESETS[name].read(ctx.data_dir)
-        out += [make_task(PRESETS[name], train, evaluation, max(size.shots), size.memory_demos, size.test,
-                          ctx.seed + s) for s in range(size.seeds)]
-    return out
+        read[name] = PRESETS[name].read(ctx.data_dir)
+    return [make_task(PRESETS[name], *read[name], max(size.shots), size.memory_demos, size.test, ctx.seed + s)
+            for s in range(size.seeds) for name in size.sets]
 
 
 def found_contexts(finder: DemoFinder, task: Task, k: int, how: str, balance: bool, window: int) -> list[list[int]]:
