@@ -172,8 +172,12 @@ def test_classifier_from_a_csv(server):
     todo = root / "todo.txt"
     todo.write_text("a fine warm film\na dull cold film\n")
     out = client.predict("reviews", "mood", handle_file(str(todo)), "text", api_name="/classify_file")
-    lines = open(out).read().splitlines()
-    assert lines[0].startswith("text,prediction") and len(lines) == 3
+    import csv as csvlib
+
+    with open(out, newline="") as f:
+        table = list(csvlib.DictReader(f))
+    assert [r["text"] for r in table] == ["a fine warm film", "a dull cold film"]
+    assert all(r["prediction"] in ("good", "bad") and r["read"].count("Sentiment:") == 2 for r in table)
 
 
 def test_bad_inputs_are_rejected_with_a_message(server, book_bank):

@@ -254,3 +254,9 @@ def test_every_eval_suite_runs_in_both_dtypes(dtype, tmp_path, capsys):
         result = json.loads((tmp_path / "out" / f"{name}.json").read_text())
         assert result["provenance"]["machine"]["dtype"] == dtype, name
     capsys.readouterr()
+    # --resume: a second run of a suite reuses the units the first one recorded, and gives the same record
+    first = {name: json.loads((tmp_path / "out" / f"{name}.json").read_text())["data"] for name in ("icl", "bookqa")}
+    for name in first:
+        assert main([name] + argv[1:] + ["--resume"]) == 0
+        assert "resuming: 1 finished units" in capsys.readouterr().err
+        assert json.loads((tmp_path / "out" / f"{name}.json").read_text())["data"] == first[name]

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -173,7 +174,7 @@ def gold_found(qa: QA, doc_id: int) -> Found:
 
 
 def run(ctx: EvalContext) -> SuiteResult:
-    from ..embedder import Embedder, EmbeddingIndex
+    from ..embedder import Embedder
 
     size: Size = ctx.size("bookqa", QUICK, FULL)
     timer = Timer()
@@ -183,50 +184,67 @@ def run(ctx: EvalContext) -> SuiteResult:
     qas = items(ctx, size.questions)
     stream, borrowed = filler(ctx, max(size.distances))
     embedder = Embedder.load()
-    keys = list(LABELS)
-    results: dict = {k: {} for k in keys}
+    units = ctx.task_log("bookqa", size)  # one unit per distance: a run cut off goes on from there (--resume)
+    results: dict = {k: {} for k in LABELS}
     gold_read: dict = {f: {} for f in (*FINDER_ENTRANTS.values(), "embed")}
+    seconds = 0.0  # of every distance, those reused from an earlier run included
     for d in size.distances:
-        with filler_bank(ctx, stream[:d]) as bank:
-            memory = bank.load_memory(model)
-            filler_passages = bank.db.execute("SELECT id, text FROM passages ORDER BY id").fetchall()
-            index = EmbeddingIndex(embedder)
-            index.add([t for _, t in filler_passages])
-            scores = {k: [] for k in keys}
-            reads = {f: [] for f in gold_read}
-            for i, qa in enumerate(qas):
-                paragraph = np.asarray(ctx.tokenizer(qa.passage, add_special_tokens=False).input_ids)
-                haystack = np.concatenate([paragraph, stream[:d]])
-                with spliced(bank, model, memory, qa) as (doc_id, places):
-                    finder = PassageFinder(bank, model, memory, places)
-                    chat = Chat(model, memory, Sampling(max_new_tokens=size.new_tokens))
-                    got = {"longmem": answer(model, memory, qa.question, None, size)}
-                    for key, how in FINDER_ENTRANTS.items():
-                        found = find_for_chat(finder, chat, qa.question, Reading(finder=how, passages=size.passages))
-                        reads[how].append(any(f.passage.document_id == doc_id for f in found))
-                        got[key] = answer(model, memory, qa.question, reading_prompt(qa.question, found), size)
-                        if how == "lexical":
-                            got["rag_bm25"] = answer(backbone, None, qa.question,
-                                                     reading_prompt(qa.question, found), size)
-                    found = _embedded(bank, index, filler_passages, embedder, qa, doc_id, chat, size)
-                    reads["embed"].append(any(f.passage.document_id == doc_id for f in found))
-                    got["rag_embed"] = answer(backbone, None, qa.question, reading_prompt(qa.question, found), size)
-                    got["backbone_full"] = answer(full, None, qa.question, window_text(full, qa.question, haystack,
-                                                                                      size), size)
-                    gold = reading_prompt(qa.question, [gold_found(qa, doc_id)])
-                    got["oracle"] = answer(model, memory, qa.question, gold, size)
-                    got["oracle_backbone"] = answer(backbone, None, qa.question, gold, size)
-                for k in keys:
-                    scores[k].append({"id": qa.id, "answer": got[k], "contains": contains(got[k], qa.answers),
-                                      "em": exact_match(got[k], qa.answers), "f1": f1(got[k], qa.answers)})
-                ctx.log(f"bookqa at {d:,} tokens, question {i + 1}/{len(qas)}: fused read the gold paragraph: "
-                        f"{reads['fused'][-1]}; answered: fused {scores['longmem_fused'][-1]['contains']:.0f}, "
-                        f"oracle {scores['oracle'][-1]['contains']:.0f} ({timer.seconds / 60:.1f} min)")
-        for k in keys:
-            results[k][str(d)] = _summary(scores[k])
-        for f, r in reads.items():
+        unit = units.get(str(d))
+        if unit is None:
+            t0 = time.perf_counter()
+            scores, reads = _at_distance(ctx, size, d, qas, stream, embedder, backbone, full, timer)
+            unit = {"scores": scores, "reads": reads, "seconds": time.perf_counter() - t0}
+            units.put(str(d), unit)
+        seconds += unit["seconds"]
+        for k in LABELS:
+            results[k][str(d)] = _summary(unit["scores"][k])
+        for f, r in unit["reads"].items():
             gold_read[f][str(d)] = float(np.mean(r)) if r else float("nan")
-    return _result(ctx, size, qas, results, gold_read, borrowed, timer)
+    return _result(ctx, size, qas, results, gold_read, borrowed, seconds, units.commits())
+
+
+def _at_distance(ctx: EvalContext, size: Size, d: int, qas: list[QA], stream: np.ndarray, embedder, backbone, full,
+                 timer: Timer) -> tuple[dict, dict]:
+    """Every entrant's answer to every question with its paragraph ``d`` tokens before it: (entrant -> per-question
+    scores, finder -> per-question whether the gold paragraph was read)."""
+    from ..embedder import EmbeddingIndex
+
+    model = ctx.model
+    scores: dict = {k: [] for k in LABELS}
+    reads: dict = {f: [] for f in (*FINDER_ENTRANTS.values(), "embed")}
+    with filler_bank(ctx, stream[:d]) as bank:
+        memory = bank.load_memory(model)
+        filler_passages = bank.db.execute("SELECT id, text FROM passages ORDER BY id").fetchall()
+        index = EmbeddingIndex(embedder)
+        index.add([t for _, t in filler_passages])
+        for i, qa in enumerate(qas):
+            paragraph = np.asarray(ctx.tokenizer(qa.passage, add_special_tokens=False).input_ids)
+            haystack = np.concatenate([paragraph, stream[:d]])
+            with spliced(bank, model, memory, qa) as (doc_id, places):
+                finder = PassageFinder(bank, model, memory, places)
+                chat = Chat(model, memory, Sampling(max_new_tokens=size.new_tokens))
+                got = {"longmem": answer(model, memory, qa.question, None, size)}
+                for key, how in FINDER_ENTRANTS.items():
+                    found = find_for_chat(finder, chat, qa.question, Reading(finder=how, passages=size.passages))
+                    reads[how].append(any(f.passage.document_id == doc_id for f in found))
+                    got[key] = answer(model, memory, qa.question, reading_prompt(qa.question, found), size)
+                    if how == "lexical":
+                        got["rag_bm25"] = answer(backbone, None, qa.question, reading_prompt(qa.question, found), size)
+                found = _embedded(bank, index, filler_passages, embedder, qa, doc_id, chat, size)
+                reads["embed"].append(any(f.passage.document_id == doc_id for f in found))
+                got["rag_embed"] = answer(backbone, None, qa.question, reading_prompt(qa.question, found), size)
+                got["backbone_full"] = answer(full, None, qa.question, window_text(full, qa.question, haystack, size),
+                                              size)
+                gold = reading_prompt(qa.question, [gold_found(qa, doc_id)])
+                got["oracle"] = answer(model, memory, qa.question, gold, size)
+                got["oracle_backbone"] = answer(backbone, None, qa.question, gold, size)
+            for k in LABELS:
+                scores[k].append({"id": qa.id, "answer": got[k], "contains": contains(got[k], qa.answers),
+                                  "em": exact_match(got[k], qa.answers), "f1": f1(got[k], qa.answers)})
+            ctx.log(f"bookqa at {d:,} tokens, question {i + 1}/{len(qas)}: fused read the gold paragraph: "
+                    f"{reads['fused'][-1]}; answered: fused {scores['longmem_fused'][-1]['contains']:.0f}, "
+                    f"oracle {scores['oracle'][-1]['contains']:.0f} ({timer.seconds / 60:.1f} min)")
+    return scores, reads
 
 
 def _embedded(bank: Bank, index, filler_passages: list, embedder, qa: QA, doc_id: int, chat: Chat,
@@ -252,7 +270,7 @@ def _summary(rows: list[dict]) -> dict:
     return {**out, "items": rows}
 
 
-def _result(ctx, size, qas, results, gold_read, borrowed, timer) -> SuiteResult:
+def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commits: list[str]) -> SuiteResult:
     ds = [str(d) for d in size.distances]
     header = (["model"] + [f"{distance_label(int(d))}: answered / EM / F1" for d in ds] + ["average answered"])
     rows = []
@@ -275,12 +293,13 @@ def _result(ctx, size, qas, results, gold_read, borrowed, timer) -> SuiteResult:
              f"{avg['rag_bm25']:.1f}%, embedding RAG {avg['rag_embed']:.1f}%."]
     if borrowed:
         notes.append(borrowed_note(borrowed))
+    notes.append(f"Distances run at commit(s) {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
     plot = _plot(ctx, size.distances, results)
     return SuiteResult("bookqa", "Questions about a long text (beyond the paper): a SQuAD paragraph D tokens before "
                        "its question", [table(header, rows), reads],
                        {"results": results, "gold_read": gold_read, "models": LABELS,
                         "questions": [q.id for q in qas], "borrowed_train_tokens": borrowed},
-                       asdict(size), [plot], notes, timer.seconds)
+                       asdict(size), [plot], notes, seconds)
 
 
 def _plot(ctx: EvalContext, distances: list[int], results: dict) -> str:
