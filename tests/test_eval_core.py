@@ -18,7 +18,7 @@ from longmem.classifiers import Example, Preset
 from longmem.corpus import Document
 from longmem.eval import books, distance, icl
 from longmem.eval.chapterbreak import Item, choose
-from longmem.eval.core import EMPTY_LABELS, Entrant, apply_overrides, lineup, mean_std
+from longmem.eval.core import EMPTY_LABELS, Entrant, EvalContext, apply_overrides, lineup, mean_std
 from longmem.eval.cli import parse_overrides, provenance
 from longmem.eval.scoring import Prefix
 from longmem.model import LongMemModel
@@ -192,6 +192,15 @@ def test_a_task_log_resumes_only_its_own_finished_units(tmp_path):
     assert other.get("SST-2/0") is None
     fresh = TaskLog(path, sig, resume=False)  # without --resume a run starts afresh
     assert fresh.get("SST-2/0") is None and not path.exists()
+
+
+def test_a_run_asking_for_fewer_or_more_units_reuses_those_it_shares(tmp_path):
+    ctx = EvalContext(None, [], tmp_path, tmp_path, resume=True, log=lambda m: None, provenance={"commit": "abc"})
+    selects = ("sets", "seeds")
+    ctx.task_log("icl", apply_overrides(icl.QUICK, {"seeds": "3"}), selects).put("SST-2/0", 1)
+    assert ctx.task_log("icl", icl.QUICK, selects).get("SST-2/0") == 1  # one seed of the three: reused
+    assert ctx.task_log("icl", apply_overrides(icl.QUICK, {"sets": "SST-2,MR"}), selects).get("SST-2/0") == 1
+    assert ctx.task_log("icl", apply_overrides(icl.QUICK, {"test": "9"}), selects).get("SST-2/0") is None
 
 
 def test_summary_intervals_are_wilson_per_set_and_binomial_on_the_average():

@@ -184,7 +184,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     qas = items(ctx, size.questions)
     stream, borrowed = filler(ctx, max(size.distances))
     embedder = Embedder.load()
-    units = ctx.task_log("bookqa", size)  # one unit per distance: a run cut off goes on from there (--resume)
+    units = ctx.task_log("bookqa", size, selects=("distances",))  # a unit: one distance (--resume)
     results: dict = {k: {} for k in LABELS}
     gold_read: dict = {f: {} for f in (*FINDER_ENTRANTS.values(), "embed")}
     seconds = 0.0  # of every distance, those reused from an earlier run included

@@ -147,10 +147,13 @@ class EvalContext:
         base = quick if self.quick else full
         return apply_overrides(base, self.overrides.get(suite, {}), suite)
 
-    def task_log(self, suite: str, size) -> "TaskLog":
-        """The suite's finished work units in this run's folder (see ``TaskLog``), for ``size``."""
+    def task_log(self, suite: str, size, selects: tuple[str, ...] = ()) -> "TaskLog":
+        """The suite's finished work units in this run's folder (see ``TaskLog``), for ``size``; ``selects``: the
+        size fields that only choose which units run (e.g. the sets and seeds), so that a run asking for fewer units
+        (a report of what is done) or more (a longer run) reuses the units it shares with an earlier one."""
         same = {k: self.provenance.get(k) for k in SAME_RUN}
-        signature = json.loads(json.dumps({"size": asdict(size), "seed": self.seed, **same}))
+        made = {k: v for k, v in asdict(size).items() if k not in selects}
+        signature = json.loads(json.dumps({"size": made, "seed": self.seed, **same}))
         return TaskLog(self.out_dir / f"{suite}.tasks.jsonl", signature, self.resume, self.log,
                        made_at=str(self.provenance.get("commit", "unknown")))
 

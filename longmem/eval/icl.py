@@ -295,12 +295,12 @@ def run(ctx: EvalContext) -> SuiteResult:
     for how in size.finders:
         Choice(how)  # a bad --set fails before any work
     timer = Timer()
-    units = ctx.task_log("icl", size)
+    units = ctx.task_log("icl", size, selects=("sets", "seeds"))  # a unit: one set under one seed
     runs: list[dict] = []  # one per (task, k, model)
     seconds = 0.0  # of every unit, those reused from an earlier run included
     entrants = ctx.entrants + memory_empty(ctx.entrants)
     for task in tasks_for(ctx, size):
-        key = f"{task.preset.name}/{task.seed}"
+        key = f"{task.preset.name}/{task.seed}"  # the seed itself, not its rank: ctx.seed + s
         unit = units.get(key)
         if unit is None:
             t0 = time.perf_counter()
