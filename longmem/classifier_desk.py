@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .bank import Bank
-from .classifiers import (ClassifierSpec, Example, accuracy_vs_memory, classify_rows, format_demo, majority_accuracy,
-                          plot_confusion, plot_curve, read_examples, read_texts, split_examples, write_predictions_csv)
-from .classifiers import default_sizes
+from .classifiers import (ClassifierSpec, Example, accuracy_vs_memory, classify_rows, default_sizes, format_demo,
+                          majority_accuracy, plot_confusion, plot_curve, read_examples, read_texts, split_examples,
+                          write_predictions_csv)
 from .classifiers import evaluate as evaluate_classifier
 from .demos import Choice, DemoFinder, accuracy_vs_bank
 from .readers import DemoFormat
@@ -124,7 +124,8 @@ class ClassifierDesk:
                 return result, []
             if spec.finder == "none":
                 points = accuracy_vs_memory(self.ws.model, spec.template, spec.labels, spec.context, mem_examples,
-                                            spec.test, sizes, progress=report(len(spec.test)), csz=csz)
+                                            spec.test, sizes, progress=report(len(spec.test)), csz=csz,
+                                            calibrate=spec.calibrate)
             else:
                 points = accuracy_vs_bank(self.ws.model, spec.template, spec.labels, spec.context, mem_examples,
                                           spec.test, Choice(spec.finder, spec.shots, spec.balance),

@@ -419,11 +419,13 @@ def default_sizes(n: int) -> list[int]:
 def accuracy_vs_memory(model: SegmentLM, template: str, labels: Sequence[str], context: Sequence[str],
                        memory_examples: Sequence[Example], test: Sequence[Example], sizes: Sequence[int] | None = None,
                        separator: str = "\n\n", progress: Progress | None = None,
-                       context_separator: str = "\n", csz: int | None = None) -> list[CurvePoint]:
+                       context_separator: str = "\n", csz: int | None = None,
+                       calibrate: bool = False) -> list[CurvePoint]:
     """Test accuracy with the first ``size`` memory examples in an in-RAM memory, for each size (ascending; 0 =
     empty memory, in-context demonstrations only). The memory grows incrementally: each demonstration is encoded
     once. ``csz`` retrieves with finer chunks than the model's (``MemoryBank.rechunk``), as a bank's classifier
-    may. ``progress(done, total)`` counts examples memorized plus texts predicted."""
+    may; ``calibrate`` scores as ``tasks.Classifier`` does with it. ``progress(done, total)`` counts examples memorized
+    plus texts predicted."""
     sizes = default_sizes(len(memory_examples)) if sizes is None else sorted(set(sizes))
     if not sizes or sizes[0] < 0 or sizes[-1] > len(memory_examples):
         raise ValueError(f"memory sizes must lie in [0, {len(memory_examples)}], got {list(sizes)}")
@@ -432,7 +434,8 @@ def accuracy_vs_memory(model: SegmentLM, template: str, labels: Sequence[str], c
     if sizes[-1] > 0 and not model.uses_memory:
         raise ValueError(f"{type(model).__name__} has no memory; only size 0 can be evaluated")
     memory = model.new_memory(capacity=None) if model.uses_memory else None
-    classifier = Classifier(model, memory, template, list(labels), list(context), context_separator)
+    classifier = Classifier(model, memory, template, list(labels), list(context), context_separator,
+                            calibrate=calibrate)
     tok = model.backbone.tokenizer
     total, done, have, points = sizes[-1] + len(sizes) * len(test), 0, 0, []
     report = (lambda d: progress(d, total)) if progress is not None else (lambda d: None)

@@ -196,3 +196,12 @@ def test_wilson_interval():
     assert lo == pytest.approx(0.4038, abs=1e-3) and hi == pytest.approx(0.5962, abs=1e-3)
     assert C.wilson(0, 10)[0] == 0.0 and C.wilson(0, 0) == (0.0, 1.0)
     assert C.CurvePoint(0, 0.5, 0, 100).interval == C.wilson(50, 100)
+
+
+def test_the_fixed_curve_calibrates_when_asked(model):
+    data = demos_set(12)
+    test, memory_examples = data[:4], data[4:]
+    context = ["Review: fine Sentiment: positive"]
+    [point] = C.accuracy_vs_memory(model, TEMPLATE, LABELS, context, memory_examples, test, sizes=[0], calibrate=True)
+    assert point.accuracy == C.evaluate(Classifier(model, None, TEMPLATE, LABELS, context, calibrate=True),
+                                        test).accuracy
