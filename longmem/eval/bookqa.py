@@ -293,7 +293,7 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
              f"{avg['rag_bm25']:.1f}%, embedding RAG {avg['rag_embed']:.1f}%."]
     if borrowed:
         notes.append(borrowed_note(borrowed))
-    notes.append(f"Distances run at commit(s) {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
+    notes.append(f"Distances run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
     plot = _plot(ctx, size.distances, results)
     return SuiteResult("bookqa", "Questions about a long text (beyond the paper): a SQuAD paragraph D tokens before "
                        "its question", [table(header, rows), reads],

@@ -152,21 +152,23 @@ class EvalContext:
         size fields that only choose which units run (e.g. the sets and seeds), so that a run asking for fewer units
         (a report of what is done) or more (a longer run) reuses the units it shares with an earlier one."""
         same = {k: self.provenance.get(k) for k in SAME_RUN}
+        machine = self.provenance.get("machine", {})
         made = {k: v for k, v in asdict(size).items() if k not in selects}
-        signature = json.loads(json.dumps({"size": made, "seed": self.seed, **same}))
+        signature = json.loads(json.dumps({"size": made, "seed": self.seed, "dtype": machine.get("dtype"), **same}))
         return TaskLog(self.out_dir / f"{suite}.tasks.jsonl", signature, self.resume, self.log,
-                       made_at=str(self.provenance.get("commit", "unknown")))
+                       made_at=f"{self.provenance.get('commit', 'unknown')} on {machine.get('cpu', 'unknown')}")
 
 
-SAME_RUN = ("backbone", "sidenet", "topk", "csz", "memtrm", "machine")  # what a resumed unit shares with the run
+SAME_RUN = ("backbone", "sidenet", "topk", "csz", "memtrm")  # what a resumed unit shares with the run, with the dtype
 
 
 class TaskLog:
     """A long suite's finished work units (e.g. one ICL set under one seed), appended to a JSON-lines file as each
     finishes, so that a run cut off (a session's end) goes on where it stopped: with ``resume``, the units the file
-    holds under the same ``signature`` (size, seed, models, machine) are reused; without it the file starts afresh.
-    Each unit records the commit that made it (``made_at``): a result names them all (``commits``). Each line is
-    written whole and flushed to disk before the next unit starts."""
+    holds under the same ``signature`` (size, seed, models, dtype) are reused; without it the file starts afresh.
+    Each unit records the commit and CPU that made it (``made_at``, "<commit> on <cpu>"): a result names them all
+    (``commits``); thread counts and machines may differ between the runs that share a record. Each line is written
+    whole and flushed to disk before the next unit starts."""
 
     def __init__(self, path: Path, signature: dict, resume: bool, log: Log = print, made_at: str = "unknown"):
         self.path, self.signature, self.made_at = Path(path), signature, made_at
@@ -203,7 +205,7 @@ class TaskLog:
         self.units[key], self.made[key] = value, self.made_at
 
     def commits(self) -> list[str]:
-        """The commits the finished units were made at, in order of first use."""
+        """Where the finished units were made ("<commit> on <cpu>"), in order of first use."""
         return list(dict.fromkeys(self.made.values()))
 
 

@@ -337,7 +337,7 @@ def run(ctx: EvalContext) -> SuiteResult:
              f"from that bank ({', '.join(size.finders)}; the backbone's by BM25 from the same bank), never the test "
              "sentence itself, closest last; the full-context backbone reads as many memory demonstrations as fit "
              "before its k-shot prompt.",
-             f"Units (set x seed): {len(tasks_for(ctx, size))}, made at commit(s) {', '.join(units.commits())}; "
+             f"Units (set x seed): {len(tasks_for(ctx, size))}, made at {', '.join(units.commits())}; "
              f"{seconds / 60:.1f} min of work in all, {timer.seconds / 60:.1f} min in this run."]
     plots = [plot_icl(ctx.out_dir, summary, rows_for, size.sets)]
     if curve:
