@@ -464,9 +464,11 @@ def targets(runs: list[dict], summary: dict, size: Size) -> list[str]:
         if len(pts) > 1:
             accs = [v["label"][0] for _, v in pts]
             rising = all(b >= a for a, b in zip(accs, accs[1:]))
+            d = paired(runs, (m, top), ("longmem_empty", top))
             out.append(f"LongMem at {top} shots, {line}, by demonstrations in memory: "
                        + ", ".join(f"{n:,} → {a:.1f}" for (n, _), a in zip(pts, accs))
-                       + (" (rises at every step)." if rising else " (does not rise at every step)."))
+                       + (" (rises at every step" if rising else " (does not rise at every step")
+                       + (f"; {size.memory_demos:,} minus 0: {d[0]:+.1f} ± {d[1]:.1f} points, paired)." if d else ")."))
     out.append("The best configuration is picked after seeing the results (of "
                f"{len(mine)}), so its gap is an optimistic estimate.")
     return out
