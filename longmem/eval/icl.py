@@ -532,6 +532,7 @@ def plot_curve(out_dir: Path, summary: dict, size: Size, top: int) -> str:
         if key in summary:
             ax.axhline(summary[key]["label"][0], color="gray", linestyle=style, linewidth=1, label=label)
     ax.set_xscale("symlog", linthresh=100)
+    ax.set_xlim(-10, size.memory_demos * 1.3)  # symlog's default margin leaves a blank stretch left of 0
     ax.set_ylim(0, 100)
     ax.set_xlabel("demonstrations in memory")
     ax.set_ylabel(f"accuracy %, average of {len(size.sets)} sets")
