@@ -14,7 +14,6 @@ A classifier reads fixed demonstrations in its prompt, or finds them for each te
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +23,7 @@ from .classifiers import (ClassifierSpec, Example, accuracy_vs_memory, classify_
                           majority_accuracy, plot_confusion, plot_curve, read_examples, read_texts, split_examples,
                           write_predictions_csv)
 from .classifiers import evaluate as evaluate_classifier
-from .demos import Choice, DemoFinder, accuracy_vs_bank
+from .demos import Choice, DemoFinder, accuracy_vs_bank, jsonl_format, write_demos
 from .readers import DemoFormat
 from .text import InputError
 
@@ -70,9 +69,8 @@ class ClassifierDesk:
 
         if not split.memory:  # in-context only: nothing to ingest
             return self.ws.jobs.submit("classifier", name, spec.name, lambda ctx: save(self.ws.store.open(name)))
-        demo_file = self.ws.scratch_dir() / f"{name}-{spec.name}-{seed}-demos.jsonl"
-        demo_file.write_text("".join(json.dumps({"text": e.text, "label": e.label}) + "\n" for e in split.memory))
-        demos = DemoFormat(template=fmt.template, text_column="text", label_column="label")
+        demo_file = write_demos(self.ws.scratch_dir() / f"{name}-{spec.name}-{seed}-demos.jsonl", split.memory)
+        demos = jsonl_format(fmt.template)
         title = f"{spec.name} demonstrations ({len(split.memory):,} from {Path(path).name}).jsonl"
         return self.ws.jobs.submit("ingest", name, title, self.ws.ingest_work(name, [demo_file], [title], demos, save))
 

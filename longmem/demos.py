@@ -149,10 +149,16 @@ class DemoFinder:
 
 
 def write_demos(path: Path, examples: Sequence) -> Path:
-    """Examples (``.text``, ``.label``) as a JSONL file of {"text", "label"} rows, as bank ingestion reads them."""
+    """Examples (``.text``, ``.label``) as a JSONL file of {"text", "label"} rows, as bank ingestion reads them
+    (with ``jsonl_format``)."""
     path.write_text("".join(json.dumps({"text": e.text, "label": e.label}) + "\n" for e in examples),
                     encoding="utf-8")
     return path
+
+
+def jsonl_format(template: str) -> DemoFormat:
+    """How bank ingestion reads a ``write_demos`` file: its "text" and "label" keys, written with ``template``."""
+    return DemoFormat(template=template, text_column="text", label_column="label")
 
 
 def grow_bank(bank: Bank, model, examples: Sequence, sizes: Sequence[int], template: str, scratch: Path,
@@ -165,7 +171,7 @@ def grow_bank(bank: Bank, model, examples: Sequence, sizes: Sequence[int], templ
     sizes = sorted(set(sizes))
     if sizes and (sizes[0] < 0 or sizes[-1] > len(examples)):
         raise ValueError(f"memory sizes must lie in [0, {len(examples)}], got {list(sizes)}")
-    fmt = DemoFormat(template=template, text_column="text", label_column="label")
+    fmt = jsonl_format(template)
     have = 0
     for size in sizes:
         if size > have:

@@ -299,7 +299,8 @@ def run(ctx: EvalContext) -> SuiteResult:
     runs: list[dict] = []  # one per (task, k, model)
     seconds = 0.0  # of every unit, those reused from an earlier run included
     entrants = ctx.entrants + memory_empty(ctx.entrants)
-    for task in tasks_for(ctx, size):
+    tasks = tasks_for(ctx, size)
+    for task in tasks:
         key = f"{task.preset.name}/{task.seed}"  # the seed itself, not its rank: ctx.seed + s
         unit = units.get(key)
         if unit is None:
@@ -337,7 +338,7 @@ def run(ctx: EvalContext) -> SuiteResult:
              f"from that bank ({', '.join(size.finders)}; the backbone's by BM25 from the same bank), never the test "
              "sentence itself, closest last; the full-context backbone reads as many memory demonstrations as fit "
              "before its k-shot prompt.",
-             f"Units (set x seed): {len(tasks_for(ctx, size))}, made at {', '.join(units.commits())}; "
+             f"Units (set x seed): {len(tasks)}, made at {', '.join(units.commits())}; "
              f"{seconds / 60:.1f} min of work in all, {timer.seconds / 60:.1f} min in this run."]
     plots = [plot_icl(ctx.out_dir, summary, rows_for, size.sets)]
     if curve:
