@@ -460,3 +460,42 @@ def test_the_kl_term_keeps_the_sidenet_near_the_backbone(tmp_path):
             out = trained.step(ids, trained.new_memory(batch_size=2))
             drift[w] = token_losses(trained, out.hidden, ids, out.reference)[1].mean().item()
     assert drift[0.0] > 0.01 and drift[50.0] < 0.5 * drift[0.0], drift
+
+
+@pytest.mark.parametrize("scope", ["all", "empty"])
+def test_the_kl_scope_picks_the_tokens_it_applies_to(scope):
+    """kl_scope="all" puts KL(backbone || model) on every token but recall answers; "empty" only on the rows read
+    with an empty memory (row 0 here: row 1 holds its document's past). Checked against the terms by hand."""
+    from longmem.lm import segment_starts
+    from training.train import SegmentLoss
+
+    torch.manual_seed(0)
+    m = model("compact")
+    with torch.no_grad():
+        for name, p in m.named_trainable():
+            if "alpha" in name or "lora_b" in name:
+                p.add_(0.3 * torch.randn_like(p))  # open the ReZero branches: the SideNet now differs from the backbone
+    ids = torch.as_tensor(documents()[1].ids[:32], dtype=torch.long).view(2, 16)
+    answers = torch.zeros_like(ids, dtype=torch.bool)
+    answers[:, 10:13] = True
+    past = torch.as_tensor(documents()[2].ids[:32], dtype=torch.long).view(2, 16)
+
+    def memory():  # row 0 empty, row 1 with 16 tokens of past (each call gets its own: a step adds to it)
+        bank = m.new_memory(batch_size=2)
+        with torch.no_grad():
+            k, v = m.encode_memory(past)
+        bank.add(k, v, tokens=past, starts=segment_starts(*past.shape, past.device))
+        bank.clear([0])
+        assert bank.sizes()[0] == 0 and bank.sizes()[1] > 0
+        return bank
+
+    with torch.no_grad():
+        plain = SegmentLoss(m, kl_weight=0.0)(ids, memory(), answers)[0]
+        objective, _, kl = SegmentLoss(m, kl_weight=2.0, kl_scope=scope)(ids, memory(), answers)
+    assert (kl[0] > 1e-4).any() and (kl[1] > 1e-4).any()
+    where = ~answers[:, 1:]  # (B, T-1)
+    if scope == "empty":
+        where[1] = False
+    torch.testing.assert_close(objective, plain + 2.0 * (kl * where).sum() / where.sum())
+    with pytest.raises(ValueError, match="kl_scope must be one of"):
+        SegmentLoss(m, kl_weight=1.0, kl_scope="answers")

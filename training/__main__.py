@@ -45,6 +45,8 @@ HELP = {
                      "(1 = the plain LM loss)",
     "kl_weight": "weight of KL(backbone || model) on the tokens that are not recall answers: keeps the SideNet's "
                  "predictions (and answering) close to the backbone's where memory is not what is taught (0 = off)",
+    "kl_scope": "where the KL term applies: 'all' (every token but recall answers) or 'empty' (only segments read "
+                "with an empty memory, a document's first: the SideNet alone stays the backbone, memory is left free)",
     "scale_lr": "LR multiplier, without weight decay, for the ReZero branch scales and the memory gate (1 = none)",
     "amp": "autocast: auto (what --dtype auto would pick: bf16 on GPUs and CPUs with native bf16), bfloat16, "
            "float16, none",

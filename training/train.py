@@ -42,6 +42,7 @@ from longmem.model import LongMemConfig, LongMemModel
 
 from .data import Batchfier, Document
 
+KL_SCOPES = ("all", "empty")  # TrainConfig.kl_scope
 RUN_SETTINGS = ("out", "steps", "device", "amp", "save_every", "eval_every", "eval_segments")  # free on --resume
 LOSS_CHUNK = 256  # positions per LM-head call in the loss
 LOSS_KEEP_BYTES = 1 << 30  # float32 log-probabilities up to this size are kept for backward, larger ones recomputed
@@ -69,6 +70,9 @@ class TrainConfig:
     answer_weight: float = 1.0  # loss weight of recall-answer tokens (the only tokens that need memory; 1 = plain LM)
     kl_weight: float = 0.0  # weight of KL(backbone || model) on every other token: keeps the SideNet from drifting off
     #                         the backbone's predictions (its answering) where memory is not what is taught (0 = off)
+    kl_scope: str = "all"  # where the KL term applies: "all" (every token but recall answers) or "empty" (only the
+    #                        segments read with an empty memory, a document's first: the SideNet alone stays the
+    #                        backbone, and memory's part is left to the LM loss)
     scale_lr: float = 1.0  # LR multiplier (and no weight decay) for the ReZero scales and the memory gate: scalars
     #                        that start at 0 and must travel O(1) before memory can matter; 1 = one plain group
     grad_clip: float = 2.0
@@ -123,14 +127,19 @@ def token_losses(model: SegmentLM, hidden: torch.Tensor, targets: torch.Tensor,
 class SegmentLoss(nn.Module):
     """One training step's forward as a module (what DistributedDataParallel wraps): read memory, predict the
     segment, append its keys/values to memory. Returns the objective (mean next-token NLL, recall-answer tokens
-    weighted by ``answer_weight``, plus ``kl_weight`` times the mean KL(backbone || model) over the other tokens),
-    the per-token NLL (B, T-1) and the per-token KL (or None), detached, for the metrics."""
+    weighted by ``answer_weight``, plus ``kl_weight`` times the mean KL(backbone || model) over the tokens
+    ``kl_scope`` names: every token but recall answers, or those of rows whose memory is empty before the step),
+    the per-token NLL (B, T-1) and the per-token KL (or None), detached, for the metrics. A step whose rows all
+    have memory gets no KL term under "empty"."""
 
-    def __init__(self, model: SegmentLM, answer_weight: float = 1.0, kl_weight: float = 0.0):
+    def __init__(self, model: SegmentLM, answer_weight: float = 1.0, kl_weight: float = 0.0, kl_scope: str = "all"):
         super().__init__()
-        self.model, self.answer_weight, self.kl_weight = model, answer_weight, kl_weight
+        if kl_scope not in KL_SCOPES:
+            raise ValueError(f"kl_scope must be one of {KL_SCOPES}, not {kl_scope!r}")
+        self.model, self.answer_weight, self.kl_weight, self.kl_scope = model, answer_weight, kl_weight, kl_scope
 
     def forward(self, ids: torch.Tensor, memory, answers: torch.Tensor):
+        empty = torch.tensor([n == 0 for n in memory.sizes()], device=ids.device)  # (B,) before this step's keys
         out = self.model._step_then_remember(ids, memory)
         reference = out.reference[:, :-1] if self.kl_weight and out.reference is not None else None
         if self.kl_weight and reference is None:
@@ -139,7 +148,9 @@ class SegmentLoss(nn.Module):
         weight = 1.0 + (self.answer_weight - 1.0) * answers[:, 1:].to(nll.dtype)  # (B, T-1)
         objective = (nll * weight).sum() / nll.numel()
         if kl is not None:
-            other = ~answers[:, 1:]
+            other = ~answers[:, 1:]  # (B, T-1)
+            if self.kl_scope == "empty":
+                other = other & empty[:, None]
             objective = objective + self.kl_weight * (kl * other).sum() / other.sum().clamp(min=1)
         return objective, nll.detach(), None if kl is None else kl.detach()
 
@@ -306,7 +317,7 @@ class Trainer:
             _load_optimizer(self.opt, load_file(str(ckpt / "optimizer.safetensors")), state["optimizer"])
         elif self.step:  # e.g. a checkpoint committed without its optimizer state: Adam's moments start afresh
             log("no optimizer.safetensors in the checkpoint: resuming with fresh optimizer state (not bit-exact)")
-        self.loss_module: nn.Module = SegmentLoss(self.model, cfg.answer_weight, cfg.kl_weight)
+        self.loss_module: nn.Module = SegmentLoss(self.model, cfg.answer_weight, cfg.kl_weight, cfg.kl_scope)
         if self.world > 1:
             on_gpu = self.device.startswith("cuda")
             self.loss_module = nn.parallel.DistributedDataParallel(
@@ -383,6 +394,9 @@ class Trainer:
                "s": time.perf_counter() - t0, "gate": torch.sigmoid(self.model.gate).mean().item()}
         if kl is not None:
             row["kl"] = kl.mean().item()
+            fresh = batch.reset.to(kl.device)  # (B,) rows whose memory was cleared: read with memory empty
+            if fresh.any():
+                row["kl_memory_empty"] = kl[fresh].mean().item()
         answers = batch.answers[:, 1:].to(nll.device)
         if answers.any():  # this process's recall answers: the tokens memory must supply
             row["answer_nll"], row["answer_tokens"] = nll[answers].mean().item(), int(answers.sum())
