@@ -10,6 +10,7 @@ weights hash, provenance). Loading refuses a checkpoint trained for another back
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -38,6 +39,16 @@ def shipped_checkpoint(backbone: str) -> Path | None:
     name = SHIPPED.get(backbone)
     path = SHIPPED_DIR / name if name else None
     return path if path is not None and (path / "config.json").is_file() else None
+
+
+def checkpoint_digest(path: str | Path) -> str:
+    """sha256 (hex) of the SideNet weights file in checkpoint directory ``path``: which weights a result was made
+    with, whatever the directory is called (the shipped one keeps its name when it is retrained)."""
+    h = hashlib.sha256()
+    with open(Path(path) / "sidenet.safetensors", "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 class CheckpointError(RuntimeError):

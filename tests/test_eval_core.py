@@ -203,6 +203,29 @@ def test_a_run_asking_for_fewer_or_more_units_reuses_those_it_shares(tmp_path):
     assert ctx.task_log("icl", apply_overrides(icl.QUICK, {"test": "9"}), selects).get("SST-2/0") is None
 
 
+def test_units_made_with_other_sidenet_weights_are_not_reused(tmp_path, llama):
+    """A retrained SideNet shipped under the same name has other weights: the record names them by digest, and a
+    resumed run does not take units the earlier weights made."""
+    from longmem.model import checkpoint_digest
+
+    lm = memory_model(llama)
+    before = lm.save(tmp_path / "before")
+    with torch.no_grad():
+        next(p for _, p in lm.named_trainable()).add_(0.5)
+    digests = [checkpoint_digest(before)[:16], checkpoint_digest(lm.save(tmp_path / "after"))[:16]]
+    assert digests[0] != digests[1]
+
+    def log_with(digest):
+        made_by = provenance(lm, ["icl"], "shipped with the package", None, "auto", digest)
+        assert made_by["sidenet_sha256"] == digest
+        ctx = EvalContext(None, [], tmp_path, tmp_path / "out", resume=True, log=lambda m: None, provenance=made_by)
+        return ctx.task_log("icl", icl.QUICK, ("sets", "seeds"))
+
+    log_with(digests[0]).put("SST-2/0", 1)
+    assert log_with(digests[0]).get("SST-2/0") == 1
+    assert log_with(digests[1]).get("SST-2/0") is None
+
+
 def test_summary_intervals_are_wilson_per_set_and_binomial_on_the_average():
     runs = [{"set": s, "seed": 0, "k": 4, "model": "m", "greedy": a, "label": a, "n": 100} for s, a in
             (("A", 0.5), ("B", 0.9))]

@@ -60,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="first seed (demonstrations, test samples, items)")
     p.add_argument("--resume", action="store_true",
                    help="go on from the work units an earlier run into the same --out finished (same sizes, seed, "
-                        "commit and models; the icl suite records one unit per set and seed)")
+                        "dtype and models, the SideNet by its weights; icl records one unit per set and seed, bookqa "
+                        "one per distance)")
     add_dtype_flag(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     return p.parse_args(argv)
@@ -99,9 +100,11 @@ def run_suite(name: str, ctx: EvalContext) -> SuiteResult:
     return result
 
 
-def provenance(model, argv: list[str], sidenet: str, memtrm: str | None, dtype: str = "auto") -> dict:
-    """What a suite's result states about the run that made it: command, commit, date, hardware, models, and the
-    dtype: ``dtype`` as asked (``--dtype``), the one the models ran in, and why."""
+def provenance(model, argv: list[str], sidenet: str, memtrm: str | None, dtype: str = "auto",
+               sidenet_sha256: str | None = None) -> dict:
+    """What a suite's result states about the run that made it: command, commit, date, hardware, models (the
+    SideNet named as asked and by its weights' sha256, 16 hex digits; None when untrained), and the dtype: ``dtype``
+    as asked (``--dtype``), the one the models ran in, and why."""
     from ..bench import machine_facts
 
     def git(*a: str) -> str:
@@ -116,7 +119,8 @@ def provenance(model, argv: list[str], sidenet: str, memtrm: str | None, dtype: 
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine,
             "platform": platform.platform(), "backbone": model.backbone.name,
-            "sidenet": sidenet, "topk": model.config.topk, "csz": model.config.csz, "memtrm": memtrm}
+            "sidenet": sidenet, "sidenet_sha256": sidenet_sha256, "topk": model.config.topk, "csz": model.config.csz,
+            "memtrm": memtrm}
 
 
 def reduced_from_full(result: SuiteResult) -> dict[str, tuple]:
@@ -204,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_cpu(args.threads)
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(args)
+    from ..model import checkpoint_digest, shipped_checkpoint
+
     sidenet = args.checkpoint or ("untrained" if args.untrained else "shipped with the package")
+    weights = args.checkpoint or (None if args.untrained else shipped_checkpoint(model.config.backbone))
     memtrm = None
     if args.memtrm:
         from ..baselines import MemTRM
@@ -212,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         memtrm = MemTRM.load(args.memtrm, backbone=model.backbone).eval()
     log = lambda m: print(f"[eval {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     data = Path(args.data) if args.data else data_dir_default()
-    made_by = provenance(model, argv, sidenet, args.memtrm, args.dtype)
+    made_by = provenance(model, argv, sidenet, args.memtrm, args.dtype,
+                         checkpoint_digest(weights)[:16] if weights else None)
     ctx = EvalContext(model, lineup(model, args.full_context, memtrm), data, out, quick=args.quick, seed=args.seed,
                       overrides=overrides, log=log, provenance=made_by, resume=args.resume)
     names = list(SUITES) if args.suite == "all" else [args.suite]

@@ -159,7 +159,8 @@ class EvalContext:
                        made_at=f"{self.provenance.get('commit', 'unknown')} on {machine.get('cpu', 'unknown')}")
 
 
-SAME_RUN = ("backbone", "sidenet", "topk", "csz", "memtrm")  # what a resumed unit shares with the run, with the dtype
+# what a resumed unit shares with the run, beside its size, seed and dtype
+SAME_RUN = ("backbone", "sidenet", "sidenet_sha256", "topk", "csz", "memtrm")
 
 
 class TaskLog:
