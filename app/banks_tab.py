@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from longmem.readers import DemoFormat
-from longmem.workspace import Workspace
+from longmem.ingest.readers import DemoFormat
+from longmem.service.workspace import Workspace
 
 from .common import BOOK_TYPES, DEMO_TYPES, file_paths, friendly, job_html, mib, parse_label_words
 from .shared import Shared

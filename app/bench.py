@@ -29,7 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from longmem.bench import DEFAULT_TEXT, log, machine_facts, report
+from longmem.bench.inference import default_text, log, machine_facts, report
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = ["Who is the narrator of this story?", "Where does Gatsby live?", "What happens at the party?",
@@ -66,14 +66,14 @@ def scenario_startup(args) -> dict:
 
 
 def scenario_first_token(args) -> dict:
-    from longmem.cpu import setup_cpu
-    from longmem.model import LongMemConfig, LongMemModel
-    from longmem.store import Store
-    from longmem.workspace import Settings, Workspace
+    from longmem.model.cpu import setup_cpu
+    from longmem.model.longmem import LongMemConfig, LongMemModel
+    from longmem.storage import BankDirectory
+    from longmem.service.workspace import Settings, Workspace
 
     setup_cpu(args.threads)
     model = LongMemModel.from_config(LongMemConfig(dtype=args.dtype)).eval()
-    ws = Workspace(model, Store(args.banks_dir))
+    ws = Workspace(model, BankDirectory(args.banks_dir))
     name = f"bench-{args.bank_tokens // 1000}k"
     if not ws.store.exists(name) or _bank_tokens(ws, name) < args.bank_tokens * 0.95:
         if ws.store.exists(name):
@@ -124,7 +124,7 @@ def _prefix(path: Path, n_tokens: int, tokenizer) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from longmem.cpu import add_dtype_flag
+    from longmem.model.cpu import add_runtime_flags
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenario", choices=["all", "startup", "first-token"], default="all", help="what to measure")
@@ -132,11 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bank-tokens", type=int, default=100_000, help="size of the bank the chat reads")
     p.add_argument("--questions", type=int, default=6, help="questions asked (the first one is cold)")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens per answer")
-    p.add_argument("--text", default=DEFAULT_TEXT, help="text the bank is made of (default: The Great Gatsby)")
+    p.add_argument("--text", default=default_text(), help="text the bank is made of (default: The Great Gatsby)")
     p.add_argument("--banks-dir", default=str(Path(tempfile.gettempdir()) / "longmem-bench-banks"),
                    help="where the benchmark bank is kept between runs")
-    add_dtype_flag(p)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    add_runtime_flags(p)
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     t0 = time.perf_counter()

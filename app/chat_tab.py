@@ -8,8 +8,8 @@ import html
 
 import gradio as gr
 
-from longmem.reading import FINDERS, Citation
-from longmem.workspace import PassageHit, Settings, Workspace
+from longmem.tasks.reading import FINDERS, Citation
+from longmem.service.workspace import PassageHit, Settings, Workspace
 
 from .common import BOOK_TYPES, file_paths, friendly, job_html
 from .shared import Shared

@@ -10,9 +10,9 @@ import math
 
 import gradio as gr
 
-from longmem.classifiers import PRESETS, peek_columns
-from longmem.readers import DemoFormat
-from longmem.workspace import Workspace
+from longmem.tasks.examples import PRESETS, peek_columns
+from longmem.ingest.readers import DemoFormat
+from longmem.service.workspace import Workspace
 
 from .banks_tab import jobs_html
 from .common import file_paths, friendly, parse_label_words

@@ -9,12 +9,12 @@ import logging
 
 import gradio as gr
 
-from longmem.backbone import BackboneError
-from longmem.bank import BankError
-from longmem.jobs import JobState
-from longmem.model import CheckpointError
-from longmem.readers import BOOK_SUFFIXES, DEMO_EXTS
-from longmem.text import InputError
+from longmem.model.backbone import BackboneError
+from longmem.storage.records import BankError
+from longmem.service.jobs import JobState
+from longmem.model.longmem import CheckpointError
+from longmem.ingest.readers import BOOK_SUFFIXES, DEMO_EXTS
+from longmem.text.io import InputError
 
 log = logging.getLogger("longmem.app")
 

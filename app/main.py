@@ -13,13 +13,13 @@ import os
 import sys
 import time
 
-from longmem.limits import ExtractLimits
+from longmem.ingest.limits import ExtractLimits
 
 log = logging.getLogger("longmem.app")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from longmem.cpu import add_dtype_flag
+    from longmem.model.cpu import add_runtime_flags
 
     p = argparse.ArgumentParser(prog="python app.py", description="The LongMem web app (Gradio, local, offline).")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 to let other machines in)")
@@ -34,8 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--untrained", action="store_true", help="use an untrained SideNet (reproduces the backbone)")
     p.add_argument("--max-upload-mb", type=int, default=512, help="largest file accepted for upload, in MiB")
     ExtractLimits.add_arguments(p)  # what an upload may expand to: --max-chars, --max-unzipped-mb, ...
-    add_dtype_flag(p)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: all cores)")
+    add_runtime_flags(p)
     return p
 
 
@@ -50,20 +49,20 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
 
 def make_workspace(args):
     """The model (loaded once, shared by every visitor) and the banks directory."""
-    from longmem.cpu import setup_cpu
-    from longmem.model import LongMemConfig, LongMemModel
-    from longmem.store import Store
-    from longmem.workspace import Workspace
+    from longmem.model.cpu import setup_cpu
+    from longmem.model.longmem import LongMemConfig, LongMemModel
+    from longmem.storage import BankDirectory
+    from longmem.service.workspace import Workspace
 
     setup_cpu(args.threads)
     if args.checkpoint:
-        from longmem.backbone import load_backbone
+        from longmem.model.backbone import load_backbone
 
         model = LongMemModel.load(args.checkpoint, load_backbone(args.backbone, args.dtype))
     else:
         model = LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype),
                                          pretrained=not args.untrained)
-    return Workspace(model, Store(args.banks_dir), max_upload_bytes=args.max_upload_mb * 2**20,
+    return Workspace(model, BankDirectory(args.banks_dir), max_upload_bytes=args.max_upload_mb * 2**20,
                      checkpoint=args.checkpoint, limits=ExtractLimits.from_args(args), dtype=args.dtype)
 
 
@@ -83,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     args = build_parser().parse_args(argv)
     parse_auth(args.auth)  # a bad flag fails before the model loads
-    from longmem.text import InputError
+    from longmem.text.io import InputError
 
     try:
         ExtractLimits.from_args(args)
@@ -94,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "faiss.loader", "urllib3"):  # request lines and faiss's CPU-feature probing
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from longmem.backbone import BackboneError
-    from longmem.model import CheckpointError
+    from longmem.model.backbone import BackboneError
+    from longmem.model.longmem import CheckpointError
 
     try:
         ws = make_workspace(args)

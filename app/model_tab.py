@@ -7,8 +7,8 @@ import json
 
 import gradio as gr
 
-from longmem.backbone import DTYPES
-from longmem.workspace import Workspace
+from longmem.model.backbone import DTYPES
+from longmem.service.workspace import Workspace
 
 from .common import friendly, mib
 from .shared import Shared

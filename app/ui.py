@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from longmem.workspace import Workspace
+from longmem.service.workspace import Workspace
 
 from . import banks_tab, chat_tab, classify_tab, model_tab
 from .shared import Shared

@@ -1,16 +1,16 @@
 """LongMem: a frozen language model with a long-term memory (Wang et al., "Augmenting Language Models with
 Long-Term Memory"). Library first; the CLI (``longmem``) and the web app are thin layers on top."""
 
-from .backbone import Backbone, load_backbone
-from .baselines import BackboneLM, MemTRM
-from .ingest import ingest
-from .lm import Sampling
-from .memory import MemoryBank, Retrieved
-from .model import LongMemConfig, LongMemModel
-from .readers import DemoFormat
-from .store import Bank, BankError, Store
-from .tasks import Chat, Classifier
+from longmem.model.backbone import Backbone, load_backbone
+from longmem.model.baselines import BackboneLM, MemTRM
+from longmem.model.lm import Sampling
+from longmem.memory.memory import Memory, Retrieved
+from longmem.model.longmem import LongMemConfig, LongMemModel
+from longmem.ingest.readers import DemoFormat
+from longmem.storage import Bank, BankError, BankDirectory
+from longmem.tasks.chat import Chat
+from longmem.tasks.classify import Classifier
 
 __all__ = ["Backbone", "BackboneLM", "Bank", "BankError", "Chat", "Classifier", "DemoFormat", "LongMemConfig",
-           "LongMemModel", "MemTRM", "MemoryBank", "Retrieved", "Sampling", "Store", "ingest", "load_backbone"]
+           "LongMemModel", "MemTRM", "Memory", "Retrieved", "Sampling", "BankDirectory", "load_backbone"]
 __version__ = "0.1.0"

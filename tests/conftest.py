@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py, also for subpro
 
 from tiny import VOCAB, small_config, tiny_gpt2, tiny_llama  # noqa: E402
 
-from longmem.backbone import Backbone  # noqa: E402
-from longmem.model import LongMemModel  # noqa: E402
+from longmem.model.backbone import Backbone  # noqa: E402
+from longmem.model.longmem import LongMemModel  # noqa: E402
 
 __all__ = ["VOCAB", "small_config", "tiny_gpt2", "tiny_llama", "random_ids"]
 

@@ -130,7 +130,7 @@ def slow_pdf(path: Path, shows: int = 3_000_000, per_page: int = 500_000) -> Pat
 
 
 def extraction_children(of: psutil.Process | None = None) -> list[psutil.Process]:
-    """The extraction children (``longmem.sandbox``) of a process (default: this one), once they run their own
+    """The extraction children (``longmem.ingest.sandbox``) of a process (default: this one), once they run their own
     program (just after the fork a child's RSS is still that of its whole parent)."""
     out = []
     for c in (of or psutil.Process()).children(recursive=True):

@@ -16,8 +16,8 @@ from gradio_client.exceptions import AppError  # noqa: E402
 from tiny import chat_model  # noqa: E402
 
 from app.main import build_parser, launch  # noqa: E402
-from longmem.store import Store  # noqa: E402
-from longmem.workspace import Workspace  # noqa: E402
+from longmem.storage import BankDirectory  # noqa: E402
+from longmem.service.workspace import Workspace  # noqa: E402
 
 BOOK = "".join(f"Chapter {i}. The keeper of the lighthouse counted {i * 7} gulls at dawn.\n" for i in range(30))
 
@@ -34,8 +34,8 @@ def _free_port() -> int:
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("app")
     # bfloat16 on any CPU (native or emulated): the app's paths run in the dtype a BF16 machine picks by itself
-    ws = Workspace(chat_model(segment_len=384, dtype=torch.bfloat16), Store(root / "banks"), work_dir=root / "work",
-                   max_upload_bytes=2**20, dtype="bfloat16")
+    ws = Workspace(chat_model(segment_len=384, dtype=torch.bfloat16), BankDirectory(root / "banks"),
+                   work_dir=root / "work", max_upload_bytes=2**20, dtype="bfloat16")
     port = _free_port()
     demo = launch(ws, build_parser().parse_args(["--no-browser", "--port", str(port)]), block=False)
     client = Client(f"http://127.0.0.1:{port}/", verbose=False)
@@ -292,7 +292,7 @@ def test_settings_slider_holds_the_model_own_k(tmp_path):
     from app.chat_tab import settings_panel
     from tiny import tiny_model
 
-    ws = Workspace(tiny_model("llama", csz=2, topk=1024), Store(tmp_path / "banks"), work_dir=tmp_path / "work")
+    ws = Workspace(tiny_model("llama", csz=2, topk=1024), BankDirectory(tmp_path / "banks"), work_dir=tmp_path / "work")
     try:
         with gr.Blocks():
             _, _, chunks, csz = settings_panel(ws, 200)

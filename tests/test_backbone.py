@@ -7,8 +7,8 @@ import torch
 from conftest import random_ids, tiny_gpt2, tiny_llama
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from longmem.backbone import BackboneError, resolve_dtype
-from longmem.sidenet import SideLayer
+from longmem.model.backbone import BackboneError, resolve_dtype
+from longmem.model.sidenet import SideLayer
 
 
 def test_hidden_states_match_hf(backbone):
@@ -109,7 +109,7 @@ def test_fingerprint_ignores_dtype_but_not_weights():
 def test_unsupported_architecture_is_refused():
     from transformers import BertConfig, BertForMaskedLM
 
-    from longmem.backbone import Backbone
+    from longmem.model.backbone import Backbone
 
     with pytest.raises(BackboneError, match="unsupported backbone"):
         Backbone(BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
@@ -124,7 +124,7 @@ def test_resolve_dtype():
 
 
 def test_load_backbone_rejects_non_model_dir(tmp_path):
-    from longmem.backbone import load_backbone
+    from longmem.model.backbone import load_backbone
 
     with pytest.raises(BackboneError, match="not a Hugging Face model directory"):
         load_backbone(str(tmp_path))

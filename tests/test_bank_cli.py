@@ -14,10 +14,10 @@ import torch
 from docfiles import extraction_children, slow_pdf
 from tiny import small_config, tiny_llama
 
-from longmem.cli import main
-from longmem.model import LongMemModel
-from longmem.store import Store
-from longmem.tasks import Classifier
+from longmem.cli.main import main
+from longmem.model.longmem import LongMemModel
+from longmem.storage import BankDirectory
+from longmem.tasks.classify import Classifier
 
 WORDS = "the lamps were lit again while the boat drifted past the mill towards the sea".split()
 
@@ -68,7 +68,7 @@ def test_bank_lifecycle(run, files):
     code, out, _ = run("bank", "info", "lib")
     assert code == 0 and "[1] book (book.txt, text)" in out and "complete" in out
     assert run("bank", "verify", "lib")[1].strip().endswith("lib: ok")
-    next(Store(run.banks).path("lib").glob("keys-0-*.faiss")).write_bytes(b"junk")
+    next(BankDirectory(run.banks).path("lib").glob("keys-0-*.faiss")).write_bytes(b"junk")
     code, out, _ = run("bank", "verify", "lib")
     assert code == 0 and "index files brought up to date (1 rebuilt" in out
     assert run("bank", "rebuild-index", "lib")[0] == 0
@@ -92,7 +92,7 @@ def test_cli_errors_name_the_problem(run, files, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     code, _, err = run("bank", "ingest", "x", str(empty), "--create", model=True)
-    assert code == 2 and "the file is empty" in err and not Store(run.banks).exists("x")
+    assert code == 2 and "the file is empty" in err and not BankDirectory(run.banks).exists("x")
     code, _, err = run("bank", "ingest", "x", str(files[1]), "--create", "--label-words", "0=bad,2=good", model=True)
     assert code == 2 and "label '1' is not one of: 0, 2" in err
     code, _, err = run("bank", "ingest", "x", str(files[1]), "--create", "--label-column", "sentiment", model=True)
@@ -126,9 +126,9 @@ def test_classify_and_generate_with_a_bank(run, files):
 
 def test_classifier_scores_every_label_and_reads_the_bank_template(tmp_path, files):
     model = LongMemModel(tiny_llama(), small_config(segment_len=32))
-    store = Store(tmp_path / "banks")
-    from longmem.ingest import ingest
-    from longmem.readers import DemoFormat
+    store = BankDirectory(tmp_path / "banks")
+    from longmem.ingest.pipeline import ingest
+    from longmem.ingest.readers import DemoFormat
 
     with store.create("d", model) as bank:
         ingest(bank, model, files[1], demos=DemoFormat(template="{text} => {label}",
@@ -205,5 +205,5 @@ def test_ctrl_c_ends_an_extraction_at_once(tmp_path, checkpoint):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and "interrupted" in err and time.perf_counter() - t0 < 5, err[-2000:]
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
-    assert not Store(banks).exists("lib")  # the file is read before the bank is made
+    assert not BankDirectory(banks).exists("lib")  # the file is read before the bank is made
     assert not list(tmp_path.glob("longmem-text-*"))  # no extracted text left behind

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from longmem.bench import target
+from longmem.bench.inference import target
 
 
 def test_target_directions():
@@ -17,21 +17,22 @@ def test_target_directions():
 
 
 def _runs(scale: float) -> dict:
-    """The parts of bench / bench_bank JSON that the dtype comparison reads, every speed times ``scale``."""
+    """The parts of the ``bench.inference`` and ``bench.bank`` JSON that the dtype comparison reads, every speed
+    times ``scale``."""
     bank = {"memorize": {"tok_s": 1000 * scale},
             "forward": {"longmem_tok_s": 800 * scale, "backbone_tok_s": 900 * scale},
             "retrieval": {"ms_per_1k": 50 / scale},
             "generation": {"longmem": {"tok_s": 10 * scale}, "backbone": {"tok_s": 20 * scale}}}
     scoring = {"2048": {"longmem_tok_s": 300 * scale, "backbone_tok_s": 350 * scale, "longmem_peak_rss_mb": 900.0,
                         "longmem_ppl": 20.0 + scale / 100, "backbone_ppl": 21.0}}
-    return {"bench": {"scenarios": {"bank": bank}, "scoring": scoring},
-            "bench_bank": {"ingest": {"memorize_tok_s": 1000 * scale, "ingest_tok_s": 950 * scale},
+    return {"bench.inference": {"scenarios": {"bank": bank}, "scoring": scoring},
+            "bench.bank": {"ingest": {"memorize_tok_s": 1000 * scale, "ingest_tok_s": 950 * scale},
                            "reopen_warm": {"s": 0.5}}}
 
 
 def test_dtype_comparison_puts_each_measurement_side_by_side():
-    from longmem.bench import machine_facts
-    from longmem.bench_dtypes import markdown, side_by_side
+    from longmem.bench.inference import machine_facts
+    from longmem.bench.dtypes import markdown, side_by_side
 
     rows = {r["measurement"]: r for r in side_by_side({"bfloat16": _runs(2.7), "float32": _runs(1.0)})}
     mem = rows["memorize (ingestion), tok/s"]
@@ -51,7 +52,7 @@ def test_dtype_comparison_puts_each_measurement_side_by_side():
 @pytest.mark.integration
 def test_quick_benchmark_runs_end_to_end(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "longmem.bench", "--quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "longmem.bench.inference", "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())

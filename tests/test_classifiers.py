@@ -14,12 +14,13 @@ import torch
 from conftest import random_ids
 from tiny import tiny_model
 
-from longmem import classifiers as C
-from longmem.baselines import BackboneLM
-from longmem.classifiers import ClassifierSpec, Example
-from longmem.readers import DemoFormat
-from longmem.tasks import Classifier
-from longmem.text import InputError
+from longmem.tasks import classify as CL, examples as EX, measure as ME
+from longmem.model.baselines import BackboneLM
+from longmem.tasks.classify import ClassifierSpec
+from longmem.tasks.examples import Example
+from longmem.ingest.readers import DemoFormat
+from longmem.tasks.classify import Classifier
+from longmem.text.io import InputError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # CI: ../shared beside the repo
 SENTIMENT = {"0": "negative", "1": "positive"}
@@ -148,18 +149,18 @@ def test_from_documents_takes_context(model):
 
 def test_read_csv_with_header_and_label_words(tmp_path):
     p = write(tmp_path, "r.csv", 'text,label\n"A gripping, moving film.",1\n  Dull.  ,0\n\n')
-    assert C.read_examples(p, DemoFormat(label_words=SENTIMENT)) == [Example("A gripping, moving film.", "positive"),
+    assert EX.read_examples(p, DemoFormat(label_words=SENTIMENT)) == [Example("A gripping, moving film.", "positive"),
                                                                       Example("Dull.", "negative")]
 
 
 def test_read_headerless_csv_tsv_and_jsonl(tmp_path):
     mr = write(tmp_path, "mr.csv", '0,"simplistic , silly ."\n1,"a ""charming"" journey ."\n')
-    assert C.read_examples(mr, DemoFormat(columns=["label", "text"], label_words=SENTIMENT)) == [
+    assert EX.read_examples(mr, DemoFormat(columns=["label", "text"], label_words=SENTIMENT)) == [
         Example("simplistic , silly .", "negative"), Example('a "charming" journey .', "positive")]
     sst = write(tmp_path, "s.tsv", "sentence\tlabel\nhide new secretions \t0\n")
-    assert C.read_examples(sst, DemoFormat(text_column="sentence")) == [Example("hide new secretions", "0")]
+    assert EX.read_examples(sst, DemoFormat(text_column="sentence")) == [Example("hide new secretions", "0")]
     js = write(tmp_path, "d.jsonl", '{"text": "great", "label": 1}\n\n{"text": "awful", "label": "neg"}\n')
-    assert C.read_examples(js, DemoFormat()) == [Example("great", "1"), Example("awful", "neg")]
+    assert EX.read_examples(js, DemoFormat()) == [Example("great", "1"), Example("awful", "neg")]
 
 
 @pytest.mark.parametrize("name, content, fmt, message", [
@@ -180,27 +181,27 @@ def test_read_headerless_csv_tsv_and_jsonl(tmp_path):
 def test_bad_example_files(tmp_path, name, content, fmt, message):
     p = write(tmp_path, name, content)
     with pytest.raises(InputError, match=message) as e:
-        C.read_examples(p, fmt)
+        EX.read_examples(p, fmt)
     assert name in str(e.value)
 
 
 def test_missing_file_and_skip_empty(tmp_path):
     with pytest.raises(InputError, match="no such file"):
-        C.read_examples(tmp_path / "nope.csv", DemoFormat())
+        EX.read_examples(tmp_path / "nope.csv", DemoFormat())
     p = write(tmp_path, "e.csv", "0,fine\n0,\n1,good\n")
     fmt = DemoFormat(columns=["label", "text"])
-    assert [e.text for e in C.read_examples(p, fmt, skip_empty=True)] == ["fine", "good"]
+    assert [e.text for e in EX.read_examples(p, fmt, skip_empty=True)] == ["fine", "good"]
 
 
 def test_peek_columns(tmp_path):
     rows = "".join(f"t{i},{i % 2}\n" for i in range(8))
-    cols, first = C.peek_columns(write(tmp_path, "h.csv", "text,label\n" + rows))
+    cols, first = EX.peek_columns(write(tmp_path, "h.csv", "text,label\n" + rows))
     assert cols == ["text", "label"] and first == [[f"t{i}", str(i % 2)] for i in range(5)]
-    cols, first = C.peek_columns(write(tmp_path, "n.tsv", "1\tgood\n0\tbad\n"), has_header=False)
+    cols, first = EX.peek_columns(write(tmp_path, "n.tsv", "1\tgood\n0\tbad\n"), has_header=False)
     assert cols == ["column 1", "column 2"] and first == [["1", "good"], ["0", "bad"]]
     fmt = DemoFormat(columns=cols, text_column="column 2", label_column="column 1")  # what the UI then passes
-    assert C.read_examples(tmp_path / "n.tsv", fmt)[1] == Example("bad", "0")
-    cols, first = C.peek_columns(write(tmp_path, "j.jsonl", '{"text": "a", "y": 1}\n{"text": "b", "id": null}\n'))
+    assert EX.read_examples(tmp_path / "n.tsv", fmt)[1] == Example("bad", "0")
+    cols, first = EX.peek_columns(write(tmp_path, "j.jsonl", '{"text": "a", "y": 1}\n{"text": "b", "id": null}\n'))
     assert cols == ["text", "y", "id"] and first == [["a", "1", ""], ["b", "", ""]]
 
 
@@ -213,14 +214,14 @@ def test_peek_columns(tmp_path):
 ])
 def test_peek_columns_errors(tmp_path, name, content, header, message):
     with pytest.raises(InputError, match=message):
-        C.peek_columns(write(tmp_path, name, content), has_header=header)
+        EX.peek_columns(write(tmp_path, name, content), has_header=header)
 
 
 def test_read_texts(tmp_path):
-    assert C.read_texts(write(tmp_path, "t.csv", "id,review\n1,nice\n2,awful\n"), "review") == ["nice", "awful"]
-    assert C.read_texts(write(tmp_path, "t.txt", "first\n\n second \n")) == ["first", "second"]
+    assert EX.read_texts(write(tmp_path, "t.csv", "id,review\n1,nice\n2,awful\n"), "review") == ["nice", "awful"]
+    assert EX.read_texts(write(tmp_path, "t.txt", "first\n\n second \n")) == ["first", "second"]
     with pytest.raises(InputError, match="has no 'text' column"):
-        C.read_texts(tmp_path / "t.csv")
+        EX.read_texts(tmp_path / "t.csv")
 
 
 # -----------------------------------------------------------------------------
@@ -229,7 +230,7 @@ def test_read_texts(tmp_path):
 @pytest.mark.parametrize("name, n_train, n_eval", [("SST-2", 6920, 872), ("MR", 8662, 2000), ("MPQA", 8603, 2000),
                                                    ("SST-5", 8544, 2210), ("Subj", 8000, 2000)])
 def test_presets_read_the_shared_files(model, name, n_train, n_eval):
-    preset = C.PRESETS[name]
+    preset = EX.PRESETS[name]
     if not preset.paths(DATA)[0].is_file():
         pytest.skip(f"no shared data at {DATA}")
     train, test = preset.read(DATA)
@@ -240,10 +241,10 @@ def test_presets_read_the_shared_files(model, name, n_train, n_eval):
 
 def test_preset_label_numbers_agree_between_sst2_and_sst5():
     """SST-2 and SST-5 share sentences: SST-2 positive must be SST-5 good/great, negative terrible/bad."""
-    if not C.PRESETS["SST-5"].paths(DATA)[0].is_file():
+    if not EX.PRESETS["SST-5"].paths(DATA)[0].is_file():
         pytest.skip(f"no shared data at {DATA}")
-    sst2 = {e.text: e.label for e in C.PRESETS["SST-2"].read(DATA)[0]}
-    pairs = Counter((sst2[e.text], e.label) for e in C.PRESETS["SST-5"].read(DATA)[0] if e.text in sst2)
+    sst2 = {e.text: e.label for e in EX.PRESETS["SST-2"].read(DATA)[0]}
+    pairs = Counter((sst2[e.text], e.label) for e in EX.PRESETS["SST-5"].read(DATA)[0] if e.text in sst2)
     assert sum(pairs.values()) > 5000
     assert set(pairs) == {("positive", "good"), ("positive", "great"), ("negative", "bad"), ("negative", "terrible")}
 
@@ -253,12 +254,12 @@ def test_preset_label_numbers_agree_between_sst2_and_sst5():
 
 def test_split_is_deterministic_and_disjoint():
     data = examples(60)
-    a, b = C.split_examples(data, 4, 30, 10, seed=7), C.split_examples(data, 4, 30, 10, seed=7)
-    assert a == b and C.split_examples(data, 4, 30, 10, seed=8) != a
+    a, b = EX.split_examples(data, 4, 30, 10, seed=7), EX.split_examples(data, 4, 30, 10, seed=7)
+    assert a == b and EX.split_examples(data, 4, 30, 10, seed=8) != a
     assert (len(a.context), len(a.memory), len(a.test)) == (4, 30, 10)
     texts = [e.text for part in (a.context, a.memory, a.test) for e in part]
     assert len(set(texts)) == len(texts) == 44
-    everything = C.split_examples(data, 2, None, 10, seed=1)
+    everything = EX.split_examples(data, 2, None, 10, seed=1)
     assert len(everything.memory) == 48
 
 
@@ -266,26 +267,26 @@ def test_split_context_covers_every_label():
     data = [Example(f"p{i}", "pos") for i in range(40)] + [Example(f"n{i}", "neg") for i in range(3)] + \
         [Example("the only neutral", "neutral")]
     for seed in range(20):
-        split = C.split_examples(data, 3, 10, 5, seed=seed)
+        split = EX.split_examples(data, 3, 10, 5, seed=seed)
         assert {e.label for e in split.context} == {"pos", "neg", "neutral"}
-    assert len({e.label for e in C.split_examples(data, 2, 0, 0, seed=0).context}) == 2
+    assert len({e.label for e in EX.split_examples(data, 2, 0, 0, seed=0).context}) == 2
 
 
 def test_split_errors():
     with pytest.raises(ValueError, match=r"not enough examples: 4 in context \+ 30 in memory \+ 10 to test = 44, but "
                                          r"there are 20"):
-        C.split_examples(examples(20), 4, 30, 10, seed=0)
+        EX.split_examples(examples(20), 4, 30, 10, seed=0)
     with pytest.raises(ValueError, match="n_test must be >= 0"):
-        C.split_examples(examples(20), 1, 1, -1, seed=0)
+        EX.split_examples(examples(20), 1, 1, -1, seed=0)
     with pytest.raises(ValueError, match="not enough"):
-        C.split_examples(examples(5), 4, None, 3, seed=0)
+        EX.split_examples(examples(5), 4, None, 3, seed=0)
 
 
 def test_format_demo_and_stream():
     demos = [Example("a {curly} film", "positive"), Example("dull", "negative")]
-    assert C.format_demo("Review: {text} Sentiment: {label}", demos[0]) == "Review: a {curly} film Sentiment: positive"
-    assert C.demo_stream("{text} => {label}", demos) == "a {curly} film => positive\n\ndull => negative"
-    assert C.demo_stream("{text} => {label}", demos, separator="\n") == "a {curly} film => positive\ndull => negative"
+    assert EX.format_demo("Review: {text} Sentiment: {label}", demos[0]) == "Review: a {curly} film Sentiment: positive"
+    assert EX.demo_stream("{text} => {label}", demos) == "a {curly} film => positive\n\ndull => negative"
+    assert EX.demo_stream("{text} => {label}", demos, separator="\n") == "a {curly} film => positive\ndull => negative"
 
 
 # -----------------------------------------------------------------------------
@@ -310,7 +311,7 @@ def test_score_predictions_exact():
     labels = ["pos", "neg", "neu"]
     truths = ["pos", "pos", "pos", "neg", "neg", "neu"]
     preds = ["pos", "pos", "neg", "neg", "pos", "pos"]
-    r = C.score_predictions(labels, truths, preds)
+    r = ME.score_predictions(labels, truths, preds)
     assert r.accuracy == pytest.approx(3 / 6)
     assert r.confusion == [[2, 1, 0], [1, 1, 0], [1, 0, 0]]
     pos, neg, neu = (r.per_label[w] for w in labels)
@@ -320,51 +321,51 @@ def test_score_predictions_exact():
     assert (neu.precision, neu.recall, neu.f1, neu.support) == (0.0, 0.0, 0.0, 1)  # never predicted: 0, not NaN
     assert r.macro_f1 == pytest.approx((pos.f1 + 0.5) / 3)
     d = json.loads(json.dumps(r.to_dict()))
-    assert d["n"] == 6 and C.EvalResult.from_dict(d) == r
+    assert d["n"] == 6 and ME.EvalResult.from_dict(d) == r
 
 
 def test_score_predictions_errors():
     with pytest.raises(ValueError, match="2 true labels but 1 predictions"):
-        C.score_predictions(["a", "b"], ["a", "b"], ["a"])
+        ME.score_predictions(["a", "b"], ["a", "b"], ["a"])
     with pytest.raises(ValueError, match="label 'c' is not one of"):
-        C.score_predictions(["a", "b"], ["a", "c"], ["a", "b"])
+        ME.score_predictions(["a", "b"], ["a", "c"], ["a", "b"])
     with pytest.raises(ValueError, match="empty"):
-        C.score_predictions(["a", "b"], [], [])
+        ME.score_predictions(["a", "b"], [], [])
 
 
 def test_evaluate_scores_the_classifiers_own_predictions(model):
     clf = Classifier(model, None, "{text}:{label}", SIGNS, ["good:+"])
     test = [Example(f"t{i}", SIGNS[i % 3]) for i in range(6)]
     calls = []
-    r = C.evaluate(clf, test, lambda d, t: calls.append(d))
+    r = ME.evaluate(clf, test, lambda d, t: calls.append(d))
     assert r.predictions == clf.predict_many([e.text for e in test]) and r.truths == [e.label for e in test]
     assert sum(map(sum, r.confusion)) == 6 and calls == [1, 2, 3, 4, 5, 6]
     assert r.accuracy == sum(p == t for p, t in zip(r.predictions, r.truths)) / 6
-    assert C.majority_accuracy([Example("a", "x"), Example("b", "x"), Example("c", "y")]) == pytest.approx(2 / 3)
+    assert ME.majority_accuracy([Example("a", "x"), Example("b", "x"), Example("c", "y")]) == pytest.approx(2 / 3)
 
 
 # -----------------------------------------------------------------------------
 # accuracy vs memory
 
 def test_default_sizes():
-    assert C.default_sizes(2000) == [0, 100, 500, 2000] and C.default_sizes(3000) == [0, 100, 500, 2000, 3000]
-    assert C.default_sizes(300) == [0, 100, 300] and C.default_sizes(0) == [0]
+    assert ME.default_sizes(2000) == [0, 100, 500, 2000] and ME.default_sizes(3000) == [0, 100, 500, 2000, 3000]
+    assert ME.default_sizes(300) == [0, 100, 300] and ME.default_sizes(0) == [0]
 
 
 def test_accuracy_vs_memory_grows_the_memory(model):
     data = [Example(f"w{i}", SIGNS[i % 3]) for i in range(20)]
     test, memory_examples = data[:4], data[4:]
     calls = []
-    points = C.accuracy_vs_memory(model, "{text}:{label}", SIGNS, ["a:+"], memory_examples, test, sizes=[16, 0, 4, 4],
+    points = ME.accuracy_vs_memory(model, "{text}:{label}", SIGNS, ["a:+"], memory_examples, test, sizes=[16, 0, 4, 4],
                                   progress=lambda d, t: calls.append((d, t)))
     assert [p.n_memory for p in points] == [0, 4, 16]
     tokens = [p.memory_tokens for p in points]
     assert tokens[0] == 0 and tokens[0] < tokens[1] < tokens[2]
-    stream = len(C.demo_stream("{text}:{label}", memory_examples))  # one token per character
+    stream = len(EX.demo_stream("{text}:{label}", memory_examples))  # one token per character
     assert tokens[2] == stream // model.csz * model.csz
     assert calls[-1] == (16 + 3 * 4, 16 + 3 * 4) and [d for d, _ in calls] == sorted(d for d, _ in calls)
     # size 0 is in-context only: the same as evaluating without memory
-    alone = C.evaluate(Classifier(model, None, "{text}:{label}", SIGNS, ["a:+"]), test)
+    alone = ME.evaluate(Classifier(model, None, "{text}:{label}", SIGNS, ["a:+"]), test)
     assert points[0].accuracy == alone.accuracy
 
 
@@ -372,12 +373,12 @@ def test_accuracy_vs_memory_with_finer_chunks(model):
     model = awake(model)
     data = [Example(f"w{i}", SIGNS[i % 3]) for i in range(20)]
     test, memory_examples = data[:4], data[4:]
-    [point] = C.accuracy_vs_memory(model, "{text}:{label}", SIGNS, ["a:+"], memory_examples, test, sizes=[16], csz=1)
+    [point] = ME.accuracy_vs_memory(model, "{text}:{label}", SIGNS, ["a:+"], memory_examples, test, sizes=[16], csz=1)
     memory = model.new_memory(capacity=None)
     tok = model.backbone.tokenizer
-    model.memorize(tok(C.demo_stream("{text}:{label}", memory_examples), return_tensors="pt").input_ids, memory)
+    model.memorize(tok(EX.demo_stream("{text}:{label}", memory_examples), return_tensors="pt").input_ids, memory)
     fine = Classifier(model, memory.rechunk(1), "{text}:{label}", SIGNS, ["a:+"])
-    assert point.accuracy == C.evaluate(fine, test).accuracy
+    assert point.accuracy == ME.evaluate(fine, test).accuracy
     assert [fine.scores(e.text) for e in test] != [Classifier(model, memory, "{text}:{label}", SIGNS, ["a:+"]).scores(
         e.text) for e in test]  # finer chunks really retrieve differently
 
@@ -385,9 +386,9 @@ def test_accuracy_vs_memory_with_finer_chunks(model):
 def test_accuracy_vs_memory_errors(model):
     data = [Example(f"w{i}", SIGNS[i % 3]) for i in range(6)]
     with pytest.raises(ValueError, match=r"memory sizes must lie in \[0, 6\]"):
-        C.accuracy_vs_memory(model, "{text}:{label}", SIGNS, [], data, data[:2], sizes=[0, 7])
+        ME.accuracy_vs_memory(model, "{text}:{label}", SIGNS, [], data, data[:2], sizes=[0, 7])
     with pytest.raises(ValueError, match="has no memory"):
-        C.accuracy_vs_memory(BackboneLM(model.backbone, 64), "{text}:{label}", SIGNS, [], data, data[:2], sizes=[2])
+        ME.accuracy_vs_memory(BackboneLM(model.backbone, 64), "{text}:{label}", SIGNS, [], data, data[:2], sizes=[2])
 
 
 # -----------------------------------------------------------------------------
@@ -396,17 +397,17 @@ def test_accuracy_vs_memory_errors(model):
 def test_plots_write_png(tmp_path):
     import matplotlib.image
 
-    r = C.score_predictions(["pos", "neg"], ["pos", "neg", "neg"], ["pos", "pos", "neg"])
-    for path in (C.plot_confusion(r, tmp_path / "confusion.png"),
-                 C.plot_curve([C.CurvePoint(0, 0.5, 0, 20), C.CurvePoint(100, 0.75, 400, 20)], tmp_path / "curve.png",
-                              baseline=0.6)):
+    r = ME.score_predictions(["pos", "neg"], ["pos", "neg", "neg"], ["pos", "pos", "neg"])
+    for path in (ME.plot_confusion(r, tmp_path / "confusion.png"),
+                 ME.plot_curve([ME.CurvePoint(0, 0.5, 0, 20), ME.CurvePoint(100, 0.75, 400, 20)],
+                               tmp_path / "curve.png", baseline=0.6)):
         assert path.read_bytes()[:8] == PNG
         assert matplotlib.image.imread(path).ndim == 3
 
 
 def test_classify_rows_and_csv(model, tmp_path):
     clf = Classifier(model, None, "{text}:{label}", SIGNS)
-    rows = C.classify_rows(clf, ["nice, really", 'he said "no"', "x" * 500])
+    rows = CL.classify_rows(clf, ["nice, really", 'he said "no"', "x" * 500])
     assert list(rows[0]) == ["text", "prediction", "confidence", "score_+", "score_-", "score_=", "read", "error"]
     assert rows[0]["read"] == ""  # fixed demonstrations: nothing chosen per text
     too_long = rows.pop()  # longer than the window: reported on its row, the others are classified
@@ -415,8 +416,8 @@ def test_classify_rows_and_csv(model, tmp_path):
         scores = clf.scores(row["text"])
         assert row["prediction"] == max(scores, key=scores.get)
         assert 1 / 3 <= row["confidence"] <= 1
-    path = C.write_predictions_csv(rows, tmp_path / "out.csv")
+    path = CL.write_predictions_csv(rows, tmp_path / "out.csv")
     back = list(csv.DictReader(open(path, encoding="utf-8", newline="")))
     assert [r["text"] for r in back] == ["nice, really", 'he said "no"']
     assert float(back[1]["score_-"]) == pytest.approx(rows[1]["score_-"])
-    assert C.write_predictions_csv([], tmp_path / "none.csv").read_text().strip() == "text,prediction,confidence"
+    assert CL.write_predictions_csv([], tmp_path / "none.csv").read_text().strip() == "text,prediction,confidence"

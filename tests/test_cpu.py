@@ -1,4 +1,4 @@
-"""longmem.cpu: the thread count and huge pages every entry point sets before it loads a model."""
+"""longmem.model.cpu: the thread count and huge pages every entry point sets before it loads a model."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from longmem.cpu import THP_VARIABLE, setup_cpu
+from longmem.model.cpu import THP_VARIABLE, setup_cpu
 
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 # a fresh process: set up (or not), allocate 64 MB, print how much of it the kernel backs with huge pages
 PROBE = """
 import sys, torch
-from longmem.cpu import setup_cpu
+from longmem.model.cpu import setup_cpu
 if sys.argv[1] == "setup":
     setup_cpu(1)
 x = torch.ones(16 * 2**20)  # 64 MB of float32, touched

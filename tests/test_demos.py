@@ -1,5 +1,5 @@
-"""Demonstrations memory finds (``longmem.demos``) and contextual calibration: a real bank (SQLite, FTS5, faiss) on a
-tiny llama, demonstrations written into it by ingestion, found per input by memory, words and both."""
+"""Demonstrations memory finds (``longmem.tasks.demos``) and contextual calibration: a real bank (SQLite, FTS5, faiss)
+on a tiny llama, demonstrations written into it by ingestion, found per input by memory, words and both."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import pytest
 import torch
 from tiny import tiny_model
 
-from longmem import classifiers as C
-from longmem.classifiers import ClassifierSpec, Example
-from longmem.demos import Choice, DemoFinder, accuracy_vs_bank, balanced, demo_pattern, grow_bank, parse_demo
-from longmem.store import Store
-from longmem.tasks import Classifier, calibrate
+from longmem.tasks import classify as CL, examples as EX, measure as ME
+from longmem.tasks.classify import ClassifierSpec
+from longmem.tasks.examples import Example
+from longmem.tasks.demos import Choice, DemoFinder, accuracy_vs_bank, balanced, demo_pattern, grow_bank, parse_demo
+from longmem.storage import BankDirectory
+from longmem.tasks.classify import Classifier, calibrate
 
 TEMPLATE = "Review: {text} Sentiment: {label}"
 LABELS = ["positive", "negative"]
@@ -38,7 +39,7 @@ def model(request):
 @pytest.fixture(scope="module")
 def bank(model, tmp_path_factory):
     root = tmp_path_factory.mktemp("banks")
-    b = Store(root).create("demos", model)
+    b = BankDirectory(root).create("demos", model)
     list(grow_bank(b, model, demos_set(), [24], TEMPLATE, root))
     yield b
     b.close()
@@ -82,10 +83,10 @@ def test_the_input_itself_is_never_a_demonstration(finder):
 
 
 def test_passages_that_are_not_demonstrations_are_not_chosen(tmp_path, model):
-    b = Store(tmp_path).create("mixed", model)
+    b = BankDirectory(tmp_path).create("mixed", model)
     book = tmp_path / "book.txt"
     book.write_text("The violin story is a book. It has no labels at all.\n\nThe violin played on.", encoding="utf-8")
-    from longmem.ingest import ingest
+    from longmem.ingest.pipeline import ingest
 
     ingest(b, model, book)
     list(grow_bank(b, model, demos_set(6), [6], TEMPLATE, tmp_path))
@@ -108,8 +109,8 @@ def test_shots_none_and_order(finder):
 
 
 def test_balance_takes_the_labels_in_turn():
-    demos = [C.Example(f"t{i}", w) for i, w in enumerate(["a", "a", "a", "b", "a", "b"])]
-    from longmem.demos import Demo
+    demos = [EX.Example(f"t{i}", w) for i, w in enumerate(["a", "a", "a", "b", "a", "b"])]
+    from longmem.tasks.demos import Demo
 
     ranked = [Demo(e.text, e.label, e.text, i) for i, e in enumerate(demos)]
     assert [d.text for d in balanced(ranked, ["a", "b"], 4)] == ["t0", "t1", "t3", "t5"]
@@ -150,7 +151,7 @@ def test_a_classifier_reads_what_its_chooser_picks(model, finder):
     assert clf.prompt(text).startswith(clf.read(text)[0]) and "unused" not in clf.prompt(text)
     fixed = Classifier(model, finder.passages.memory, TEMPLATE, LABELS, clf.read(text))
     assert clf.scores(text) == pytest.approx(fixed.scores(text))
-    [row] = C.classify_rows(clf, [text])
+    [row] = CL.classify_rows(clf, [text])
     assert row["read"].split("\n") == clf.read(text) and row["prediction"] in LABELS
 
 
@@ -167,7 +168,7 @@ def test_a_saved_spec_builds_a_finding_classifier(model, finder):
 
 
 def test_grow_bank_adds_only_what_each_step_adds(tmp_path, model):
-    b = Store(tmp_path).create("grow", model)
+    b = BankDirectory(tmp_path).create("grow", model)
     seen = []
     for size in grow_bank(b, model, demos_set(12), [0, 4, 12], TEMPLATE, tmp_path):
         seen.append((size, len(stored(b)), len(b.documents())))
@@ -186,22 +187,22 @@ def test_accuracy_vs_bank(tmp_path, model):
     assert [p.n_memory for p in points] == [0, 8, 16] and all(p.n_test == 4 for p in points)
     assert points[0].memory_tokens == 0 < points[1].memory_tokens < points[2].memory_tokens
     assert calls[-1] == (16 + 3 * 4, 16 + 3 * 4) and [d for d, _ in calls] == sorted(d for d, _ in calls)
-    zero_shot = C.evaluate(Classifier(model, None, TEMPLATE, LABELS), test)
+    zero_shot = ME.evaluate(Classifier(model, None, TEMPLATE, LABELS), test)
     assert points[0].accuracy == zero_shot.accuracy  # nothing in the bank: the fixed (empty) context
     assert list(tmp_path.iterdir()) == []  # the temporary bank is gone
 
 
 def test_wilson_interval():
-    lo, hi = C.wilson(50, 100)
+    lo, hi = ME.wilson(50, 100)
     assert lo == pytest.approx(0.4038, abs=1e-3) and hi == pytest.approx(0.5962, abs=1e-3)
-    assert C.wilson(0, 10)[0] == 0.0 and C.wilson(0, 0) == (0.0, 1.0)
-    assert C.CurvePoint(0, 0.5, 0, 100).interval == C.wilson(50, 100)
+    assert ME.wilson(0, 10)[0] == 0.0 and ME.wilson(0, 0) == (0.0, 1.0)
+    assert ME.CurvePoint(0, 0.5, 0, 100).interval == ME.wilson(50, 100)
 
 
 def test_the_fixed_curve_calibrates_when_asked(model):
     data = demos_set(12)
     test, memory_examples = data[:4], data[4:]
     context = ["Review: fine Sentiment: positive"]
-    [point] = C.accuracy_vs_memory(model, TEMPLATE, LABELS, context, memory_examples, test, sizes=[0], calibrate=True)
-    assert point.accuracy == C.evaluate(Classifier(model, None, TEMPLATE, LABELS, context, calibrate=True),
+    [point] = ME.accuracy_vs_memory(model, TEMPLATE, LABELS, context, memory_examples, test, sizes=[0], calibrate=True)
+    assert point.accuracy == ME.evaluate(Classifier(model, None, TEMPLATE, LABELS, context, calibrate=True),
                                         test).accuracy

@@ -23,11 +23,12 @@ import torch
 from conftest import random_ids
 from tiny import CHAT_TEMPLATE, VOCAB, chat_model, char_tokenizer, small_config, tiny_backbone
 
-from longmem import sidenet
-from longmem.baselines import MemTRM
-from longmem.lm import Sampling
-from longmem.model import LongMemModel
-from longmem.tasks import Chat, Classifier
+from longmem.model import sidenet
+from longmem.model.baselines import MemTRM
+from longmem.model.lm import Sampling
+from longmem.model.longmem import LongMemModel
+from longmem.tasks.chat import Chat
+from longmem.tasks.classify import Classifier
 
 BF16 = torch.bfloat16
 
@@ -166,17 +167,17 @@ def test_memtrm_in_bfloat16(family, tmp_path):
 def test_a_bank_built_in_bfloat16_restores_and_answers(kv_dtype, tmp_path):
     """Ingest with a bf16 model into a bank stored in bf16 or float32, reopen it, and chat with it in memory: the
     restored memory holds exactly what ``memorize`` computes (in the bank's dtype)."""
-    from longmem.ingest import ingest
-    from longmem.store import Store
+    from longmem.ingest.pipeline import ingest
+    from longmem.storage import BankDirectory
 
     model = awake(chat_model(segment_len=64, dtype=BF16))
     book = tmp_path / "book.txt"
     book.write_text("".join(f"Chapter {i}. The keeper counted {i * 7} gulls at dawn.\n" for i in range(12)))
-    with Store(tmp_path / "banks").create("b", model, kv_dtype=kv_dtype) as bank:
+    with BankDirectory(tmp_path / "banks").create("b", model, kv_dtype=kv_dtype) as bank:
         assert ingest(bank, model, book).document.status == "complete"
     ref = model.new_memory(capacity=None)
     model.memorize(torch.tensor(model.backbone.tokenizer(book.read_text()).input_ids), ref, batch_segments=1)
-    with Store(tmp_path / "banks").open("b") as bank:
+    with BankDirectory(tmp_path / "banks").open("b") as bank:
         memory = bank.load_memory()
     n = ref.rows[0].n
     assert memory.dtype == getattr(torch, kv_dtype) and memory.rows[0].n == n
@@ -232,10 +233,10 @@ def test_every_eval_suite_runs_in_both_dtypes(dtype, tmp_path, capsys):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from longmem.eval import SUITES
-    from longmem.eval.cli import main
-    from longmem.eval.core import data_dir_default
+    from longmem.cli.eval import main
+    from longmem.util.data import data_dir
 
-    if not (data_dir_default() / "MANIFEST.md").is_file():
+    if not (data_dir() / "MANIFEST.md").is_file():
         pytest.skip("the shared data folder is not beside the checkout")
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=4,

@@ -1,4 +1,4 @@
-"""The all-MiniLM-L6-v2 embedder and its faiss index (longmem.embedder)."""
+"""The all-MiniLM-L6-v2 embedder and its faiss index (longmem.model.embedder)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from longmem import embedder as embedder_module
-from longmem.embedder import Embedder, EmbedderError, EmbeddingIndex, default_model_dir
+from longmem.model import embedder as embedder_module
+from longmem.model.embedder import Embedder, EmbedderError, EmbeddingIndex, default_model_dir
 
 PASSAGES = [
     "The lighthouse on Skerry Point was built in 1871 from granite quarried on the island itself.",

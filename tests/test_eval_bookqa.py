@@ -9,10 +9,10 @@ from test_passages import story
 from tiny import chat_model
 
 from longmem.eval.bookqa import gold_found, spliced
-from longmem.eval.squad import QA
-from longmem.ingest import ingest
-from longmem.reading import PassageFinder, Reading, reading_prompt
-from longmem.store import Store
+from longmem.eval.datasets.squad import QA
+from longmem.ingest.pipeline import ingest
+from longmem.tasks.reading import PassageFinder, Reading, reading_prompt
+from longmem.storage import BankDirectory
 
 QA_ITEM = QA(id="q1", title="Lighthouses", question="Who lit the great lamp at Pharos?", answers=("Sostratus",),
              passage="The great lamp at Pharos was lit by Sostratus of Cnidus. Sailors saw its fire from far out "
@@ -23,7 +23,7 @@ def test_a_spliced_paragraph_is_found_and_leaves_no_trace(tmp_path):
     model = chat_model(segment_len=256)
     book = tmp_path / "filler.txt"
     book.write_text(story(zeppelin=False))
-    with Store(tmp_path / "banks").create("filler", model) as bank:
+    with BankDirectory(tmp_path / "banks").create("filler", model) as bank:
         ingest(bank, model, book)
         memory = bank.load_memory(model)
         before = {t: bank.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("segments", "passages",

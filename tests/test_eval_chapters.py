@@ -1,4 +1,4 @@
-"""longmem.chapters: chapter detection in plain-text books; ChapterBreak-style suffix items (no model)."""
+"""longmem.text.chapters: chapter detection in plain-text books; ChapterBreak-style suffix items (no model)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from longmem.chapters import find_chapters
+from longmem.text.chapters import find_chapters
 from longmem.eval.chapterbreak import MIN_SUFFIX_WORDS, suffix_items
 
 BOOKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "books"

@@ -13,15 +13,16 @@ import torch
 import torch.nn.functional as F
 from tiny import VOCAB, small_config
 
-from longmem.baselines import BackboneLM, MemTRM
-from longmem.classifiers import Example, Preset
-from longmem.corpus import Document
-from longmem.eval import books, distance, icl
+from longmem.model.baselines import BackboneLM, MemTRM
+from longmem.tasks.examples import Example, Preset
+from longmem.eval.datasets.books import Document
+from longmem.eval import books, icl
+from longmem.eval import recall as recall_suite
 from longmem.eval.chapterbreak import Item, choose
 from longmem.eval.core import EMPTY_LABELS, Entrant, EvalContext, apply_overrides, lineup, mean_std
-from longmem.eval.cli import parse_overrides, provenance
+from longmem.cli.eval import parse_overrides, provenance
 from longmem.eval.scoring import Prefix
-from longmem.model import LongMemModel
+from longmem.model.longmem import LongMemModel
 
 from conftest import random_ids
 
@@ -206,7 +207,7 @@ def test_a_run_asking_for_fewer_or_more_units_reuses_those_it_shares(tmp_path):
 def test_units_made_with_other_sidenet_weights_are_not_reused(tmp_path, llama):
     """A retrained SideNet shipped under the same name has other weights: the record names them by digest, and a
     resumed run does not take units the earlier weights made."""
-    from longmem.model import checkpoint_digest
+    from longmem.model.longmem import checkpoint_digest
 
     lm = memory_model(llama)
     before = lm.save(tmp_path / "before")
@@ -360,7 +361,7 @@ def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path,
     import dataclasses
     import json
 
-    from longmem.eval.cli import main
+    from longmem.cli.eval import main
     from longmem.eval.core import SuiteResult
 
     out, docs = tmp_path / "out", tmp_path / "docs" / "results.md"
@@ -371,7 +372,7 @@ def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path,
     for suite, commit, plot in (("recall", "bbbbbbb", "recall.png"), ("books", "aaaaaaa", None)):
         prov = {"command": f"longmem eval {suite} --quick", "commit": commit, "dirty": False, "date": "today",
                 "machine": machine, "sidenet": "shipped", "topk": 1024, "csz": 4, "memtrm": None}
-        size = asdict(books.FULL) if suite == "books" else {**asdict(distance.FULL), "items": 3}  # recall: reduced
+        size = asdict(books.FULL) if suite == "books" else {**asdict(recall_suite.FULL), "items": 3}  # recall: reduced
         r = SuiteResult(suite, f"Title of {suite}", [f"| a |\n| --- |\n| {suite} |"], {}, json.loads(json.dumps(size)),
                         [plot] if plot else [], [f"note on {suite}"], 60.0, prov)
         (out / f"{suite}.json").write_text(json.dumps(r.to_json()))

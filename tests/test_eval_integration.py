@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from longmem.eval import SUITES
-from longmem.eval.cli import main
-from longmem.eval.core import data_dir_default
+from longmem.cli.eval import main
+from longmem.util.data import data_dir
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def finite_numbers(obj) -> list[float]:
 
 
 def test_eval_all_quick_writes_every_suite_and_the_results_document(tmp_path, capsys):
-    if not (data_dir_default() / "MANIFEST.md").is_file():
+    if not (data_dir() / "MANIFEST.md").is_file():
         pytest.skip("the shared data folder is not beside the checkout")
     out, docs = tmp_path / "out", tmp_path / "docs" / "results.md"
     assert main(["all", "--quick", "--out", str(out), "--docs", str(docs)]) == 0

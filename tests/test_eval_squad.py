@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from longmem.eval.squad import (
+from longmem.eval.datasets.squad import (
     QA,
     TEMPLATE,
     answer_from_generation,

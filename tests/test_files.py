@@ -2,7 +2,7 @@
 
 import pytest
 
-from longmem.files import atomic_directory, write_file_atomic
+from longmem.util.files import atomic_directory, write_file_atomic
 
 
 def test_atomic_directory_replaces_whole(tmp_path):

@@ -26,10 +26,10 @@ from docfiles import chapter, package, pdf_bytes, text_stream, write_epub
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from longmem.documents import extract
-from longmem.limits import MIB, ExtractLimits
-from longmem.readers import check_source, open_source
-from longmem.text import InputError
+from longmem.ingest.documents import extract
+from longmem.ingest.limits import MIB, ExtractLimits
+from longmem.ingest.readers import check_source, open_source
+from longmem.text.io import InputError
 
 LIMITS = ExtractLimits(max_extract_seconds=30, max_extract_memory_mb=512)
 EXAMPLE_S = 20  # a reader's time budget per example (inputs are at most a few MiB; they take milliseconds)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from docfiles import NCX, package, write_epub
 
-from longmem.documents import extract
-from longmem.limits import ExtractLimits
-from longmem.readers import open_source
+from longmem.ingest.documents import extract
+from longmem.ingest.limits import ExtractLimits
+from longmem.ingest.readers import open_source
 
 SECRET = "SECRET-7f3a9c"
 FETCHED = "FETCHED-2b8e41"
@@ -121,7 +121,7 @@ def test_epub_package_container_ncx_and_chapters_resolve_and_fetch_nothing(serve
 
 def test_doctype_is_dropped_in_any_chunking():
     """The DOCTYPE is cut out however the markup is split into chunks (here: one byte at a time)."""
-    from longmem.htmltext import html_paragraphs
+    from longmem.ingest.htmltext import html_paragraphs
 
     markup = ('<!DOCTYPE html [<!ENTITY a "]"><!ENTITY b "x">]  >\n<p>one</p><!doctype html><p>two</p>'
               '<!DOCTYPE x [ ] >').encode()

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from longmem.backbone import load_backbone
-from longmem.baselines import BackboneLM
-from longmem.lm import Sampling
-from longmem.model import LongMemConfig, LongMemModel
+from longmem.model.backbone import load_backbone
+from longmem.model.baselines import BackboneLM
+from longmem.model.lm import Sampling
+from longmem.model.longmem import LongMemConfig, LongMemModel
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +94,7 @@ def test_long_prompt_overflows_into_memory(model, backbone, book_text):
 
 
 def test_chat_moves_old_turns_into_memory(backbone):
-    from longmem.tasks import Chat
+    from longmem.tasks.chat import Chat
 
     model = LongMemModel(backbone, LongMemConfig(segment_len=128))
     memory = model.new_memory()
@@ -108,14 +108,14 @@ def test_chat_moves_old_turns_into_memory(backbone):
 
 
 def test_book_bank_round_trip_on_the_real_backbone(model, backbone, book_text, tmp_path):
-    """Ingest a piece of the book into a persistent bank, reopen it in a fresh Store, and check it holds exactly the
-    keys/values that in-RAM memorize computes, retrieves them identically, and quotes the book."""
-    from longmem.ingest import ingest
-    from longmem.store import Store
+    """Ingest a piece of the book into a persistent bank, reopen it in a fresh BankDirectory, and check it holds
+    exactly the keys/values that in-RAM memorize computes, retrieves them identically, and quotes the book."""
+    from longmem.ingest.pipeline import ingest
+    from longmem.storage import BankDirectory
 
     piece = tmp_path / "gatsby.txt"
     piece.write_text(book_text[30000:40000], encoding="utf-8")
-    with Store(tmp_path / "banks").create("gatsby", model, kv_dtype="float32") as bank:
+    with BankDirectory(tmp_path / "banks").create("gatsby", model, kv_dtype="float32") as bank:
         res = ingest(bank, model, piece)
         q = torch.randn(1, 9, 8, 64, generator=torch.Generator().manual_seed(0))
         first = bank.load_memory().search(q, n_chunks=4)
@@ -123,7 +123,7 @@ def test_book_bank_round_trip_on_the_real_backbone(model, backbone, book_text, t
     assert res.tokens == len(ids) and res.document.status == "complete"
     ref = model.new_memory(capacity=None)
     model.memorize(torch.tensor(ids), ref, batch_segments=1)
-    with Store(tmp_path / "banks").open("gatsby") as bank:
+    with BankDirectory(tmp_path / "banks").open("gatsby") as bank:
         memory = bank.load_memory()
         n = ref.rows[0].n
         assert memory.rows[0].n == n
@@ -161,9 +161,9 @@ def test_the_shipped_sidenet_is_the_default_and_reads_memory(dtype, book_text):
     2k tokens before its question (outside the 1k window) makes the answer far likelier than with memory empty."""
     import numpy as np
 
-    from longmem.model import shipped_checkpoint
+    from longmem.model.longmem import shipped_checkpoint
     from longmem.eval.measures import recall_summary, recalled
-    from longmem.recall import make_recall_item
+    from longmem.eval.datasets.recall import make_recall_item
 
     assert shipped_checkpoint("default") is not None, "no trained SideNet ships for the embedded backbone"
     model = LongMemModel.from_config(LongMemConfig(dtype=dtype))
@@ -182,12 +182,12 @@ def test_the_shipped_sidenet_is_the_default_and_reads_memory(dtype, book_text):
 def test_the_shipped_sidenet_answers_with_a_bank_in_memory(dtype, book_text, tmp_path):
     """What a user does first: the default model (the shipped compact SideNet, in this dtype) reads a piece of a book
     into a bank and answers a question about it, streamed, with the passages memory retrieved."""
-    from longmem.store import Store
-    from longmem.workspace import Settings, Workspace
+    from longmem.storage import BankDirectory
+    from longmem.service.workspace import Settings, Workspace
 
     piece = tmp_path / "gatsby.txt"
     piece.write_text(book_text[1000:9000], encoding="utf-8")
-    ws = Workspace(LongMemModel.from_config(LongMemConfig(dtype=dtype)), Store(tmp_path / "banks"),
+    ws = Workspace(LongMemModel.from_config(LongMemConfig(dtype=dtype)), BankDirectory(tmp_path / "banks"),
                    work_dir=tmp_path / "work", dtype=dtype)
     try:
         assert ws.model_info()["dtype_reason"] == f"{dtype}, as asked"

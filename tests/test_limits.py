@@ -16,11 +16,11 @@ import pytest
 from docfiles import bomb_epub, bomb_pdf, chapter, extraction_children, slow_pdf, write_epub, write_pdf
 from tiny import chat_model
 
-from longmem.ingest import ingest
-from longmem.limits import MIB, ExtractLimits, LimitError
-from longmem.readers import DemoFormat, check_source, open_source
-from longmem.store import Store
-from longmem.text import InputError
+from longmem.ingest.pipeline import ingest
+from longmem.ingest.limits import MIB, ExtractLimits, LimitError
+from longmem.ingest.readers import DemoFormat, check_source, open_source
+from longmem.storage import BankDirectory
+from longmem.text.io import InputError
 
 # a guard against a hung extraction, not a speed target: refusals take well under a second on an idle machine
 REFUSAL_S = 15
@@ -73,7 +73,7 @@ def bank(tmp_path):
     model = chat_model()
     book = tmp_path / "book.txt"
     book.write_text("".join(f"Line {i}: the keeper of the lighthouse counted gulls.\n" for i in range(20)))
-    b = Store(tmp_path / "banks").create("b", model)
+    b = BankDirectory(tmp_path / "banks").create("b", model)
     ingest(b, model, book)
     yield b, model
     b.close()
@@ -281,7 +281,7 @@ GIVEN = ExtractLimits(max_chars=1000, max_unzipped_bytes=int(1.5 * MIB), max_zip
 
 def test_limits_are_flags_of_the_cli_and_the_app():
     from app.main import build_parser
-    from longmem.cli import build_parser as cli_parser
+    from longmem.cli.main import build_parser as cli_parser
 
     args = cli_parser().parse_args(["bank", "ingest", "b", "book.epub", *FLAGS])
     assert ExtractLimits.from_args(args) == GIVEN
@@ -292,7 +292,7 @@ def test_limits_are_flags_of_the_cli_and_the_app():
 
 
 def test_cli_refuses_a_file_past_a_flag(tmp_path, capsys):
-    from longmem.cli import main
+    from longmem.cli.main import main
 
     p = tmp_path / "long.txt"
     p.write_text("word " * 100)

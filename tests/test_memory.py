@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from longmem.memory import MemoryBank
+from longmem.memory.memory import Memory
 
 
 def _bank(**kw):
     base = dict(csz=4, capacity=None, batch_size=1, dtype=torch.float32)
     base.update(kw)
-    return MemoryBank(2, 8, **base)
+    return Memory(2, 8, **base)
 
 
 def _kv(T, B=1, seed=0):
@@ -139,7 +139,7 @@ def test_shape_errors_name_the_problem():
     with pytest.raises(ValueError, match="do not fit"):
         bank.search(torch.zeros(1, 3, 1, 8), 1)
     with pytest.raises(ValueError, match="capacity"):
-        MemoryBank(2, 8, csz=4, capacity=2)
+        Memory(2, 8, csz=4, capacity=2)
 
 
 def test_bf16_storage_keeps_fp32_index():

@@ -7,12 +7,12 @@ import pytest
 import torch
 from conftest import random_ids, small_config, tiny_gpt2, tiny_llama
 
-from longmem.baselines import BackboneLM, MemTRM
-from longmem.lm import Sampling, Window
-from longmem.model import CheckpointError, LongMemConfig, LongMemModel
-from longmem import sidenet
-from longmem.memory import MemoryBank
-from longmem.sidenet import MemoryAugmentedLayer, dense_memory_attention, local_attention, memory_attention
+from longmem.model.baselines import BackboneLM, MemTRM
+from longmem.model.lm import Sampling, Window
+from longmem.model.longmem import CheckpointError, LongMemConfig, LongMemModel
+from longmem.model import sidenet
+from longmem.memory.memory import Memory
+from longmem.model.sidenet import MemoryAugmentedLayer, dense_memory_attention, local_attention, memory_attention
 
 
 def test_shapes_and_layout(model):
@@ -82,7 +82,7 @@ def test_gate_at_init_mixes_fifty_fifty():
 
 def test_masked_dense_memory_attention_equals_the_gathered_one():
     g = torch.Generator().manual_seed(0)
-    mem = MemoryBank(2, 8, csz=2, capacity=None, batch_size=2, dtype=torch.float32)
+    mem = Memory(2, 8, csz=2, capacity=None, batch_size=2, dtype=torch.float32)
     mem.add(torch.randn(2, 2, 20, 8, generator=g), torch.randn(2, 2, 20, 8, generator=g))
     mem.clear([1])  # row 1 holds nothing: its queries find nothing and give zeros, on both paths
     q = torch.randn(2, 6, 5, 8, generator=g, requires_grad=True)
@@ -292,7 +292,7 @@ def test_forward_and_generation_mark_sinks(llama):
 
 
 def test_blockwise_retrieval_equals_one_block(llama, monkeypatch):
-    import longmem.sidenet as sidenet
+    import longmem.model.sidenet as sidenet
 
     model = LongMemModel(llama, small_config())
     for layer in model.sidenet.layers:
@@ -308,7 +308,7 @@ def test_blockwise_retrieval_equals_one_block(llama, monkeypatch):
 
 
 def test_from_config_uses_the_shipped_checkpoint_unless_untrained(tmp_path, llama, monkeypatch):
-    import longmem.model as lm_model
+    import longmem.model.longmem as lm_model
 
     llama.model.save_pretrained(tmp_path / "bb")
     llama.tokenizer.save_pretrained(tmp_path / "bb")
@@ -332,3 +332,24 @@ def test_from_config_uses_the_shipped_checkpoint_unless_untrained(tmp_path, llam
     assert LongMemModel.from_config(small_config(backbone=str(tmp_path / "bb"), topk=2)).config.topk == 2
     assert LongMemModel.from_config(small_config(backbone=str(tmp_path / "bb"), topk=None),
                                     pretrained=False).config.topk == 64
+
+
+def test_an_int8_memtrm_checkpoint_loads_back_within_a_row_scale(llama, tmp_path):
+    """``MemTRM.save(int8=True)`` (how the shipped baseline fits the repository) stores each matrix as int8 rows
+    with a scale: it loads back within half a quantization step of every weight, vectors exactly."""
+    from longmem.model.baselines import SCALE, MemTRM, int8_rows
+
+    m = MemTRM(llama, cached_layer=2, csz=2, topk=8, capacity=64, segment_len=16)
+    with torch.no_grad():
+        for p in m.memory_layer.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    stored = int8_rows(m.trainable_state())
+    assert any(k.endswith(SCALE) for k in stored) and all(t.dtype == torch.int8 for k, t in stored.items()
+                                                          if k + SCALE in stored)
+    back = MemTRM.load(m.save(tmp_path / "int8", int8=True), backbone=llama).trainable_state()
+    for name, w in m.trainable_state().items():
+        if w.dim() == 2:
+            step = w.abs().amax(dim=1, keepdim=True) / 127
+            assert ((back[name] - w).abs() <= 0.5 * step + 1e-7).all(), name
+        else:
+            assert torch.equal(back[name], w), name

@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 from tiny import tiny_model
 
-from longmem import bank_passages
-from longmem.ingest import ingest
-from longmem.passages import MAX_TOKENS, Chapters, PassageCutter, cut_passages
-from longmem.store import Store
+from longmem.storage import passages as bank_passages
+from longmem.ingest.pipeline import ingest
+from longmem.text.passages import MAX_TOKENS, Chapters, PassageCutter, cut_passages
+from longmem.storage import BankDirectory
 
 NOUNS = ["keeper", "lantern", "harbour", "ferry", "orchard", "miller", "widow", "captain", "stable", "bridge"]
 VERBS = ["counted", "painted", "mended", "watched", "carried", "sold", "found", "lost"]
@@ -113,7 +113,7 @@ def model():
 def bank(tmp_path, model):
     book = tmp_path / "story.txt"
     book.write_text(story())
-    bank = Store(tmp_path / "banks").create("b", model)
+    bank = BankDirectory(tmp_path / "banks").create("b", model)
     ingest(bank, model, book)
     yield bank
     bank.close()
@@ -205,12 +205,12 @@ def test_rebuild_cuts_the_same_passages_again(bank):
 
 
 def test_a_file_of_demonstrations_gets_one_passage_per_demonstration(tmp_path, model):
-    from longmem.readers import DemoFormat
+    from longmem.ingest.readers import DemoFormat
 
     rows = [("positive", "a gorgeous moving film"), ("negative", "a dull and tired plot")] * 10
     f = tmp_path / "demos.tsv"
     f.write_text("label\ttext\n" + "".join(f"{lab}\t{txt} number {i}\n" for i, (lab, txt) in enumerate(rows)))
-    with Store(tmp_path / "banks").create("d", model) as bank:
+    with BankDirectory(tmp_path / "banks").create("d", model) as bank:
         ingest(bank, model, f, DemoFormat())
         texts = [r[4] for r in passages(bank)]
     assert texts == [f"Review: {txt} number {i} Sentiment: {lab}" for i, (lab, txt) in enumerate(rows)]

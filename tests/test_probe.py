@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from tiny import small_config, tiny_llama
-from longmem.model import LongMemModel
+from longmem.model.longmem import LongMemModel
 from training.probe import answer_ranks, copy_heads, copy_heads_markdown, main, markdown, probe_backbone, probe_model
-from longmem.recall import recall_documents
+from longmem.eval.datasets.recall import recall_documents
 
 TEXT = ("The rain had stopped by the time they reached the harbour. Nobody spoke. A gull cried twice! "
         "Was the boat still there? It was, tied where they had left it. ")
@@ -71,7 +71,7 @@ def test_copy_heads_match_the_backbones_own_attention():
 
 
 def test_readout_heads_read_memory_and_no_heads_is_the_backbone():
-    from longmem.baselines import BackboneLM
+    from longmem.model.baselines import BackboneLM
     from longmem.eval.measures import recalled
     from training.probe import readout
 

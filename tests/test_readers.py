@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longmem import readers
-from longmem.readers import Block, DemoFormat, InputError, open_source
+from longmem.ingest import readers
+from longmem.ingest.readers import Block, DemoFormat, InputError, open_source
 
 SENTIMENT = {"0": "negative", "1": "positive"}
 
@@ -50,7 +50,7 @@ def test_latin1_file_warns_once_and_replaces(tmp_path, monkeypatch, caplog):
     p = tmp_path / "old.txt"
     p.write_bytes("café au lait\nnaïve résumé\n".encode("latin-1"))
     src = open_source(p)
-    with caplog.at_level(logging.WARNING, logger="longmem.readers"):
+    with caplog.at_level(logging.WARNING, logger="longmem.ingest.readers"):
         text = all_text(src)
         text_again = all_text(src)
     assert text == text_again == "caf\ufffd au lait\nna\ufffdve r\ufffdsum\ufffd\n"
@@ -157,7 +157,7 @@ def test_html_doctype_internal_subset_leaves_no_text(tmp_path):
 
 def test_a_long_html_document_reads_in_time_linear_in_its_size():
     """16 MiB of paragraphs in one document: the former tree-based extraction was quadratic here (minutes)."""
-    from longmem.htmltext import html_paragraphs
+    from longmem.ingest.htmltext import html_paragraphs
 
     para = b"<p>" + b"All work and no play makes Jack a dull boy. " * 20 + b"</p>\n"
     n = 16 * 2**20 // len(para)
@@ -175,7 +175,7 @@ HTML_PIECES = ["<p>", "</p>", "<div>", "</div>", "<br>", "<pre>", "</pre>", "<sc
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
 @given(st.lists(st.sampled_from(HTML_PIECES), max_size=60), st.lists(st.integers(1, 40), min_size=1, max_size=20))
 def test_html_text_does_not_depend_on_how_the_markup_is_chunked(pieces, cuts):
-    from longmem.htmltext import html_paragraphs
+    from longmem.ingest.htmltext import html_paragraphs
 
     markup = "".join(pieces).encode()
     chunks, i = [], 0

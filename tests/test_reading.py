@@ -9,10 +9,10 @@ import pytest
 from test_passages import story
 from tiny import chat_model
 
-from longmem.ingest import ingest
-from longmem.reading import INSTRUCTION, PassageFinder, Reading, fit, fuse, reading_prompt
-from longmem.store import Store
-from longmem.workspace import Settings, Workspace
+from longmem.ingest.pipeline import ingest
+from longmem.tasks.reading import INSTRUCTION, PassageFinder, Reading, fit, fuse, reading_prompt
+from longmem.storage import BankDirectory
+from longmem.service.workspace import Settings, Workspace
 
 QUESTION = "What drifted over the harbour? A zeppelin?"
 
@@ -37,7 +37,7 @@ def loaded(tmp_path):
     model = chat_model(segment_len=256)
     book = tmp_path / "story.txt"
     book.write_text(story())
-    bank = Store(tmp_path / "banks").create("b", model)
+    bank = BankDirectory(tmp_path / "banks").create("b", model)
     ingest(bank, model, book)
     memory = bank.load_memory(model)
     yield model, bank, memory
@@ -62,7 +62,7 @@ def test_each_finder_ranks_passages_and_fusion_keeps_their_ranks(loaded):
 
 def test_the_memory_finder_follows_what_the_memory_layer_retrieved(loaded, monkeypatch):
     """Votes are the chunks the model's own search returned for the question, mapped to passages."""
-    import longmem.reading as reading
+    import longmem.tasks.reading as reading
 
     model, bank, memory = loaded
     finder = PassageFinder(bank, model, memory)
@@ -89,7 +89,7 @@ def test_the_prompt_holds_numbered_excerpts_within_the_budget(loaded):
 
 @pytest.fixture
 def ws(tmp_path):
-    ws = Workspace(chat_model(segment_len=512), Store(tmp_path / "banks"), work_dir=tmp_path / "work")
+    ws = Workspace(chat_model(segment_len=512), BankDirectory(tmp_path / "banks"), work_dir=tmp_path / "work")
     book = tmp_path / "story.txt"
     book.write_text(story())
     assert ws.jobs.wait(ws.ingest("b", [book], create=True), timeout=600).status == "done"

@@ -15,11 +15,11 @@ import pytest
 import torch
 from tiny import small_config, tiny_llama, tiny_model
 
-from longmem.ingest import cut_segments, ingest
-from longmem.model import LongMemModel
-from longmem.readers import Block
-from longmem.store import BankBusy, BankCorrupt, BankError, BankExists, BankMismatch, Store, UnknownBank
-from longmem.text import InputError
+from longmem.ingest.pipeline import cut_segments, ingest
+from longmem.model.longmem import LongMemModel
+from longmem.ingest.readers import Block
+from longmem.storage import BankBusy, BankCorrupt, BankError, BankExists, BankMismatch, BankDirectory, UnknownBank
+from longmem.text.io import InputError
 
 TESTS = Path(__file__).parent
 WORDS = ("the old house stood by the river and every night the lamps were lit again while the boat drifted "
@@ -42,8 +42,8 @@ def model() -> LongMemModel:
 
 
 @pytest.fixture
-def store(tmp_path) -> Store:
-    return Store(tmp_path / "banks")
+def store(tmp_path) -> BankDirectory:
+    return BankDirectory(tmp_path / "banks")
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_a_taken_name_gets_a_number(store, model):
 
 def test_banks_dir_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("LONGMEM_BANKS_DIR", str(tmp_path / "elsewhere"))
-    assert Store().root == tmp_path / "elsewhere"
+    assert BankDirectory().root == tmp_path / "elsewhere"
 
 
 # -- ingestion -----------------------------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def test_round_trip_reopen_gives_identical_retrieval(store, model, text_file):
     before = search_all(bank.load_memory(), q)
     passage = bank.passage(int(before[3][0, 0, 0, 0]))
     bank.close()
-    with Store(store.root).open("b") as again:
+    with BankDirectory(store.root).open("b") as again:
         mem = again.load_memory()
         after = search_all(mem, q)
         assert mem.dtype == torch.bfloat16
@@ -333,7 +333,7 @@ def test_corrupt_sqlite_is_reported_not_recreated(store, model, text_file):
 
 def test_schemas_migrate_forward_and_a_newer_one_is_refused(store, model, text_file):
     """A bank written before passages existed (schema 2) gets them, cut from its stored text, when first opened."""
-    from longmem.bank_schema import MIGRATIONS
+    from longmem.storage.schema import MIGRATIONS
 
     with store.create("b", model) as bank:
         ingest(bank, model, text_file)
@@ -422,10 +422,10 @@ WORKER = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
 from tiny import tiny_model
-from longmem.store import Store
-from longmem.ingest import ingest
+from longmem.storage import BankDirectory
+from longmem.ingest.pipeline import ingest
 model = tiny_model("llama", segment_len=32)
-ingest(Store(sys.argv[1]).open(sys.argv[2]), model, sys.argv[3])
+ingest(BankDirectory(sys.argv[1]).open(sys.argv[2]), model, sys.argv[3])
 print("done")
 """
 
@@ -507,7 +507,30 @@ def test_resume_under_other_reading_conditions_is_refused(store, model, text_fil
     bank = store.create("b", model)
     with pytest.raises(KeyboardInterrupt):
         ingest(bank, model, text_file, progress=interrupt_after(2))
-    monkeypatch.setattr("longmem.readers.BLOCK_BYTES", 1024)
+    monkeypatch.setattr("longmem.ingest.readers.BLOCK_BYTES", 1024)
     with pytest.raises(BankError, match="cannot resume"):
         ingest(bank, model, text_file)
     assert bank.documents()[0].n_segments == 2
+
+
+def test_a_bank_written_by_the_flat_layout_opens_unchanged(tmp_path):
+    """``tests/fixtures/banks-flat-layout``: a bank written by the code before the package moved into subpackages
+    (commit ae1f5c1, ``longmem.store.Store`` + ``longmem.ingest.ingest`` on ``tiny_model("llama", segment_len=32)``).
+    Today's code opens it (a copy: opening may write), verifies it, loads its memory with the same tiny model, finds
+    its passages by words and reads its chat."""
+    import shutil
+
+    root = tmp_path / "banks"
+    shutil.copytree(TESTS / "fixtures" / "banks-flat-layout", root)
+    m = tiny_model("llama", segment_len=32)
+    with BankDirectory(root).open("old-book") as bank:
+        report = bank.verify()
+        assert report.ok, report.problems
+        [doc] = bank.documents()
+        assert (doc.title, doc.status, doc.n_segments) == ("An old book", "complete", 7)
+        bank.check(m)
+        memory = bank.load_memory(m)
+        assert len(memory) == bank.stats()["chunks"] * m.csz == 108 * 2
+        best = bank.passages([bank.search_passages("lighthouse keeper", 1)[0][0]])[0]
+        assert "Ezra Vale" in best.text and best.document == "An old book"
+        assert [t["content"] for t in bank.chat_turns()] == ["Who kept the lighthouse?", "Ezra Vale."]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from longmem.cli import build_parser, main
-from longmem.text import InputError, read_text, stream_text
+from longmem.cli.main import build_parser, main
+from longmem.text.io import InputError, read_text, stream_text
 
 
 def test_read_text_refuses_empty_binary_and_missing(tmp_path):

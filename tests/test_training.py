@@ -188,7 +188,7 @@ def test_ddp_with_two_gloo_processes_matches_one_process(tmp_path):
                            "--master_port", str(29500 + os.getpid() % 1000), str(script), str(tmp_path / "ddp")],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from longmem.model import LongMemModel
+    from longmem.model.longmem import LongMemModel
 
     ddp = LongMemModel.load(tmp_path / "ddp" / "run" / "checkpoint", model().backbone).trainable_state()
     ref = single.model.trainable_state()
@@ -202,7 +202,7 @@ def recall_setup():
     """A tiny llama with a 64-token window, 3 recall items 64+ character tokens back, and their filler text."""
     from tiny import char_tokenizer
 
-    from longmem.recall import recall_documents
+    from longmem.eval.datasets.recall import recall_documents
 
     tok = char_tokenizer()
     text = "The boat drifted past the mill. Nobody in the village had ever seen the sea. " * 40
@@ -213,7 +213,7 @@ def recall_setup():
 
 def test_evaluation_table_on_a_tiny_model():
     from training.evaluate import evaluate, markdown
-    from longmem.recall import recall_documents
+    from longmem.eval.datasets.recall import recall_documents
 
     m, items, tok, filler = recall_setup()
     in_window = recall_documents(tok, [filler], n=2, distance=30, total=260, seed=0)  # char tokens: long
@@ -263,7 +263,7 @@ def test_recall_sweep_at_the_model_own_setting_equals_the_evaluation():
 
 
 def test_ship_writes_a_small_checkpoint_with_a_model_card(tmp_path):
-    from longmem.model import LongMemModel
+    from longmem.model.longmem import LongMemModel
     from training.ship import ship
 
     m = model("compact")
@@ -300,7 +300,7 @@ def test_ship_names_the_synthetic_documents_a_run_trained_on(tmp_path):
 def test_ship_sets_the_run_time_k_its_evaluation_used(tmp_path):
     import json
 
-    from longmem.model import LongMemModel
+    from longmem.model.longmem import LongMemModel
     from training.evaluate import evaluate
     from training.ship import ship
 
@@ -373,8 +373,8 @@ def test_resume_with_documents_cut_into_parts(tmp_path):
 
 
 def test_a_run_starts_untrained_or_from_init_with_its_own_top_k(tmp_path, monkeypatch):
-    import longmem.model as lm_model
-    from longmem.model import LongMemModel
+    import longmem.model.longmem as lm_model
+    from longmem.model.longmem import LongMemModel
 
     bb = model("compact").backbone
     bb.model.save_pretrained(tmp_path / "bb")
@@ -404,8 +404,8 @@ def test_memtrm_trains_through_the_same_loop_resumes_and_round_trips(tmp_path):
     its checkpoint (safetensors + JSON) loads back, is refused as a LongMem checkpoint, and vice versa."""
     from tiny import tiny_llama
 
-    from longmem.baselines import MemTRM
-    from longmem.model import CheckpointError, LongMemModel
+    from longmem.model.baselines import MemTRM
+    from longmem.model.longmem import CheckpointError, LongMemModel
     from training.train import load_trained
 
     def memtrm():
@@ -466,7 +466,7 @@ def test_the_kl_term_keeps_the_sidenet_near_the_backbone(tmp_path):
 def test_the_kl_scope_picks_the_tokens_it_applies_to(scope):
     """kl_scope="all" puts KL(backbone || model) on every token but recall answers; "empty" only on the rows read
     with an empty memory (row 0 here: row 1 holds its document's past). Checked against the terms by hand."""
-    from longmem.lm import segment_starts
+    from longmem.model.lm import segment_starts
     from training.train import SegmentLoss
 
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from training.data import Batchfier, Document, book_split, tokenize_files
-from longmem.recall import (EVAL_NAMES, make_multi_recall_document, make_quote_document, make_recall_item,
+from longmem.eval.datasets.recall import (EVAL_NAMES, make_multi_recall_document, make_quote_document, make_recall_item,
                              multi_recall_documents, name_word, name_words, quote_documents, recall_as_documents,
                              recall_documents)
 
@@ -68,7 +68,7 @@ def test_book_split_errors(tmp_path):
 
 
 def test_tokenize_files_pieces_equal_whole(tmp_path, monkeypatch):
-    import longmem.corpus as data
+    import longmem.eval.datasets.books as data
 
     tok = char_tokenizer()
     path = tmp_path / "book.txt"
@@ -81,7 +81,7 @@ def test_tokenize_files_pieces_equal_whole(tmp_path, monkeypatch):
 
 
 def test_pieces_cover_text_without_newlines():
-    from longmem.corpus import _pieces
+    from longmem.eval.datasets.books import _pieces
 
     text = "x" * 80 + "\n\n\n" + "y" * 80 + "\n" + "z" * 250
     pieces = _pieces(text, 100)

@@ -1,5 +1,5 @@
-"""The app's library layer (``longmem.workspace``): banks, background ingestion, chat with passages, continuation,
-on a tiny llama with a real store, SQLite and faiss."""
+"""The app's library layer (``longmem.service.workspace``): banks, background ingestion, chat with passages,
+continuation, on a tiny llama with a real store, SQLite and faiss."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import torch
 from docfiles import bomb_epub, chapter, extraction_children, slow_pdf, write_epub
 from tiny import chat_model
 
-from longmem.bank import BankBusy, BankMismatch, UnknownBank
-from longmem.jobs import Cancelled, JobManager
-from longmem.limits import MIB
-from longmem.memory import MemoryView
-from longmem.store import Store
-from longmem.text import InputError
-from longmem.workspace import Settings, Workspace
+from longmem.storage.records import BankBusy, BankMismatch, UnknownBank
+from longmem.service.jobs import Cancelled, JobManager
+from longmem.ingest.limits import MIB
+from longmem.memory.memory import MemoryView
+from longmem.storage import BankDirectory
+from longmem.text.io import InputError
+from longmem.service.workspace import Settings, Workspace
 
 JOB_TIMEOUT = 600  # seconds: a guard against a hung job, not a speed target (a loaded CI machine is slow)
 
@@ -27,7 +27,7 @@ FAST = Settings(max_new_tokens=6, temperature=0.0)
 @pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def ws(tmp_path, request):
     """Every workspace test in both dtypes (bfloat16 runs on any CPU, emulated where it is not native)."""
-    return Workspace(chat_model(dtype=request.param), Store(tmp_path / "banks"))
+    return Workspace(chat_model(dtype=request.param), BankDirectory(tmp_path / "banks"))
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_bad_uploads_are_refused_before_a_job_starts(ws, tmp_path):
 
 
 def test_upload_size_limit(tmp_path, book):
-    ws = Workspace(chat_model(), Store(tmp_path / "banks"), max_upload_bytes=100)
+    ws = Workspace(chat_model(), BankDirectory(tmp_path / "banks"), max_upload_bytes=100)
     with pytest.raises(InputError, match="limit"):
         ws.ingest("b", [book], create=True)
 
@@ -121,7 +121,7 @@ def test_chat_streams_stores_turns_and_shows_passages(ws, book):
 
 
 def test_a_dropped_book_gets_a_bank_of_its_own_loads_and_answers(book, tmp_path):
-    ws = Workspace(chat_model(segment_len=512), Store(tmp_path / "banks"))  # a window with room for passages
+    ws = Workspace(chat_model(segment_len=512), BankDirectory(tmp_path / "banks"))  # a window with room for passages
     ingested(ws, book, name="the-lighthouse")  # a bank of that name exists already: the new one gets a number
     name, job = ws.add_book(book, title="The Lighthouse.txt")
     assert name == "the-lighthouse-2" and ws.loading(name).id == job
@@ -222,19 +222,19 @@ def test_busy_bank_cannot_be_deleted(ws, tmp_path):
 
 
 def test_close_removes_the_temporary_files_it_made(tmp_path):
-    ws = Workspace(chat_model(), Store(tmp_path / "banks"))
+    ws = Workspace(chat_model(), BankDirectory(tmp_path / "banks"))
     work = ws.scratch_dir()
     (work / "plot.png").write_bytes(b"x")
     ws.close()
     assert not work.exists()
-    kept = Workspace(chat_model(), Store(tmp_path / "banks"), work_dir=tmp_path / "mine")
+    kept = Workspace(chat_model(), BankDirectory(tmp_path / "banks"), work_dir=tmp_path / "mine")
     kept.scratch_dir()
     kept.close()
     assert (tmp_path / "mine").is_dir()  # a directory the caller gave is the caller's
 
 
 def test_the_model_panel_says_which_dtype_and_why(tmp_path, monkeypatch):
-    ws = Workspace(chat_model(), Store(tmp_path / "banks"), work_dir=tmp_path / "work")
+    ws = Workspace(chat_model(), BankDirectory(tmp_path / "banks"), work_dir=tmp_path / "work")
     try:
         info = ws.model_info()
         assert info["dtype"] == "float32"  # given as float32: "auto" may pick bf16 here, then it says so
@@ -309,7 +309,7 @@ def test_a_job_in_extraction_is_cancelled_at_once(ws, tmp_path):
 
 
 def test_a_classifier_finds_its_demonstrations_in_its_bank(ws, tmp_path):
-    from longmem.readers import DemoFormat
+    from longmem.ingest.readers import DemoFormat
 
     reviews = tmp_path / "reviews.csv"
     rows = [("1", f"a fine warm film {i}") if i % 2 else ("0", f"a dull cold film {i}") for i in range(40)]

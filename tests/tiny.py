@@ -9,8 +9,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from longmem.backbone import Backbone
-from longmem.model import LongMemConfig, LongMemModel
+from longmem.model.backbone import Backbone
+from longmem.model.longmem import LongMemConfig, LongMemModel
 
 VOCAB = 97  # <unk>, the 95 printable ASCII characters and "\n"
 

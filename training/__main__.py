@@ -14,11 +14,11 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from longmem.cpu import setup_cpu
+from longmem.util.data import add_data_flag, data_dir
+from longmem.model.cpu import setup_cpu
 
 from .train import TrainConfig, Trainer
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 HELP = {
     "out": "run directory: checkpoint/, metrics.jsonl, loss.png",
     "model": "'longmem' (train the SideNet) or 'memtrm' (train the MemTRM baseline: a memory layer inside the "
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
         p.add_argument(flag, type=kind, default=f.default, help=f"{HELP[f.name]} (default: {f.default})")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
-    p.add_argument("--data", default=str(DEFAULT_DATA), help="shared data directory (books/ and MANIFEST.md)")
+    add_data_flag(p)
     p.add_argument("--max-books", type=int, default=None, help="train on the first N training books only")
     p.add_argument("--eval-books", type=int, default=2, help="held-out (test-split) books used for evaluation")
     p.add_argument("--recall-docs", type=int, default=0,
@@ -93,12 +93,13 @@ def whole_segments(tokens: int, segment_len: int) -> int:
 
 
 def build_data(args, tokenizer, segment_len: int):
-    from longmem.backbone import cache_root
+    from longmem.model.backbone import cache_root
 
     from .data import book_split, tokenize_files
-    from longmem.recall import multi_recall_documents, quote_documents, recall_as_documents, recall_documents
+    from longmem.eval.datasets.recall import (multi_recall_documents, quote_documents, recall_as_documents,
+                                              recall_documents)
 
-    train_files, test_files = book_split(Path(args.data))
+    train_files, test_files = book_split(Path(args.data) if args.data else data_dir())
     if args.max_books:
         train_files = train_files[: args.max_books]
     cache = cache_root() / "tokens"

@@ -1,4 +1,5 @@
-"""Training data: the paper's "batchfying" (appendix C) of documents from ``longmem.corpus`` (book split, tokens).
+"""Training data: the paper's "batchfying" (appendix C) of documents from ``longmem.eval.datasets.books``
+(book split, tokens).
 
 LongMem trains on long documents read segment by segment, with a memory bank that holds each stream's past. Plain
 shuffled segments would break that, so batches are built the paper's way:
@@ -25,7 +26,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from longmem.corpus import Document, book_split, tokenize_files  # noqa: F401 (the training data's own API)
+from longmem.eval.datasets.books import Document, book_split, tokenize_files  # noqa: F401 (the training data's own API)
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ Two measurements, each on the test split of the shared books (never trained on):
   window plus memory of everything before, LongMem with its memory left empty (what the trained SideNet gains
   without memory, e.g. from adapting to books), the backbone with the same 1k window, and the backbone attending
   to ``--long-context`` (8k) tokens at once;
-- **long-range recall**: synthetic items (``longmem.recall``) in held-out book text, each stating a fact (a number
-  or a name) once and asking about it at least ``--distance`` tokens later. Everything before the question's
+- **long-range recall**: synthetic items (``longmem.eval.datasets.recall``) in held-out book text, each stating a fact
+  (a number or a name) once and asking about it at least ``--distance`` tokens later. Everything before the question's
   local window goes into memory; an item counts as recalled when every answer token is the model's top prediction.
   The mean negative log-likelihood of the answer tokens is reported too: it moves long before exact matches do.
   For scale, the backbone also answers items of the same kind whose fact lies inside its 1k window (what reading
@@ -31,16 +31,16 @@ from pathlib import Path
 
 import torch
 
-from longmem.baselines import BackboneLM
-from longmem.cpu import add_dtype_flag, setup_cpu
+from longmem.util.data import add_data_flag, data_dir
+from longmem.model.baselines import BackboneLM
+from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.eval.measures import answer_match, perplexity, question_window, recall_record, recalled
-from longmem.memory import MAX_SINKS, MemoryView
-from longmem.model import LongMemConfig, LongMemModel
+from longmem.memory.memory import MAX_SINKS, MemoryView
+from longmem.model.longmem import LongMemConfig, LongMemModel
 
 from .data import Document, book_split, tokenize_files
-from longmem.recall import RecallItem, recall_documents
+from longmem.eval.datasets.recall import RecallItem, recall_documents
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @torch.no_grad()
@@ -48,7 +48,7 @@ def recall_sweep(model: LongMemModel, items: list[RecallItem], settings: list[tu
     """LongMem's recall of ``items`` under several retrieval settings (chunk size, K memory tokens per query): each
     item's memory is built once at the model's chunk size, then re-chunked for each setting (the same keys and
     values, re-pooled chunk keys) and searched for K / chunk size chunks per head. Nothing about the model
-    changes; the settings are what ``MemoryBank.rechunk`` and ``MemoryView`` give any caller."""
+    changes; the settings are what ``Memory.rechunk`` and ``MemoryView`` give any caller."""
     for csz, k in settings:
         if csz < 1 or model.csz % csz or k < csz or k % csz:
             raise ValueError(f"setting {csz}:{k}: the chunk size must divide the model's ({model.csz}) and K be a "
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", default=None, help="SideNet checkpoint directory to evaluate")
     p.add_argument("--untrained", action="store_true", help="evaluate the untrained SideNet (default config)")
-    p.add_argument("--data", default=str(DEFAULT_DATA), help="shared data directory (books/, MANIFEST.md)")
+    add_data_flag(p)
     p.add_argument("--books", type=int, default=8, help="held-out books to score (test split)")
     p.add_argument("--tokens", type=int, default=16384,
                    help="tokens scored per book (from its start); 0 = no perplexity, recall only")
@@ -152,8 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sweep", default=None, metavar="CSZ:K,...",
                    help="instead: LongMem's recall under each retrieval setting, chunk size:K (e.g. 4:256,2:256,"
                         "4:1024; the chunk size must divide the checkpoint's), memory built once per item")
-    add_dtype_flag(p)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_runtime_flags(p)
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     setup_cpu(args.threads)
@@ -166,9 +165,9 @@ def main(argv: list[str] | None = None) -> dict:
              else LongMemModel.from_config(LongMemConfig(**runtime), pretrained=False))
     model.eval()
     tok = model.backbone.tokenizer
-    from longmem.backbone import cache_root
+    from longmem.model.backbone import cache_root
 
-    _, test_files = book_split(Path(args.data))
+    _, test_files = book_split(Path(args.data) if args.data else data_dir())
     books = tokenize_files(test_files[: args.books], tok, cache_root() / "tokens")
     scored = [Document(d.name, d.ids[: args.tokens]) for d in books] if args.tokens > 0 else []
     fillers, L = [d.ids for d in books], model.segment_len

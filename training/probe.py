@@ -8,15 +8,15 @@
     python -m training.probe --checkpoint CKPT --answers  # token by token: what memory attends to, what is said
     python -m training.probe --values 18                # can a linear read-out tell a token from its layer-18 values?
 
-Recall items (``longmem.recall``) are built in held-out book text; everything before the question's local window
-goes into memory segment by segment, each encoded from position 0, exactly as evaluation does. The query is that of
-the token just before the answer (the last word of the restated fact, "... is"). Every memory chunk is scored the
+Recall items (``longmem.eval.datasets.recall``) are built in held-out book text; everything before the question's local
+window goes into memory segment by segment, each encoded from position 0, exactly as evaluation does. The query is that
+of the token just before the answer (the last word of the restated fact, "... is"). Every memory chunk is scored the
 way the memory search scores it: the un-rotated query against the chunk's mean-pooled key, each query head against
 its KV head.
 
 Reported per layer: the rank of the best chunk holding any of the answer's tokens (how many chunks score higher;
 0 = first) for the best head, the share of items where that rank is inside the K/csz chunks the model retrieves, and
-how many of a head's top chunks are segments' first chunks (attention sinks, ``longmem.memory``). "limited" ranks
+how many of a head's top chunks are segments' first chunks (attention sinks, ``longmem.memory.memory``). "limited" ranks
 count at most ``max_sinks`` sink chunks ahead of the answer, as the search does by default.
 
 Finding the answer is half of recall; the other half is a head that copies what it finds. ``--copy-heads`` puts
@@ -51,15 +51,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longmem.backbone import cache_root, load_backbone
-from longmem.cpu import add_dtype_flag, setup_cpu
-from longmem.memory import MAX_SINKS, MemoryView
-from longmem.model import LongMemConfig, LongMemModel
+from longmem.util.data import add_data_flag, data_dir
+from longmem.model.backbone import cache_root, load_backbone
+from longmem.model.cpu import add_runtime_flags, setup_cpu
+from longmem.memory.memory import MAX_SINKS, MemoryView
+from longmem.model.longmem import LongMemConfig, LongMemModel
 
 from .data import book_split, tokenize_files
-from longmem.recall import RecallItem, name_word, recall_documents
+from longmem.eval.datasets.recall import RecallItem, name_word, recall_documents
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def answer_ranks(q: torch.Tensor, keys: torch.Tensor, csz: int, answer: range, sinks: torch.Tensor,
@@ -176,7 +176,7 @@ def readout(backbone, items: list[RecallItem], layer: int, heads: list[int], seg
             max_sinks: int | None) -> dict:
     """Recall of ``items`` by the frozen backbone whose layer ``layer`` reads memory through ``heads`` only
     (the others keep their local attention): exact-match accuracy and the answer tokens' mean NLL."""
-    from longmem.baselines import MemTRM
+    from longmem.model.baselines import MemTRM
 
     from longmem.eval.measures import recall_summary, recalled
 
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--values", type=int, default=None, metavar="LAYER",
                    help="how well a linear read-out names a token from backbone layer LAYER's values")
     p.add_argument("--segments", type=int, default=48, help="with --values: segments of held-out text to read")
-    p.add_argument("--data", default=str(DEFAULT_DATA), help="shared data directory (books/, MANIFEST.md)")
+    add_data_flag(p)
     p.add_argument("--books", type=int, default=2, help="held-out books the recall items are drawn from")
     p.add_argument("--items", type=int, default=8, help="recall items")
     p.add_argument("--distance", type=int, default=8192, help="minimum tokens between a fact and its question")
@@ -392,8 +392,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--topk", type=int, default=64, help="memory tokens retrieved per query, K (per-layer probe)")
     p.add_argument("--max-sinks", type=int, default=MAX_SINKS, help="sink chunks a search may return (-1 = no limit)")
     p.add_argument("--seed", type=int, default=1234, help="recall items seed")
-    add_dtype_flag(p)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_runtime_flags(p)
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     if sum([args.copy_heads, args.readout is not None, args.answers, args.values is not None]) > 1:
@@ -413,7 +412,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                        dtype=args.dtype), pretrained=False)
     backbone = model.backbone if model is not None else load_backbone(args.backbone, args.dtype)
     segment_len = model.segment_len if model is not None else args.segment_len
-    _, test_files = book_split(Path(args.data))
+    _, test_files = book_split(Path(args.data) if args.data else data_dir())
     books = tokenize_files(test_files[: args.books], backbone.tokenizer, cache_root() / "tokens")
     if args.values is not None:
         if not 0 <= args.values < backbone.spec.n_layers:

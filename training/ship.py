@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from longmem.files import atomic_directory
-from longmem.model import SHIPPED, SHIPPED_DIR
+from longmem.util.files import atomic_directory
+from longmem.model.longmem import SHIPPED, SHIPPED_DIR
 
 from .plots import read_metrics
 
@@ -90,7 +90,7 @@ def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str,
                if len(lineage) > 1 else []),
              *([read] if read else []),
              f"- final training loss (mean of the last 50 steps): {facts['final_train_loss']:.3f}",
-             "- commands: in each run's README (`training/runs/<run>/README.md` for the runs this project ships)", ""]
+             "- commands: in each run's record (`docs/runs/<run>/README.md` for the runs this project ships)", ""]
     if evaluation is not None:
         from .evaluate import markdown
 

@@ -9,7 +9,7 @@ document), clears the memory of rows where a new document starts, runs LongMem o
 row's memory), then appends the segment's layer-m keys/values to that memory: exactly the inference-time update.
 Optimiser: Adam (0.9, 0.98), eps 1e-6, decoupled weight decay 0.01, polynomial LR decay, gradient clipping 2.0.
 
-``--model memtrm`` trains the MemTRM baseline (``longmem.baselines.MemTRM``: a trainable memory layer inside the
+``--model memtrm`` trains the MemTRM baseline (``longmem.model.baselines.MemTRM``: a trainable memory layer inside the
 frozen backbone) with the same data, loop and optimiser, so the two compare like with like.
 
 A run directory holds ``checkpoint/`` (the checkpoint ``LongMemModel.load`` or ``MemTRM.load`` reads, plus
@@ -34,11 +34,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from longmem.backbone import load_backbone
-from longmem.baselines import BackboneLM, MemTRM
-from longmem.files import atomic_directory
-from longmem.lm import SegmentLM, segment_starts
-from longmem.model import LongMemConfig, LongMemModel
+from longmem.model.backbone import load_backbone
+from longmem.model.baselines import BackboneLM, MemTRM
+from longmem.util.files import atomic_directory
+from longmem.model.lm import SegmentLM, segment_starts
+from longmem.model.longmem import LongMemConfig, LongMemModel
 
 from .data import Batchfier, Document
 
@@ -140,7 +140,7 @@ class SegmentLoss(nn.Module):
 
     def forward(self, ids: torch.Tensor, memory, answers: torch.Tensor):
         empty = torch.tensor([n == 0 for n in memory.sizes()], device=ids.device)  # (B,) before this step's keys
-        out = self.model._step_then_remember(ids, memory)
+        out = self.model.step_and_remember(ids, memory)
         reference = out.reference[:, :-1] if self.kl_weight and out.reference is not None else None
         if self.kl_weight and reference is None:
             raise ValueError(f"{type(self.model).__name__} has no backbone reference to keep close to (kl_weight)")
@@ -181,8 +181,8 @@ def resolve_device(name: str, rank: int = 0) -> str:
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
     """The autocast dtype of ``cfg.amp`` (None: none); "auto" follows the model dtype "auto" picks on ``device``
-    (``longmem.backbone.dtype_choice``: $LONGMEM_DTYPE, else bf16 where it is native), float32 meaning none."""
-    from longmem.backbone import resolve_dtype
+    (``longmem.model.backbone.dtype_choice``: $LONGMEM_DTYPE, else bf16 where it is native), float32 meaning none."""
+    from longmem.model.backbone import resolve_dtype
 
     if cfg.amp == "none":
         return None

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..corpus import Document
-from .books import score_documents, split_of
-from .core import EvalContext, SuiteResult, Timer, figure, mean_std, ppl, table
-from .icl import Size as IclSize
-from .icl import memory_bank, run_entrant, tasks_for
+from longmem.eval.datasets.books import Document
+from longmem.eval.books import score_documents, split_of
+from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, mean_std, ppl, table
+from longmem.eval.icl import Size as IclSize
+from longmem.eval.icl import memory_bank, run_entrant, tasks_for
 
 
 @dataclass

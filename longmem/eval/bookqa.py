@@ -12,10 +12,10 @@ passages read (what fits the window after the question and the answer):
 
 - ``longmem``: LongMem with the haystack in memory, reading nothing (the paper's memory fusion alone);
 - ``longmem_memory``, ``longmem_lexical``, ``longmem_fused``: LongMem reading the passages that finder found
-  (``longmem.reading``), memory attached;
+  (``longmem.tasks.reading``), memory attached;
 - ``rag_bm25``: the backbone (same window, no memory) reading the best BM25 passages;
 - ``rag_embed``: the backbone reading the passages closest to the question under all-MiniLM-L6-v2
-  (``longmem.embedder``), what a document-chat app would use;
+  (``longmem.model.embedder``), what a document-chat app would use;
 - ``backbone_full``: the backbone reading the last tokens of the haystack that fit its native context (8k), then
   the question (the paragraph is in view only when D is short);
 - ``oracle`` and ``oracle_backbone``: LongMem and the backbone reading the gold paragraph alone: what reading can
@@ -40,20 +40,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..bank import Bank
-from ..bank_passages import ChunkPlaces, PassageRef
-from ..baselines import BackboneLM
-from ..ingest import cut_segments, ingest, store_segment
-from ..lm import Sampling
-from ..memory import MemoryBank
-from ..passages import PassageCutter
-from ..readers import Block
-from ..reading import Found, PassageFinder, Reading, find_for_chat, fit, reading_prompt
-from ..store import Store
-from ..tasks import Chat
-from .core import EvalContext, SuiteResult, Timer, figure, legend_below, mean_std, table
-from .distance import borrowed_note, distance_label, filler
-from .squad import QA, exact_match, f1, normalize_answer, read_squad
+from longmem.storage.bank import Bank
+from longmem.storage.passages import ChunkPlaces, PassageRef
+from longmem.model.baselines import BackboneLM
+from longmem.ingest.pipeline import cut_segments, ingest, store_segment
+from longmem.model.lm import Sampling
+from longmem.memory.memory import Memory
+from longmem.text.passages import PassageCutter
+from longmem.ingest.readers import Block
+from longmem.tasks.reading import Found, PassageFinder, Reading, find_for_chat, fit, reading_prompt
+from longmem.storage import BankDirectory
+from longmem.tasks.chat import Chat
+from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, legend_below, mean_std, table
+from longmem.eval.recall import borrowed_note, distance_label, filler
+from longmem.eval.datasets.squad import QA, exact_match, f1, normalize_answer, read_squad
 
 FINDER_ENTRANTS = {"longmem_memory": "memory", "longmem_lexical": "lexical", "longmem_fused": "fused"}
 LABELS = {
@@ -101,7 +101,7 @@ def filler_bank(ctx: EvalContext, tokens: np.ndarray) -> Bank:
     path = root / f"filler-{len(tokens)}-{digest}.txt"
     if not path.exists():
         path.write_text(text, encoding="utf-8")
-    store = Store(root)
+    store = BankDirectory(root)
     name = path.stem
     bank = store.open(name) if store.exists(name) else store.create(name, model)
     res = ingest(bank, model, path, title="filler")
@@ -110,7 +110,7 @@ def filler_bank(ctx: EvalContext, tokens: np.ndarray) -> Bank:
 
 
 @contextlib.contextmanager
-def spliced(bank: Bank, model, memory: MemoryBank, qa: QA):
+def spliced(bank: Bank, model, memory: Memory, qa: QA):
     """The bank and its loaded memory with ``qa``'s paragraph added as one more document, for one item: yields the
     document id and the chunk places of the grown memory; afterwards both are as they were."""
     tok, info = model.backbone.tokenizer, bank.info_cached
@@ -174,7 +174,7 @@ def gold_found(qa: QA, doc_id: int) -> Found:
 
 
 def run(ctx: EvalContext) -> SuiteResult:
-    from ..embedder import Embedder
+    from longmem.model.embedder import Embedder
 
     size: Size = ctx.size("bookqa", QUICK, FULL)
     timer = Timer()
@@ -207,7 +207,7 @@ def _at_distance(ctx: EvalContext, size: Size, d: int, qas: list[QA], stream: np
                  timer: Timer) -> tuple[dict, dict]:
     """Every entrant's answer to every question with its paragraph ``d`` tokens before it: (entrant -> per-question
     scores, finder -> per-question whether the gold paragraph was read)."""
-    from ..embedder import EmbeddingIndex
+    from longmem.model.embedder import EmbeddingIndex
 
     model = ctx.model
     scores: dict = {k: [] for k in LABELS}

@@ -1,6 +1,6 @@
 """Suite 2, suffix identification, ChapterBreak-style (paper table 4).
 
-An item is a held-out book read up to a chapter break (``longmem.chapters``): the model sees the last P tokens
+An item is a held-out book read up to a chapter break (``longmem.text.chapters``): the model sees the last P tokens
 before the break (P = 4k, 6k, 8k) and must tell the true opening of the next chapter from ``negatives`` openings of
 later chapters of the same book (headings removed, so chapter numbers give nothing away). Each candidate's first
 ``suffix_tokens`` tokens are scored by mean log-probability (lowest perplexity wins, the paper's rule); accuracy is
@@ -30,11 +30,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..chapters import ILLUSTRATION, find_chapters, text_end
-from ..corpus import book_split
-from ..text import read_text
-from .core import EvalContext, Entrant, SuiteResult, Timer, figure, table, versus
-from .scoring import Prefix
+from longmem.text.chapters import ILLUSTRATION, find_chapters, text_end
+from longmem.eval.datasets.books import book_split
+from longmem.text.io import read_text
+from longmem.eval.core import EvalContext, Entrant, SuiteResult, Timer, figure, table, versus
+from longmem.eval.scoring import Prefix
 
 
 @dataclass

@@ -5,7 +5,7 @@ the lineup: every model that suite compares, side by side in one run, under the 
 
 - ``backbone_1k``: the frozen backbone with the same 1k local window as LongMem and no memory (the paper's GPT-2*);
 - ``backbone_full``: the backbone attending to its native context at once (8k for SmolLM2), where it fits;
-- ``memtrm``: the MemTRM baseline (``longmem.baselines.MemTRM``), when a trained checkpoint is given;
+- ``memtrm``: the MemTRM baseline (``longmem.model.baselines.MemTRM``), when a trained checkpoint is given;
 - ``longmem``: the backbone + trained SideNet + memory bank.
 
 A suite's size is a dataclass with a ``quick`` instance (CI: seconds per suite on a 2-core CPU) and a ``full`` one
@@ -22,21 +22,14 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
-from ..baselines import BackboneLM
-from ..classifiers import agg_figure as figure  # noqa: F401 (the suites' plots)
-from ..corpus import Document, book_split, tokenize_files
-from ..files import write_file_atomic
-from ..lm import SegmentLM
-from ..model import LongMemModel
+from longmem.model.baselines import BackboneLM
+from longmem.util.plots import agg_figure as figure  # noqa: F401 (the suites' plots)
+from longmem.eval.datasets.books import Document, book_split, tokenize_files
+from longmem.util.files import write_file_atomic
+from longmem.model.lm import SegmentLM
+from longmem.model.longmem import LongMemModel
 
 Log = Callable[[str], None]
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # the shared data next to the checkout
-
-
-def data_dir_default() -> Path:
-    """``$LONGMEM_DATA_DIR``, else the ``shared/data`` folder beside the repository."""
-    return Path(os.environ.get("LONGMEM_DATA_DIR", DEFAULT_DATA))
-
 
 def legend_below(ax, ncol: int = 1, gap: float = 0.1) -> None:
     """The legend under the axes (and their tick labels, and an x-axis label with ``gap`` ~0.16), where it cannot
@@ -136,7 +129,7 @@ class EvalContext:
     def held_out_books(self) -> list[Document]:
         """The test split of the shared books (never trained on), tokenized once (cached on disk)."""
         if self._books is None:
-            from ..backbone import cache_root
+            from longmem.model.backbone import cache_root
 
             _, test = book_split(self.data_dir)
             self._books = tokenize_files(test, self.tokenizer, cache_root() / "tokens")

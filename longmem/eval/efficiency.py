@@ -2,8 +2,9 @@
 
 LongMem reads an N-token document with its 1k local window and the rest in memory (the paper's "1k + 3k" and
 "1k + 7k" for N = 4k and 8k); the backbone attends to all N tokens at once. Each measurement runs in a fresh
-process (``longmem.bench``'s ``score-*`` scenarios) so its peak resident memory is its own; LongMem runs with this
-model's chunk size and K. Speed does not depend on the SideNet's weights, so the bench's untrained SideNet stands in.
+process (``longmem.bench.inference``'s ``score-*`` scenarios) so its peak resident memory is its own; LongMem runs with
+this model's chunk size and K. Speed does not depend on the SideNet's weights, so the bench's untrained SideNet stands
+in.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from .. import bench
-from ..corpus import book_split
-from .core import EvalContext, SuiteResult, Timer, figure, table
+from longmem.bench import inference as bench
+from longmem.eval.datasets.books import book_split
+from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, table
 
 
 @dataclass

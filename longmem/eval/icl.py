@@ -2,12 +2,12 @@
 
 For each set and seed (a *unit*, recorded as it finishes, ``--resume``): k demonstrations (k = 4 and 20) go into the
 prompt, ``memory_demos`` (2,000) more into memory (chunk size 2, as the paper's), and test sentences from the set's
-evaluation file are classified with the paper's templates (``longmem.classifiers.PRESETS``). The rows:
+evaluation file are classified with the paper's templates (``longmem.tasks.examples.PRESETS``). The rows:
 
 - the 1k backbone reads the k fixed demonstrations only (the paper's k-shot GPT-2*);
 - the full-context backbone (8k) also reads as many of the memory demonstrations as fit before them;
 - LongMem as the paper runs it: the k fixed demonstrations, the 2,000 in memory (a bank, as the app writes one);
-- LongMem reading the k demonstrations its bank finds for each sentence (``longmem.demos``: memory, words, fused),
+- LongMem reading the k demonstrations its bank finds for each sentence (``longmem.tasks.demos``: memory, words, fused),
   the 2,000 in memory;
 - the backbone reading the k demonstrations BM25 finds (retrieval-augmented prompting, what a user would pick
   instead of a memory model: KATE's method with a lexical retriever);
@@ -18,9 +18,10 @@ the most shots are scored again, for the accuracy-vs-demonstrations curve (0 = t
 
 Three protocols, all from one forward pass per test sentence after its demonstrations: the paper's (the greedy next
 token must start the gold label word: " pos" or " positive" for " positive"), label-word scoring (the label word with
-the highest log-probability wins, ``longmem.tasks.Classifier``'s rule), and label-word scoring calibrated against the
-content-free input "N/A" after the same demonstrations (``tasks.calibrate``). Accuracy is the mean over seeds with a
-95% interval over the pooled test sentences; the targets compare configurations on the same sentences (paired).
+the highest log-probability wins, ``longmem.tasks.classify.Classifier``'s rule), and label-word scoring calibrated
+against the content-free input "N/A" after the same demonstrations (``classify.calibrate``). Accuracy is the mean over
+seeds with a 95% interval over the pooled test sentences; the targets compare configurations on the same sentences
+(paired).
 """
 
 from __future__ import annotations
@@ -33,16 +34,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..classifiers import (PRESETS, Example, Preset, demo_stream, format_demo, majority_accuracy, split_examples,
-                           wilson)
-from ..demos import Choice, DemoFinder, grow_bank
-from ..lm import SegmentLM
-from ..memory import MemoryBank
-from ..store import Store
-from ..tasks import calibrate
-from .core import (WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, figure, legend_below, mean_std, memory_empty,
-                   table, versus)
-from .scoring import Prefix
+from longmem.tasks.examples import PRESETS, Example, Preset, demo_stream, format_demo, split_examples
+from longmem.tasks.measure import majority_accuracy, wilson
+from longmem.tasks.demos import Choice, DemoFinder, grow_bank
+from longmem.model.lm import SegmentLM
+from longmem.memory.memory import Memory
+from longmem.storage import BankDirectory
+from longmem.tasks.classify import calibrate
+from longmem.eval.core import (WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, figure, legend_below, mean_std,
+                               memory_empty, table, versus)
+from longmem.eval.scoring import Prefix
 
 SEPARATOR = "\n"  # between the prompt's demonstrations (and before the test sentence)
 MEMORY_SEPARATOR = "\n\n"  # between demonstrations in memory, as a bank ingests them
@@ -140,7 +141,7 @@ def starts_label(piece: str, gap: str, label: str) -> bool:
     return bool(piece.strip()) and (gap + label).startswith(piece)
 
 
-def label_scores(lm: SegmentLM, memory: MemoryBank | None, prefix: Prefix | None, context: list[int], text: str,
+def label_scores(lm: SegmentLM, memory: Memory | None, prefix: Prefix | None, context: list[int], text: str,
                  template: str, labels: list[str]):
     """(log P of each label word, (V,) next-token log-probabilities) for ``text`` after ``context`` (read once as
     ``prefix``; None when the context is empty)."""
@@ -157,10 +158,10 @@ def label_scores(lm: SegmentLM, memory: MemoryBank | None, prefix: Prefix | None
     return {w: float(logp[t[0]]) if len(t) == 1 else float(state.logprobs(t).sum()) for w, t in words.items()}, logp
 
 
-def classify(lm: SegmentLM, memory: MemoryBank | None, context_ids: list[int], template: str, labels: list[str],
+def classify(lm: SegmentLM, memory: Memory | None, context_ids: list[int], template: str, labels: list[str],
              test: Sequence[Example], contexts: Sequence[list[int]] | None = None) -> Scored:
     """Both protocols, and label-word scoring calibrated against the content-free input "N/A" read after the same
-    demonstrations (``tasks.calibrate``), for every test sentence after ``context_ids`` (read once), with ``memory``;
+    demonstrations (``classify.calibrate``), for every test sentence after ``context_ids`` (read once), with ``memory``;
     ``contexts``: one context per test sentence instead (demonstrations found for it; a context equal to the one
     before is read once)."""
     tok = lm.backbone.tokenizer
@@ -188,7 +189,7 @@ def context_ids(tokenizer, template: str, demos: Sequence[Example]) -> list[int]
     return encode(tokenizer, "".join(format_demo(template, e) + SEPARATOR for e in demos)) if demos else []
 
 
-def memory_bank(lm: SegmentLM, demos: Sequence[Example], template: str, csz: int) -> MemoryBank:
+def memory_bank(lm: SegmentLM, demos: Sequence[Example], template: str, csz: int) -> Memory:
     """A memory of chunk size ``csz`` holding ``demos`` (none: an empty memory)."""
     bank = lm.new_memory(capacity=None, csz=csz)
     if demos:
@@ -208,7 +209,7 @@ def full_context_ids(tokenizer, task: Task, k: int, budget: int) -> list[int]:
     return extra + shots
 
 
-def run_entrant(entrant: Entrant, task: Task, k: int, bank: MemoryBank | None) -> Scored:
+def run_entrant(entrant: Entrant, task: Task, k: int, bank: Memory | None) -> Scored:
     """One model on one task at k shots (``bank``: LongMem's memory of the task's memory demonstrations)."""
     lm, tok, preset = entrant.lm, entrant.lm.backbone.tokenizer, task.preset
     if entrant.key == "backbone_full":
@@ -254,7 +255,7 @@ def run_task(ctx: EvalContext, size: Size, task: Task, entrants: list[Entrant]) 
         ctx.log(f"icl {preset.name} seed {task.seed} k={k} {model}: greedy {r.greedy_acc:.3f}, label words "
                 f"{r.label_acc:.3f}, calibrated {r.calibrated_acc:.3f}")
 
-    memories: dict[str, MemoryBank] = {}  # each other memory model's own keys/values of the memory demonstrations
+    memories: dict[str, Memory] = {}  # each other memory model's own keys/values of the memory demonstrations
     for k in size.shots:
         for e in entrants:
             if e.key == "longmem":
@@ -269,7 +270,7 @@ def run_task(ctx: EvalContext, size: Size, task: Task, entrants: list[Entrant]) 
         steps = sorted({n for n in size.curve if 0 < n < n_memory} | {n_memory})
         root = ctx.out_dir / "icl-banks"
         root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=root) as tmp, Store(tmp).create("demos", lm) as bank:
+        with tempfile.TemporaryDirectory(dir=root) as tmp, BankDirectory(tmp).create("demos", lm) as bank:
             for n in grow_bank(bank, lm, task.memory, steps, preset.template, Path(tmp)):
                 memory = bank.load_memory(lm).rechunk(size.csz)
                 finder = DemoFinder(bank, lm, memory, preset.template, preset.labels)

@@ -1,8 +1,8 @@
 """The measurements every evaluation is made of, for any ``SegmentLM`` (LongMem, the backbone, MemTRM).
 
 - ``perplexity``: summed NLL and token count of one long document read segment by segment, memory growing behind;
-- ``recalled``: a recall item's (``longmem.recall``) answer, greedy exact match and NLL, everything before the
-  question's local window in memory;
+- ``recalled``: a recall item's (``longmem.eval.datasets.recall``) answer, greedy exact match and NLL, everything before
+  the question's local window in memory;
 - ``recall_summary`` / ``recall_record``: accuracy and answer NLL of many items, per kind of fact.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..lm import SegmentLM
-from ..memory import MemoryBank
-from ..recall import RecallItem
+from longmem.model.lm import SegmentLM
+from longmem.memory.memory import Memory
+from longmem.eval.datasets.recall import RecallItem
 
 
 @torch.no_grad()
@@ -26,7 +26,7 @@ def perplexity(lm: SegmentLM, ids: np.ndarray, use_memory: bool = True, capacity
     return lm.nll(torch.as_tensor(ids, dtype=torch.long), memory, progress)
 
 
-def question_window(lm: SegmentLM, item: RecallItem, use_memory: bool) -> tuple[torch.Tensor, int, MemoryBank | None]:
+def question_window(lm: SegmentLM, item: RecallItem, use_memory: bool) -> tuple[torch.Tensor, int, Memory | None]:
     """An item's question window (its last ``segment_len`` tokens), answer length, and a fresh unbounded memory
     holding everything before the window (None for a model without memory, or when not ``use_memory``)."""
     ids = torch.as_tensor(item.ids, dtype=torch.long)

@@ -17,8 +17,8 @@ from typing import Sequence
 
 import torch
 
-from ..lm import SegmentLM, Window, _as_ids
-from ..memory import MemoryBank
+from longmem.model.lm import SegmentLM, Window, _as_ids
+from longmem.memory.memory import Memory
 
 
 @dataclass
@@ -26,13 +26,13 @@ class Prefix:
     """A context read into a model's local window, ready to be continued (each continuation on its own copy)."""
 
     lm: SegmentLM
-    memory: MemoryBank | None
+    memory: Memory | None
     window: Window
     last_hidden: torch.Tensor  # (1, 1, E) the state at the context's last token: it predicts what comes next
 
     @classmethod
     @torch.no_grad()
-    def read(cls, lm: SegmentLM, context: Sequence[int] | torch.Tensor, memory: MemoryBank | None = None) -> "Prefix":
+    def read(cls, lm: SegmentLM, context: Sequence[int] | torch.Tensor, memory: Memory | None = None) -> "Prefix":
         """Read ``context`` (a non-empty token sequence shorter than the model's window) with ``memory``."""
         ids = _as_ids(context, lm.backbone.device)
         if ids.shape != (1, ids.shape[1]) or ids.shape[1] == 0:

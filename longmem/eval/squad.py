@@ -1,260 +1,130 @@
-"""SQuAD v1.1 for open-ended in-context learning: reading the data, building prompts, splitting, scoring.
+"""Suite 4, open-ended in-context learning on SQuAD (paper table 6): exact match and F1 of generated answers.
 
-The LongMem paper (table 6) evaluates open-ended in-context learning on SQuAD: the model sees a few solved
-demonstrations in its prompt, many more sit in its long-term memory bank, and it must generate the answer to a new
-question. Each demonstration is written with the paper's template
-
-    Passage: {passage}
-     Question: {question} Answer: {answer}
-
-(a newline, then a space, before "Question"), and a test item is the same text cut just before the answer, so the
-model continues with " answer" (the leading space belongs to the answer's first BPE token).
-
-This module is the data and scoring half of that experiment, with no model in it:
-
-* `read_squad` reads an official SQuAD v1.1 file (e.g. ``dev-v1.1.json``: 48 articles, 10,570 questions) into flat
-  `QA` records, refusing malformed files with a message that names the file and the place.
-* `format_demo` / `format_prompt` render the template.
-* `split_squad` draws the in-prompt demonstrations, the memory demonstrations and the test questions. Test questions
-  never share a passage with any demonstration: otherwise the memory could hold the test passage verbatim and the
-  task would turn into retrieval of the answer span, which is not what the paper measures.
-* `normalize_answer`, `exact_match` and `f1` follow the official SQuAD v1.1 evaluation script exactly, so numbers are
-  comparable with the paper; `answer_from_generation` cuts a free-running greedy generation down to the answer.
+Per seed: ``n_context`` (3) solved demonstrations in the prompt, ``n_memory`` (200) more in LongMem's memory, and
+test questions whose passages no demonstration uses (``longmem.eval.datasets.squad``). The 1k backbone reads the 3
+demonstrations; the full-context backbone also reads as many memory demonstrations as fit before them. Each model
+answers greedily after "Answer:" until a newline (at most ``max_new_tokens``); the answer is scored with the
+official SQuAD v1.1 normalisation, EM and F1 in %.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import random
-import re
-import string
-from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Sequence
+from dataclasses import asdict, dataclass
+from typing import Sequence
 
-TEMPLATE = "Passage: {passage}\n Question: {question} Answer: {answer}"
+from longmem.model.lm import SegmentLM
+from longmem.memory.memory import Memory
+from longmem.eval.core import (WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, mean_std, memory_empty, table,
+                               versus)
+from longmem.eval.scoring import Prefix
+from longmem.eval.datasets.squad import (QA, answer_from_generation, exact_match, f1, format_demo, format_prompt,
+                                         read_squad, split_squad)
 
-
-# --------------------------------------------------------------------------------------------------------- data
-
-
-@dataclass(frozen=True)
-class QA:
-    """One SQuAD question with its passage, as in the file (text is kept verbatim)."""
-
-    id: str
-    title: str  # the Wikipedia article's title, e.g. "Super_Bowl_50"
-    passage: str  # the paragraph the question is about ("context" in the file)
-    question: str
-    answers: tuple[str, ...]  # all gold answer texts, deduplicated, in file order; never empty
-
-
-def read_squad(path: str | os.PathLike[str]) -> list[QA]:
-    """Read a SQuAD v1.1 JSON file into one `QA` per question, in file order.
-
-    Raises FileNotFoundError when there is no such file, and ValueError naming the file (and, for a shape error, the
-    place in it, e.g. ``data[3].paragraphs[0].qas[2]``) when it is not UTF-8 JSON, is not SQuAD v1.1-shaped (a
-    ``data`` list of articles with ``title`` and ``paragraphs``, each paragraph with ``context`` and ``qas``, each
-    question with ``id``, ``question`` and at least one ``answers[].text``), repeats a question id, or holds no
-    questions at all. SQuAD v2.0 files fail on their first unanswerable question (it has no answers).
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such file")
-    try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{p}: not a UTF-8 text file ({e.reason} at byte {e.start})") from e
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from e
-
-    qas: list[QA] = []
-    seen: set[str] = set()
-    articles = _field(raw, "data", list, p, "the top level")
-    for i, article in enumerate(articles):
-        where = f"data[{i}]"
-        title = _field(article, "title", str, p, where)
-        for j, paragraph in enumerate(_field(article, "paragraphs", list, p, where)):
-            pwhere = f"{where}.paragraphs[{j}]"
-            passage = _field(paragraph, "context", str, p, pwhere)
-            for k, q in enumerate(_field(paragraph, "qas", list, p, pwhere)):
-                qwhere = f"{pwhere}.qas[{k}]"
-                qid = _field(q, "id", str, p, qwhere)
-                question = _field(q, "question", str, p, qwhere)
-                answers = _field(q, "answers", list, p, qwhere)
-                texts = [_field(a, "text", str, p, f"{qwhere}.answers[{n}]") for n, a in enumerate(answers)]
-                if not texts:
-                    raise ValueError(f"{p}: {qwhere} (id {qid!r}) has no answers; SQuAD v1.1 questions all have one "
-                                     "(unanswerable SQuAD v2.0 questions are not supported)")
-                if qid in seen:
-                    raise ValueError(f"{p}: {qwhere}: question id {qid!r} appears more than once")
-                seen.add(qid)
-                qas.append(QA(qid, title, passage, question, tuple(dict.fromkeys(texts))))
-    if not qas:
-        raise ValueError(f"{p}: the file holds no questions")
-    return qas
-
-
-def _field(obj: Any, key: str, kind: type, path: Path, where: str) -> Any:
-    """`obj[key]`, checked to be a JSON object holding `key` of type `kind`, else a ValueError saying where."""
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: not a SQuAD v1.1 file: {where} should be a JSON object, "
-                         f"found {type(obj).__name__}")
-    if key not in obj:
-        raise ValueError(f"{path}: not a SQuAD v1.1 file: {where} has no {key!r} field")
-    value = obj[key]
-    if not isinstance(value, kind):
-        raise ValueError(f"{path}: not a SQuAD v1.1 file: {where}.{key} should be a {_JSON_NAMES[kind]}, "
-                         f"found {type(value).__name__}")
-    return value
-
-
-_JSON_NAMES = {list: "list", str: "string", dict: "object"}
-
-
-# ------------------------------------------------------------------------------------------------------ prompts
-
-
-def format_demo(qa: QA, template: str = TEMPLATE) -> str:
-    """A solved demonstration: the template filled in with the passage, the question and the first gold answer.
-
-    Whitespace runs in the fields (a few SQuAD passages hold newlines, some questions end in spaces) become single
-    spaces, so the template alone decides the line structure and a demonstration never contains a stray newline.
-    """
-    return template.format(passage=_clean(qa.passage), question=_clean(qa.question), answer=_clean(qa.answers[0]))
-
-
-def format_prompt(qa: QA, template: str = TEMPLATE) -> str:
-    """A test item: the template filled in up to ``{answer}``, trailing whitespace stripped.
-
-    With the default template this ends in "Answer:"; the model is expected to continue with " answer", the space
-    belonging to the answer's first token as in BPE vocabularies. So ``format_demo(qa)`` is
-    ``format_prompt(qa) + " " + answer`` for the default template.
-    """
-    marker = "\x00answer\x00"  # formatted in and cut at, so escaped braces and braces in the fields are harmless
-    full = template.format(passage=_clean(qa.passage), question=_clean(qa.question), answer=marker)
-    if full.count(marker) != 1:
-        raise ValueError(f"the template must contain {{answer}} exactly once: {template!r}")
-    return full[: full.index(marker)].rstrip()
-
-
-def _clean(text: str) -> str:
-    """Collapse every whitespace run (newlines included) to one space and strip the ends."""
-    return " ".join(text.split())
-
-
-# -------------------------------------------------------------------------------------------------------- split
+SEPARATOR = "\n"  # between demonstrations, and before the test passage
 
 
 @dataclass
-class SquadSplit:
-    """Questions for one in-context learning run; the three lists are disjoint."""
-
-    context: list[QA]  # demonstrations in the prompt
-    memory: list[QA]  # demonstrations for the memory bank
-    test: list[QA]  # questions to answer; none shares a passage with a demonstration
-
-
-def split_squad(qas: list[QA], n_context: int, n_memory: int, n_test: int, seed: int) -> SquadSplit:
-    """Draw `n_context` prompt demonstrations, `n_memory` memory demonstrations and `n_test` test questions.
-
-    Passages (identified by their text) are shuffled with `seed`. The first ``n_context + n_memory`` passages each
-    give one demonstration, a question drawn at random from that passage, so the demonstrations cover as many
-    passages as possible and the memory does not hold many copies of one paragraph. The test questions are drawn at
-    random from all questions of the remaining passages, so no test question shares its passage with any
-    demonstration (otherwise the memory could hold the answer's passage verbatim, which is a different task).
-
-    The same `qas` (in the same order) and `seed` always give the same split. Raises ValueError, with the numbers,
-    when a count is negative, when there are fewer passages than demonstrations, or when the passages left over hold
-    fewer than `n_test` questions.
-    """
-    for name, n in (("n_context", n_context), ("n_memory", n_memory), ("n_test", n_test)):
-        if n < 0:
-            raise ValueError(f"{name} must be >= 0, got {n}")
-    by_passage: dict[str, list[QA]] = {}
-    for qa in qas:
-        by_passage.setdefault(qa.passage, []).append(qa)
-    passages = list(by_passage.values())  # first-appearance order, so only `qas` and `seed` decide the split
-    rng = random.Random(seed)
-    rng.shuffle(passages)
-
-    n_demos = n_context + n_memory
-    if len(passages) < n_demos:
-        raise ValueError(f"not enough SQuAD passages: {n_context} context + {n_memory} memory demonstrations need "
-                         f"{n_demos} distinct passages (one demonstration each), but the {len(qas)} questions have "
-                         f"only {len(passages)}")
-    demos = [rng.choice(group) for group in passages[:n_demos]]
-    pool = [qa for group in passages[n_demos:] for qa in group]
-    if len(pool) < n_test:
-        raise ValueError(f"not enough SQuAD questions: {n_test} test questions wanted, but after taking {n_demos} "
-                         f"demonstration passages the other {len(passages) - n_demos} passages hold only "
-                         f"{len(pool)} questions ({len(qas)} questions in {len(passages)} passages in all)")
-    return SquadSplit(context=demos[:n_context], memory=demos[n_context:], test=rng.sample(pool, n_test))
+class Size:
+    n_context: int = 3  # demonstrations in the prompt
+    n_memory: int = 200  # demonstrations in LongMem's memory
+    csz: int = 2  # memory chunk size for demonstrations
+    test: int = 300  # test questions per seed
+    seeds: int = 1
+    max_new_tokens: int = 24  # longest answer generated
 
 
-# ------------------------------------------------------------------------------------------------------ scoring
+QUICK = Size(n_memory=8, test=3)
+FULL = Size()
 
 
-def normalize_answer(s: str) -> str:
-    """The official SQuAD v1.1 normalisation: lowercase, drop ASCII punctuation, drop the articles a/an/the (as
-    whole words), and collapse whitespace to single spaces."""
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in _PUNCTUATION)
-    s = _ARTICLES.sub(" ", s)
-    return " ".join(s.split())
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False).input_ids
 
 
-_PUNCTUATION = frozenset(string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
+def newline_ids(tokenizer) -> set[int]:
+    """Tokens that contain a line break: an answer ends there."""
+    pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return {i for i, p in enumerate(pieces) if "\n" in p}
 
 
-def exact_match(prediction: str, golds: Sequence[str]) -> float:
-    """1.0 when the normalised prediction equals some normalised gold answer, else 0.0 (official v1.1)."""
-    _check_golds(golds)
-    pred = normalize_answer(prediction)
-    return float(any(pred == normalize_answer(gold) for gold in golds))
+def demos_ids(tokenizer, demos: Sequence[QA]) -> list[int]:
+    return encode(tokenizer, "".join(format_demo(q) + SEPARATOR for q in demos)) if demos else []
 
 
-def f1(prediction: str, golds: Sequence[str]) -> float:
-    """Token-level F1 between the normalised prediction and the best-matching gold answer (official v1.1).
-
-    Tokens are the whitespace-separated words after normalisation; overlap counts repeated words as often as both
-    sides have them. No overlap scores 0.0, which includes an empty prediction (and, as in the official v1.1 script,
-    an empty prediction against a gold answer that normalises to nothing).
-    """
-    _check_golds(golds)
-    return max(_f1_one(prediction, gold) for gold in golds)
-
-
-def _f1_one(prediction: str, gold: str) -> float:
-    pred_tokens = normalize_answer(prediction).split()
-    gold_tokens = normalize_answer(gold).split()
-    overlap = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
-    if overlap == 0:
-        return 0.0
-    precision = overlap / len(pred_tokens)
-    recall = overlap / len(gold_tokens)
-    return 2 * precision * recall / (precision + recall)
+def full_context_demos(tokenizer, context: Sequence[QA], memory: Sequence[QA], budget: int) -> list[int]:
+    """The prompt's demonstrations preceded by as many memory demonstrations as fit in ``budget`` tokens."""
+    shots = demos_ids(tokenizer, context)
+    extra: list[int] = []
+    for q in reversed(memory):
+        ids = demos_ids(tokenizer, [q])
+        if len(shots) + len(extra) + len(ids) > budget:
+            break
+        extra = ids + extra
+    return extra + shots
 
 
-def _check_golds(golds: Sequence[str]) -> None:
-    if isinstance(golds, str):
-        raise TypeError("golds must be a sequence of answer strings, not one string")
-    if len(golds) == 0:
-        raise ValueError("no gold answers to score against")
+def answer(lm: SegmentLM, memory: Memory | None, prefix: Prefix | None, context: list[int], qa: QA,
+           max_new: int, stops: set[int]) -> str:
+    """The model's greedy answer to ``qa`` after the demonstrations (``prefix``, already read, or ``context``)."""
+    tok = lm.backbone.tokenizer
+    ids = encode(tok, format_prompt(qa))
+    if prefix is not None and len(ids) + max_new <= prefix.room:
+        state = prefix.extend(ids)
+    else:  # the demonstrations and this passage do not fit together: keep their end
+        state = Prefix.read(lm, (context + ids)[-(lm.segment_len - max_new):], memory)
+    return answer_from_generation(tok.decode(state.greedy(max_new, tuple(stops))))
 
 
-def answer_from_generation(text: str) -> str:
-    """Cut a greedy continuation of `format_prompt` down to the answer.
+def run_entrant(entrant: Entrant, context: list[QA], memory_demos: list[QA], test: list[QA], size: Size,
+                bank: Memory | None, stops: set[int], log) -> dict:
+    lm, tok = entrant.lm, entrant.lm.backbone.tokenizer
+    budget = lm.segment_len - 512  # room for a test passage, question and answer
+    ids = (full_context_demos(tok, context, memory_demos, budget) if entrant.key == "backbone_full"
+           else demos_ids(tok, context)[-budget:])
+    memory = bank if lm.uses_memory else None
+    prefix = Prefix.read(lm, ids, memory) if ids else None
+    em, f = [], []
+    for qa in test:
+        pred = answer(lm, memory, prefix, ids, qa, size.max_new_tokens, stops)
+        em.append(100 * exact_match(pred, qa.answers))
+        f.append(100 * f1(pred, qa.answers))
+    log(f"squad {entrant.key}: EM {sum(em) / len(em):.1f}, F1 {sum(f) / len(f):.1f} ({len(test)} questions)")
+    return {"em": sum(em) / len(em), "f1": sum(f) / len(f), "questions": len(test)}
 
-    The answer ends at the first newline, or where the model starts a new demonstration ("Passage:" or "Question:"),
-    whichever comes first; surrounding whitespace is stripped.
-    """
-    end = len(text)
-    for stop in ("\n", "Passage:", "Question:"):
-        i = text.find(stop)
-        if i != -1:
-            end = min(end, i)
-    return text[:end].strip()
+
+def run(ctx: EvalContext) -> SuiteResult:
+    size: Size = ctx.size("squad", QUICK, FULL)
+    timer = Timer()
+    qas = read_squad(ctx.data_dir / "squad" / "dev-v1.1.json")
+    stops = newline_ids(ctx.tokenizer)
+    runs = []
+    empty = memory_empty(ctx.entrants)
+    for s in range(size.seeds):
+        split = split_squad(qas, size.n_context, size.n_memory, size.test, seed=ctx.seed + s)
+        for e in ctx.entrants + empty:
+            bank = None
+            if e.lm.uses_memory:
+                bank = e.lm.new_memory(capacity=None, csz=size.csz)
+                if e.fills_memory:
+                    e.lm.memorize(demos_ids(ctx.tokenizer, split.memory), bank)
+            r = run_entrant(e, split.context, split.memory, split.test, size, bank, stops, ctx.log)
+            runs.append({"model": e.key, "seed": ctx.seed + s, **r})
+    rows, summary = [], {}
+    for e in ctx.entrants + empty:
+        sel = [r for r in runs if r["model"] == e.key]
+        summary[e.key] = {m: mean_std([r[m] for r in sel]) for m in ("em", "f1")}
+        fmt = lambda m: f"{m[0]:.1f}" if len(sel) < 2 else f"{m[0]:.1f} ± {m[1]:.1f}"  # noqa: E731
+        rows.append([e.label, fmt(summary[e.key]["em"]), fmt(summary[e.key]["f1"])])
+    scores = {k: {"EM": v["em"][0], "F1": v["f1"][0]} for k, v in summary.items()}
+    notes = [versus(scores, lambda v: v, False) + f" Every model reads the same {size.n_context} demonstrations; "
+             f"the models with memory hold {size.n_memory} more there (chunk size {size.csz})."]
+    for e in empty:
+        m = e.empty_of
+        em = {k: summary[k]["em"][0] for k in ("backbone_1k", e.key, m)}
+        name, alone = WITH_MEMORY[m]
+        notes.append(f"EM: {name} with its memory empty ({alone}) moves the 1k backbone's {em['backbone_1k']:.1f} to "
+                     f"{em[e.key]:.1f}; memory then moves it to {em[m]:.1f}.")
+    return SuiteResult("squad", f"Open-ended in-context learning on SQuAD (paper table 6): {size.n_context} "
+                       f"demonstrations in context, {size.n_memory} in memory", [table(["model", "EM", "F1"], rows)],
+                       {"runs": runs, "summary": summary, "models": {e.key: e.label for e in ctx.entrants + empty}},
+                       asdict(size), [], notes, timer.seconds)

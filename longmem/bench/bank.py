@@ -1,0 +1,336 @@
+"""Persistent banks on the default backbone: ingestion speed end to end, and reopening a 1M-token bank.
+
+    python -m longmem.bench.bank                 # full run (about 5 minutes on 2 cores)
+    python -m longmem.bench.bank --quick         # small sizes, to see that everything runs (about 2 minutes)
+    python -m longmem.bench.bank --out bank.json # also write the JSON
+
+Scenarios, each in a fresh Python process (``--scenario NAME``):
+
+- ``ingest``: the same text (a prefix of a held-out book) is memorized bare (``SegmentLM.memorize`` on token ids, the
+  core benchmark's throughput) and ingested end to end (``ingest``: reading the file, tokenising, backbone, SQLite
+  commits per segment, passages and their FTS5 rows, faiss index files) into a fresh bank, ``--reps`` rounds of both
+  (alternating which goes first); medians reported. The passages' share is measured by cutting and indexing them
+  again (``Bank.rebuild_passages``): ingesting without them would take the ingest time less that.
+- ``build``: a bank of ``--bank-tokens`` (1M) tokens made by committing the ingested bank's real segments again,
+  as further documents, through the same write path (``Bank.add_segment``) -- ingesting 1M tokens from scratch
+  would take ~30 minutes on this CPU and gives the same bytes per token -- then its passages cut and indexed.
+- ``reopen``: open that bank and restore its memory into RAM (``Bank.load_memory``), in a process that never loads
+  the model. Timed with the file cache warm and, where this process may drop the OS page cache (root on Linux),
+  cold. Peak RSS is measured from just before the open (the imports of torch and faiss are not the bank's). Then
+  BM25 passage searches (FTS5) for a few questions, timed (median).
+
+The parent prints one JSON object (stdout) and a markdown table; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from longmem.bench.inference import (default_text, cpu_times, log, machine_facts, report, reset_peak_rss, status_mb,
+                                     target)
+from longmem.model.cpu import add_runtime_flags, setup_cpu
+
+TARGETS = {"ingest_vs_memorize": 0.9, "reopen_s": 3.0, "reopen_peak_vs_kv": 1.5, "with_passages_vs_without": 0.9,
+           "passage_search_ms": 200.0}
+QUESTIONS = ["Who is the narrator of this story?", "What is the name of Daisy's husband?", "Where does Gatsby live?",
+             "What did the green light at the end of the dock mean?", "Who was driving the car that killed Myrtle?",
+             "How did Nick know Tom Buchanan from college?", "What colour was the big car?", "When is the party?"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scenarios
+
+
+def _model(args):
+    from longmem.model.longmem import LongMemConfig, LongMemModel
+
+    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype)).eval()
+
+
+def scenario_ingest(args) -> dict:
+    from longmem.ingest.pipeline import ingest
+    from longmem.storage import BankDirectory
+
+    model = _model(args)
+    tok = model.backbone.tokenizer
+    text = Path(args.text).read_text(encoding="utf-8", errors="replace")
+    ids = tok(text[: 8 * args.ingest_tokens], add_special_tokens=False).input_ids[: args.ingest_tokens]
+    piece = tok.decode(ids)  # the text of exactly those tokens (re-tokenised by ingest, within a few tokens)
+    src = Path(args.work) / "book.txt"
+    src.write_text(piece, encoding="utf-8")
+    ids = torch.tensor(ids)
+    store = BankDirectory(Path(args.work) / "banks")
+    log(f"warm-up: one segment through memorize and ingest; then {args.reps} x memorize / ingest of "
+        f"{len(ids):,} tokens")
+    model.memorize(ids[:1024], model.new_memory(capacity=None))
+    memo, ing, ing_tokens = [], [], 0
+    def run_memorize() -> None:
+        t0 = time.perf_counter()
+        model.memorize(ids, model.new_memory(capacity=None))
+        memo.append(time.perf_counter() - t0)
+
+    def run_ingest(r: int):
+        name = f"src{r}"
+        with contextlib.suppress(Exception):
+            store.delete(name)
+        with store.create(name, model) as bank:
+            return ingest(bank, model, src if r > 0 else _head(src, Path(args.work) / "head.txt"))
+
+    run_ingest(0)  # warm-up (first SQLite/faiss use)
+    for r in range(1, args.reps + 1):  # alternate which goes first: a slow spell of the VM hits both alike
+        if r % 2:
+            run_memorize()
+            res = run_ingest(r)
+        else:
+            res = run_ingest(r)
+            run_memorize()
+        ing.append(res.seconds)
+        ing_tokens = res.tokens
+        log(f"round {r}: memorize {len(ids) / memo[-1]:.0f} tok/s, ingest {res.tokens_per_s:.0f} tok/s")
+    memo_s, ing_s = statistics.median(memo), statistics.median(ing)
+    with store.open(f"src{args.reps}") as bank:
+        stats = bank.stats()
+        t0 = time.perf_counter()  # the passages' share of ingesting: cutting them and their FTS rows, done again
+        n_passages = bank.rebuild_passages()
+        passages_s = time.perf_counter() - t0
+    return {"tokens": len(ids), "memorize_s": memo_s, "memorize_tok_s": len(ids) / memo_s,
+            "ingest_tokens": ing_tokens, "ingest_s": ing_s, "ingest_tok_s": ing_tokens / ing_s,
+            "ratio": (ing_tokens / ing_s) / (len(ids) / memo_s), "bank": f"src{args.reps}",
+            "passages": n_passages, "passages_s": passages_s,
+            "with_passages_vs_without": max(0.0, ing_s - passages_s) / ing_s,
+            "disk_bytes": stats["disk_bytes"], "kv_bytes": stats["kv_bytes"],
+            "all_memorize_tok_s": [len(ids) / s for s in memo],
+            "all_ingest_tok_s": [ing_tokens / s for s in ing]}
+
+
+def _head(src: Path, dst: Path) -> Path:
+    dst.write_text(src.read_text(encoding="utf-8")[:4000], encoding="utf-8")
+    return dst
+
+
+def scenario_build(args) -> dict:
+    from longmem.storage import BankDirectory
+
+    model = _model(args)
+    store = BankDirectory(Path(args.work) / "banks")
+    with contextlib.suppress(Exception):
+        store.delete("big")
+    big = store.create("big", model)
+    t0 = time.perf_counter()
+    with store.open(args.source_bank) as src:
+        rows = src.db.execute("SELECT s.n_tokens, s.tokens, s.text, s.chunk_chars, kv.k, kv.v FROM segments s "
+                              "JOIN kv ON kv.segment_id = s.id ORDER BY s.id").fetchall()
+        info = src.info
+    total, copy = 0, 0
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[info.kv_dtype]
+    with big.writing():
+        while total < args.bank_tokens:
+            copy += 1
+            ref: dict | int = {"title": f"copy {copy}", "source": "book.txt", "kind": "text",
+                               "sha256": f"bench-copy-{copy}", "options": {}, "meta": {}}
+            for seq, (nt, tok, text, chars, k, v) in enumerate(rows):
+                nc = nt // info.csz
+                shape = (info.n_kv_heads, nc * info.csz, info.head_dim)
+                kt = torch.frombuffer(bytearray(k), dtype=dtype).view(shape)
+                vt = torch.frombuffer(bytearray(v), dtype=dtype).view(shape)
+                ref = big.add_segment(ref, seq, torch.frombuffer(bytearray(tok), dtype=torch.int32), text,
+                                      torch.frombuffer(bytearray(chars), dtype=torch.int32).numpy(), kt, vt, (0, 0))
+                total += nt
+                if total >= args.bank_tokens:
+                    break
+            big.finish_document(ref)
+        log(f"committed {total:,} tokens as {copy} documents; writing the index files")
+        big.sync_index()
+    seconds = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    n_passages = big.rebuild_passages()  # the copies were committed without them: cut and index them all at once
+    passages_s = time.perf_counter() - t1
+    stats = big.stats()
+    big.close()  # checkpoints the write-ahead log into bank.db: the bank's size at rest
+    stats["disk_bytes"] = sum(f.stat().st_size for f in big.path.iterdir() if f.is_file())
+    return {"tokens": total, "documents": copy, "s": seconds, "passages": n_passages, "passages_s": passages_s,
+            **stats}
+
+
+def scenario_reopen(args) -> dict:
+    from longmem.storage import BankDirectory
+
+    store = BankDirectory(Path(args.work) / "banks")
+    path = store.path("big")
+    cold = False
+    if args.cold:
+        os.sync()
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("3")
+            cold = True
+        except OSError:
+            pass
+    rss0 = status_mb("VmRSS")
+    reset_peak_rss()
+    t0 = time.perf_counter()
+    with store.open("big") as bank:
+        memory = bank.load_memory()
+        seconds = time.perf_counter() - t0
+        peak = status_mb("VmHWM")
+        stats = bank.stats()
+        spec_q = torch.randn(1, bank.info.n_kv_heads, 16, bank.info.head_dim)
+        t1 = time.perf_counter()
+        found = memory.search(spec_q, n_chunks=16)
+        search_s = time.perf_counter() - t1
+        bank.search_passages(QUESTIONS[0], 50)  # the first query reads the index pages in
+        searches = []
+        for q in QUESTIONS:
+            t2 = time.perf_counter()
+            bank.search_passages(q, 50)
+            searches.append(1000 * (time.perf_counter() - t2))
+    index_bytes = sum(f.stat().st_size for f in path.glob("keys-*.faiss"))
+    return {"cold_cache": cold, "s": seconds, "tokens": len(memory), "rss_before_mb": rss0, "peak_rss_mb": peak,
+            "peak_increment_mb": peak - rss0, "kv_mb": stats["kv_bytes"] / 2**20,
+            "peak_increment_vs_kv": (peak - rss0) / (stats["kv_bytes"] / 2**20),
+            "index_mb": index_bytes / 2**20, "disk_mb": stats["disk_bytes"] / 2**20,
+            "passage_search_ms": statistics.median(searches), "passage_search_all_ms": searches,
+            "search_16_queries_s": search_s, "found_all": bool(found.mask.all())}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The parent
+
+
+def spawn(name: str, args, **extra) -> dict:
+    argv = [sys.executable, "-m", "longmem.bench.bank", "--scenario", name, "--work", args.work,
+            "--backbone", args.backbone, "--dtype", args.dtype, "--text", args.text, "--threads", str(args.threads),
+            "--ingest-tokens", str(args.ingest_tokens), "--bank-tokens", str(args.bank_tokens),
+            "--reps", str(args.reps)]
+    for k, v in extra.items():
+        argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
+    root = str(Path(__file__).resolve().parents[2])  # the checkout, for the child process
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scenario {name!r} failed (exit {proc.returncode})")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def markdown(r: dict) -> str:
+    ing, build, t = r["ingest"], r["build"], r["targets"]
+    warm, cold = r["reopen_warm"], r.get("reopen_cold")
+
+    def goal(key: str) -> tuple[str, str]:
+        return f"{t[key]['op']} {t[key]['target']:g}", "yes" if t[key]["met"] else "**no**"
+
+    per_m = build["disk_bytes"] / build["tokens"] * 1e6 / 2**20
+    rows = [
+        (f"bare memorize, {ing['tokens']:,} tokens, tok/s", f"{ing['memorize_tok_s']:.0f}", "", ""),
+        ("ingest end to end (file, tokenise, backbone, SQLite, faiss), tok/s", f"{ing['ingest_tok_s']:.0f}", "", ""),
+        ("ingest / bare memorize", f"{ing['ratio']:.3f}", *goal("ingest_vs_memorize")),
+        (f"ingest throughput with passages and their FTS index / without (their share, {ing['passages']:,} "
+         f"passages cut and indexed again in {ing['passages_s']:.2f} s)", f"{ing['with_passages_vs_without']:.3f}",
+         *goal("with_passages_vs_without")),
+        (f"build the {build['tokens']:,}-token bank (re-committing real segments), s", f"{build['s']:.0f}", "", ""),
+        ("disk per 1M tokens (SQLite + index files), MiB", f"{per_m:.0f}", "", ""),
+        (f"cut and index the {build['tokens']:,}-token bank's {build['passages']:,} passages, s",
+         f"{build['passages_s']:.1f}", "", ""),
+        (f"BM25 passage search in the {warm['tokens']:,}-token bank, ms (median of {len(QUESTIONS)} questions)",
+         f"{warm['passage_search_ms']:.1f}", *goal("passage_search_ms")),
+        (f"reopen {warm['tokens']:,} tokens, warm file cache, s (median of {r['reopen_reps']})", f"{warm['s']:.2f}",
+         *goal("reopen_s")),
+    ]
+    if cold is not None:
+        rows.append(("reopen, cold file cache (OS page cache dropped), s", f"{cold['s']:.2f}", "", ""))
+    rows += [(f"reopen peak RSS increment, MiB (K/V {warm['kv_mb']:.0f} MiB, index {warm['index_mb']:.0f} MiB)",
+              f"{warm['peak_increment_mb']:.0f}", "", ""),
+             ("reopen peak RSS increment / K/V size", f"{warm['peak_increment_vs_kv']:.2f}",
+              *goal("reopen_peak_vs_kv"))]
+    m = r["machine"]
+    lines = [f"Persistent banks: {m['dtype']} model, K/V stored as {r['kv_dtype']}, {m['threads']} threads, "
+             f"{m['cpu']}", "", "| measurement | value | target | met |", "|---|---:|---|---|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m longmem.bench.bank", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes (4k tokens ingested, a 64k-token bank, 1 rep)")
+    p.add_argument("--out", default=None, help="also write the JSON results to this path")
+    p.add_argument("--backbone", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF model dir")
+    add_runtime_flags(p)
+    p.add_argument("--text", default=default_text(), help="UTF-8 text to ingest (a prefix of it)")
+    p.add_argument("--ingest-tokens", type=int, default=None, help="tokens ingested (default 16384; quick 4096)")
+    p.add_argument("--bank-tokens", type=int, default=None, help="size of the reopened bank (default 1,000,000; "
+                                                                 "quick 65,536)")
+    p.add_argument("--reps", type=int, default=None, help="memorize/ingest rounds, alternating which runs first "
+                                                          "(default 4; quick 1)")
+    p.add_argument("--reopen-reps", type=int, default=3, help="reopen processes, warm cache (median reported)")
+    p.add_argument("--work", default=None, help="directory for the benchmark's banks (default: a temp dir, removed)")
+    p.add_argument("--scenario", default=None, help="internal: run one scenario here ('ingest', 'build', 'reopen')")
+    p.add_argument("--source-bank", default=None, help="internal: the ingested bank to build from")
+    p.add_argument("--cold", action="store_true", help="internal: drop the OS page cache before reopening")
+    args = p.parse_args(argv)
+    args.ingest_tokens = args.ingest_tokens or (4096 if args.quick else 16384)
+    args.bank_tokens = args.bank_tokens or (65536 if args.quick else 1_000_000)
+    args.reps = args.reps or (1 if args.quick else 4)
+    args.threads = args.threads or os.cpu_count() or 1
+    if not Path(args.text).is_file():
+        p.error(f"text file {args.text} not found; give one with --text")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    setup_cpu(args.threads)
+    if args.scenario is not None:
+        steal0, total0 = cpu_times()
+        fn = {"ingest": scenario_ingest, "build": scenario_build, "reopen": scenario_reopen}[args.scenario]
+        out = fn(args)
+        steal1, total1 = cpu_times()
+        out["cpu_steal_pct"] = 100 * (steal1 - steal0) / max(1, total1 - total0)
+        print(json.dumps(out))
+        return out
+
+    t0 = time.perf_counter()
+    own_work = args.work is None
+    args.work = args.work or tempfile.mkdtemp(prefix="longmem-bench-bank-")
+    try:
+        log("scenario 1/3: ingest vs bare memorize (fresh process)")
+        ingest = spawn("ingest", args)
+        log(f"scenario 2/3: build a {args.bank_tokens:,}-token bank (fresh process)")
+        build = spawn("build", args, source_bank=ingest["bank"])
+        log(f"scenario 3/3: reopen it, {args.reopen_reps} warm + 1 cold (fresh processes)")
+        warm_runs = [spawn("reopen", args) for _ in range(args.reopen_reps)]
+        cold = spawn("reopen", args, cold=True)
+        warm = sorted(warm_runs, key=lambda w: w["s"])[len(warm_runs) // 2]
+        warm = {**warm, "peak_increment_mb": max(w["peak_increment_mb"] for w in warm_runs),
+                "peak_increment_vs_kv": max(w["peak_increment_vs_kv"] for w in warm_runs)}
+    finally:
+        if own_work:
+            shutil.rmtree(args.work, ignore_errors=True)
+    targets = {"ingest_vs_memorize": target(ingest["ratio"], TARGETS["ingest_vs_memorize"], True),
+               "reopen_s": target(warm["s"], TARGETS["reopen_s"], False, tokens=warm["tokens"]),
+               "reopen_peak_vs_kv": target(warm["peak_increment_vs_kv"], TARGETS["reopen_peak_vs_kv"], False),
+               "with_passages_vs_without": target(ingest["with_passages_vs_without"],
+                                                  TARGETS["with_passages_vs_without"], True),
+               "passage_search_ms": target(warm["passage_search_ms"], TARGETS["passage_search_ms"], False,
+                                           tokens=warm["tokens"])}
+    results = {"machine": machine_facts(args.dtype, args.threads), "quick": args.quick, "kv_dtype": "bfloat16",
+               "ingest": ingest, "build": build, "reopen_warm": warm, "reopen_all_warm": warm_runs,
+               "reopen_cold": cold if cold["cold_cache"] else None, "reopen_reps": args.reopen_reps,
+               "disk_mb_per_1m_tokens": build["disk_bytes"] / build["tokens"] * 1e6 / 2**20,
+               "targets": targets, "all_targets_met": all(t["met"] for t in targets.values()),
+               "wall_s": time.perf_counter() - t0}
+    report(results, markdown(results), args.out)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""Layer 2, the in-RAM searchable memory (``Memory``): chunked keys/values of the backbone's layer m in faiss
+indexes, one row per stream, with ``add`` / ``search`` / ``clear``. It is passed into a model's forward, never
+hidden inside it. Imports nothing above the utilities."""
+
+from longmem.memory.memory import Memory, MemoryView, Retrieved, Selected
+
+__all__ = ["Memory", "MemoryView", "Retrieved", "Selected"]

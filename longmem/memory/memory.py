@@ -1,0 +1,432 @@
+"""The in-RAM memory (the paper's cached memory bank): head-wise key/value chunks of past text, searched with faiss.
+
+One memory holds ``batch_size`` independent rows (each row of a batch is its own document stream). Per row and per
+key/value head, tokens are grouped into chunks of ``csz`` consecutive tokens; a chunk is keyed by its mean-pooled
+key in an exact inner-product faiss index. ``search`` returns, for every query token and query head, the tokens of
+the top ``n_chunks`` chunks (flattened to K = n_chunks * csz key/value pairs) and a validity mask. Query heads map
+to key/value heads as in grouped-query attention (query head h reads KV head h // (Hq / Hkv)). ``select`` finds the
+same chunks and returns them as a mask over every stored token instead, for masked dense attention over the whole
+memory: one matrix product, where the per-query gather moves K key/value pairs for each query token and head.
+
+Tokens that do not fill a chunk wait in a small pending buffer and become searchable once the chunk is full.
+With a ``capacity`` (M tokens, the paper's FIFO queue) the oldest chunks are evicted first.
+
+Attention sinks. Every segment is encoded on its own, from position 0, so its first token is an attention sink whose
+key scores high against almost every query. ``add`` is told which tokens began a forward pass (``starts``); the
+chunks holding one are *sink chunks*, and at most ``max_sinks`` of them (default none) are returned among a query's
+top chunks; the others' slots go to the next best chunks. Why: ``docs/design.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+import torch
+
+INDEX_BLOCK = 65536  # chunks per faiss add when building an index from stored keys
+MAX_SINKS = 0  # default: sink chunks a query may retrieve (see the module doc for the measurement)
+
+
+@dataclass
+class Retrieved:
+    keys: torch.Tensor  # (B, Hq, T, K, d), K = n_chunks * csz
+    values: torch.Tensor  # (B, Hq, T, K, d)
+    mask: torch.Tensor  # (B, Hq, T, K) bool, False where nothing was found
+    chunk_ids: torch.Tensor  # (B, Hq, T, n_chunks) int64 serial number of the chunk since the last clear, -1 if none
+
+
+@dataclass
+class Selected:
+    """All of a memory's tokens, with the ones each query retrieved marked: what masked dense attention over the
+    whole memory reads (cheaper than a per-query gather while memory holds no more than ~16x K tokens)."""
+
+    keys: torch.Tensor  # (B, Hkv, N, d), N = tokens of the fullest row (other rows padded, never selected)
+    values: torch.Tensor  # (B, Hkv, N, d)
+    mask: torch.Tensor  # (B, Hq, T, N) bool, True on the tokens of the query's top chunks
+    chunk_ids: torch.Tensor  # (B, Hq, T, n_chunks) as in Retrieved
+
+
+class MemoryView:
+    """A read-through view of a memory bank, passed into forward in its place: it counts which chunks were
+    retrieved (to show a reader the passages behind an answer) and can set how many chunks each query gets.
+    Everything else (``add``, ``csz``, ``len``...) is the bank's."""
+
+    def __init__(self, memory: "Memory", n_chunks: int | None = None):
+        self.memory = memory
+        self.n_chunks = n_chunks  # chunks per query token and head; None = what the model asks for
+        self.hits: dict[int, int] = {}  # chunk serial (row 0) -> times retrieved, over all heads and tokens
+
+    def search(self, queries: torch.Tensor, n_chunks: int) -> Retrieved:
+        return self._count(self.memory.search(queries, self.n_chunks or n_chunks))
+
+    def select(self, queries: torch.Tensor, n_chunks: int) -> Selected:
+        return self._count(self.memory.select(queries, self.n_chunks or n_chunks))
+
+    def _count(self, found):
+        ids = found.chunk_ids[0].flatten()
+        serials, counts = torch.unique(ids[ids >= 0], return_counts=True)
+        for s, c in zip(serials.tolist(), counts.tolist()):
+            self.hits[s] = self.hits.get(s, 0) + c
+        return found
+
+    def top(self, n: int) -> list[tuple[int, int]]:
+        """The ``n`` most retrieved chunk serials with their counts, most retrieved first."""
+        return sorted(self.hits.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+    def __getattr__(self, name):
+        return getattr(self.memory, name)
+
+    def __len__(self) -> int:
+        return len(self.memory)
+
+
+def chunk_keys(k: torch.Tensor) -> np.ndarray:
+    """Mean-pooled chunk keys (Hkv, n, d) float32, C-contiguous, from chunk keys (Hkv, n, csz, d): the index entries."""
+    return np.ascontiguousarray(k.float().mean(dim=2).numpy())
+
+
+def _gpu_resources():
+    if torch.cuda.is_available() and hasattr(faiss, "StandardGpuResources"):
+        return faiss.StandardGpuResources()
+    return None
+
+
+class _Row:
+    """Memory of one stream: per KV head a faiss index plus the chunk key/value tensors, aligned by position."""
+
+    def __init__(self, n_kv_heads: int, head_dim: int, csz: int, dtype: torch.dtype, gpu_res):
+        self.hkv, self.d, self.csz, self.dtype = n_kv_heads, head_dim, csz, dtype
+        self.gpu_res = gpu_res
+        self.indexes = [self._new_index() for _ in range(n_kv_heads)]
+        self.k = torch.empty(n_kv_heads, 0, csz, head_dim, dtype=dtype)  # (Hkv, capacity, csz, d)
+        self.v = torch.empty_like(self.k)
+        self.tokens = torch.empty(0, csz, dtype=torch.int64)  # (capacity, csz), -1 when unknown
+        self.starts = torch.empty(0, csz, dtype=torch.bool)  # (capacity, csz) token began a forward pass (a sink)
+        self.n = 0  # chunks stored
+        self.evicted = 0  # chunks evicted since the last clear (chunk serial = evicted + position)
+        self.pend_k = torch.empty(n_kv_heads, 0, head_dim, dtype=dtype)  # (Hkv, <csz, d) partial chunk
+        self.pend_v = torch.empty_like(self.pend_k)
+        self.pend_t = torch.empty(0, dtype=torch.int64)
+        self.pend_s = torch.empty(0, dtype=torch.bool)
+
+    def _new_index(self):
+        index = faiss.IndexFlatIP(self.d)
+        if self.gpu_res is not None:
+            index = faiss.index_cpu_to_gpu(self.gpu_res, 0, index)
+        return index
+
+    def _reserve(self, n_total: int):
+        cap = self.k.shape[1]
+        if n_total <= cap:
+            return
+        new = max(n_total, cap + cap // 4, 64)  # grow by 1/4: a restored bank may already hold GBs
+        k = self.k.new_empty(self.hkv, new, self.csz, self.d)
+        v = self.v.new_empty(self.hkv, new, self.csz, self.d)
+        k[:, :cap], v[:, :cap] = self.k, self.v
+        tok = self.tokens.new_full((new, self.csz), -1)
+        tok[:cap] = self.tokens
+        starts = self.starts.new_zeros(new, self.csz)
+        starts[:cap] = self.starts
+        self.k, self.v, self.tokens, self.starts = k, v, tok, starts
+
+    def add(self, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, starts: torch.Tensor) -> None:
+        """k, v (Hkv, T, d); tokens (T,); starts (T,) bool, True where a token began a forward pass."""
+        k = torch.cat([self.pend_k, k.to("cpu", self.dtype)], dim=1)
+        v = torch.cat([self.pend_v, v.to("cpu", self.dtype)], dim=1)
+        tokens = torch.cat([self.pend_t, tokens.to("cpu", torch.int64)])
+        starts = torch.cat([self.pend_s, starts.to("cpu", torch.bool)])
+        full = (k.shape[1] // self.csz) * self.csz
+        self.pend_k, self.pend_v, self.pend_t = k[:, full:].clone(), v[:, full:].clone(), tokens[full:].clone()
+        self.pend_s = starts[full:].clone()
+        nc = full // self.csz
+        if nc == 0:
+            return
+        ck = k[:, :full].reshape(self.hkv, nc, self.csz, self.d)
+        cv = v[:, :full].reshape(self.hkv, nc, self.csz, self.d)
+        self._reserve(self.n + nc)
+        self.k[:, self.n:self.n + nc] = ck
+        self.v[:, self.n:self.n + nc] = cv
+        self.tokens[self.n:self.n + nc] = tokens[:full].view(nc, self.csz)
+        self.starts[self.n:self.n + nc] = starts[:full].view(nc, self.csz)
+        keys = chunk_keys(ck)  # (Hkv, nc, d)
+        for j, index in enumerate(self.indexes):
+            index.add(keys[j])
+        self.n += nc
+
+    def evict(self, n_chunks: int) -> None:
+        """Drop the oldest ``n_chunks`` chunks (FIFO)."""
+        e = min(n_chunks, self.n)
+        if e <= 0:
+            return
+        for j, index in enumerate(self.indexes):
+            if self.gpu_res is None:
+                index.remove_ids(faiss.IDSelectorRange(0, e))
+            else:  # GPU flat indexes cannot remove: rebuild from the kept keys
+                index.reset()
+                index.add(chunk_keys(self.k[j:j + 1, e:self.n])[0])
+        keep = self.n - e
+        self.k[:, :keep] = self.k[:, e:self.n].clone()
+        self.v[:, :keep] = self.v[:, e:self.n].clone()
+        self.tokens[:keep] = self.tokens[e:self.n].clone()
+        self.starts[:keep] = self.starts[e:self.n].clone()
+        self.n = keep
+        self.evicted += e
+
+    def top_chunks(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None) -> torch.Tensor:
+        """q (Hq, T, d) -> positions (Hq, T, n_chunks) int64 of each query's best chunks, best first, -1 = none."""
+        hq, T, d = q.shape
+        ids = np.full((hq, T, n_chunks), -1, dtype=np.int64)
+        if self.n > 0:
+            sink = self.starts[: self.n].any(dim=1).numpy()  # (n,) sink chunks
+            extra = 0 if max_sinks is None else max(0, int(sink.sum()) - max_sinks)  # sink chunks that may be skipped
+            fetch = min(n_chunks + extra, self.n)
+            qf = q.detach().to("cpu", torch.float32).numpy()
+            for j, index in enumerate(self.indexes):
+                block = np.ascontiguousarray(qf[j * group:(j + 1) * group].reshape(group * T, d))
+                _, found = index.search(block, fetch)  # (group * T, fetch), best first
+                if extra:
+                    found = _limit_sinks(found, sink, max_sinks)
+                found = found[:, :n_chunks]
+                ids[j * group:(j + 1) * group, :, : found.shape[1]] = found.reshape(group, T, -1)
+        return torch.from_numpy(ids)
+
+    def serials(self, ids: torch.Tensor) -> torch.Tensor:
+        """Chunk serial numbers since the last clear of positions ``ids`` (-1 stays -1)."""
+        return torch.where(ids >= 0, ids + self.evicted, torch.full_like(ids, -1))
+
+    def search(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None, keys: torch.Tensor,
+               values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (Hq, T, d) -> mask (Hq, T, K), ids (Hq, T, n_chunks); the chunks' keys and values are gathered into
+        ``keys``, ``values``: contiguous (Hq, T, K, d) tensors of this row's dtype (a batch's slices, no copy)."""
+        hq, T, d = q.shape
+        K = n_chunks * self.csz
+        ids_t = self.top_chunks(q, n_chunks, group, max_sinks)
+        valid = ids_t >= 0  # (Hq, T, n)
+        if self.n > 0:  # per KV head, its query heads' chunks in one index_select (self.k may be a strided view)
+            safe = ids_t.clamp(min=0)
+            for j in range(self.hkv):
+                heads = slice(j * group, (j + 1) * group)
+                pos = safe[heads].reshape(-1)  # (group * T * n,)
+                torch.index_select(self.k[j], 0, pos, out=keys[heads].view(-1, self.csz, d))
+                torch.index_select(self.v[j], 0, pos, out=values[heads].view(-1, self.csz, d))
+        else:
+            keys.zero_()
+            values.zero_()
+        mask = valid[..., None].expand(hq, T, n_chunks, self.csz).reshape(hq, T, K)
+        return mask, self.serials(ids_t)
+
+    def select(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None, n_max: int):
+        """q (Hq, T, d) -> keys, values (Hkv, n_max * csz, d) (views when n_max is this row's size), token mask
+        (Hq, T, n_max * csz), ids (Hq, T, n_chunks)."""
+        hq, T, _ = q.shape
+        ids = self.top_chunks(q, n_chunks, group, max_sinks)
+        chosen = torch.zeros(hq, T, n_max + 1, dtype=torch.bool)  # the last column takes the -1s
+        chosen.scatter_(2, torch.where(ids >= 0, ids, n_max), True)
+        mask = chosen[..., :n_max, None].expand(hq, T, n_max, self.csz).reshape(hq, T, n_max * self.csz)
+        keys, values = self.k[:, :self.n], self.v[:, :self.n]  # (Hkv, n, csz, d)
+        if n_max > self.n:  # a fuller row in the same batch: pad with never-selected zeros
+            keys = torch.cat([keys, keys.new_zeros(self.hkv, n_max - self.n, self.csz, self.d)], dim=1)
+            values = torch.cat([values, values.new_zeros(self.hkv, n_max - self.n, self.csz, self.d)], dim=1)
+        tokens = n_max * self.csz
+        return keys.reshape(self.hkv, tokens, self.d), values.reshape(self.hkv, tokens, self.d), mask, \
+            self.serials(ids)
+
+
+def _limit_sinks(found: np.ndarray, sink: np.ndarray, max_sinks: int) -> np.ndarray:
+    """Per row of ``found`` (chunk ids, best first, -1 = none), drop the sink chunks after the first ``max_sinks``,
+    keeping the order of the rest; dropped places move to the end as -1."""
+    is_sink = np.where(found >= 0, sink[np.clip(found, 0, None)], False)
+    drop = is_sink & (np.cumsum(is_sink, axis=1) > max_sinks)
+    order = np.argsort(drop, axis=1, kind="stable")  # kept ids first, in their order
+    return np.where(np.take_along_axis(drop, order, axis=1), -1, np.take_along_axis(found, order, axis=1))
+
+
+class Memory:
+    """The narrow memory interface passed into forward: ``add``, ``search`` (or ``select``), ``clear`` (plus a few
+    read-outs)."""
+
+    def __init__(self, n_kv_heads: int, head_dim: int, *, csz: int = 4, capacity: int | None = 65536,
+                 batch_size: int = 1, dtype: torch.dtype = torch.bfloat16, use_gpu: bool | None = None,
+                 max_sinks: int | None = MAX_SINKS):
+        if csz < 1:
+            raise ValueError(f"chunk size must be >= 1, got {csz}")
+        if capacity is not None and capacity < csz:
+            raise ValueError(f"capacity ({capacity} tokens) must hold at least one chunk of {csz}")
+        self.n_kv_heads, self.head_dim, self.csz = n_kv_heads, head_dim, csz
+        if max_sinks is not None and max_sinks < 0:
+            raise ValueError(f"max_sinks must be >= 0 or None, got {max_sinks}")
+        self.capacity = capacity
+        self.dtype = dtype
+        self.max_sinks = max_sinks  # sink chunks allowed among a query's top chunks (None = no limit)
+        self.gpu_res = _gpu_resources() if use_gpu is not False else None
+        if use_gpu and self.gpu_res is None:
+            raise RuntimeError("GPU faiss requested but faiss has no GPU support or CUDA is unavailable")
+        self.rows = [self._row() for _ in range(batch_size)]
+
+    @classmethod
+    def from_chunks(cls, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, indexes: list | None = None, *,
+                    n: int | None = None, first_serial: int = 0, capacity: int | None = None,
+                    use_gpu: bool | None = None, starts: torch.Tensor | None = None,
+                    max_sinks: int | None = MAX_SINKS) -> "Memory":
+        """A one-row bank that adopts memory already cut into chunks, without copying it: k, v (Hkv, N, csz, d) and
+        tokens (N, csz) of which the first ``n`` (default N) are filled (the rest is room to grow), and optionally
+        one faiss index per KV head holding the n mean-pooled chunk keys (built here when None) and which tokens
+        began a forward pass, (N, csz) bool (the sinks, see the module doc; None = none). Chunk serial numbers start at
+        ``first_serial``. This is how a persistent bank is restored without the backbone."""
+        hkv, room, csz, d = k.shape
+        n = room if n is None else n
+        starts = torch.zeros(room, csz, dtype=torch.bool) if starts is None else starts.to(torch.bool)
+        if (v.shape != k.shape or v.dtype != k.dtype or tuple(tokens.shape) != (room, csz) or not 0 <= n <= room
+                or tuple(starts.shape) != (room, csz)):
+            raise ValueError(f"chunks do not line up: k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                             f"tokens {tuple(tokens.shape)}, starts {tuple(starts.shape)}")
+        bank = cls(hkv, d, csz=csz, capacity=None, batch_size=1, dtype=k.dtype, use_gpu=use_gpu, max_sinks=max_sinks)
+        row = bank.rows[0]
+        if indexes is None:
+            for s in range(0, n, INDEX_BLOCK):  # in blocks: the float32 mean of all keys at once could be large
+                keys = chunk_keys(k[:, s:min(s + INDEX_BLOCK, n)])
+                for j, index in enumerate(row.indexes):
+                    index.add(keys[j])
+        else:
+            if len(indexes) != hkv or any(ix.ntotal != n or ix.d != d for ix in indexes):
+                raise ValueError(f"expected {hkv} indexes of {n} keys of dimension {d}, got "
+                                 f"{[(ix.ntotal, ix.d) for ix in indexes]}")
+            if bank.gpu_res is not None:
+                indexes = [faiss.index_cpu_to_gpu(bank.gpu_res, 0, ix) for ix in indexes]
+            row.indexes = list(indexes)
+        row.k, row.v, row.tokens, row.starts, row.n, row.evicted = k, v, tokens.to(torch.int64), starts, n, first_serial
+        bank.capacity = capacity
+        if capacity is not None and n * csz > capacity:
+            row.evict(n - capacity // csz)
+        return bank
+
+    def _row(self) -> _Row:
+        return _Row(self.n_kv_heads, self.head_dim, self.csz, self.dtype, self.gpu_res)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
+
+    def __len__(self) -> int:
+        """Tokens searchable in row 0 (all rows of a single-document bank)."""
+        return self.rows[0].n * self.csz
+
+    def sizes(self) -> list[int]:
+        """Searchable tokens per row."""
+        return [r.n * self.csz for r in self.rows]
+
+    def add(self, keys: torch.Tensor, values: torch.Tensor, tokens: torch.Tensor | None = None,
+            starts: torch.Tensor | None = None) -> None:
+        """Append keys/values (B, Hkv, T, d) of T new tokens per row (and their ids (B, T)), evicting FIFO.
+        ``starts`` (B, T) bool marks the tokens that began a forward pass, the attention sinks (None = none)."""
+        B, hkv, T, d = keys.shape
+        if B != self.batch_size or hkv != self.n_kv_heads or d != self.head_dim:
+            raise ValueError(f"memory expects (B={self.batch_size}, Hkv={self.n_kv_heads}, T, d={self.head_dim}), "
+                             f"got {tuple(keys.shape)}")
+        if tokens is None:
+            tokens = torch.full((B, T), -1, dtype=torch.int64)
+        if starts is None:
+            starts = torch.zeros(B, T, dtype=torch.bool)
+        for b, row in enumerate(self.rows):
+            row.add(keys[b], values[b], tokens[b], starts[b])
+            if self.capacity is not None and row.n * self.csz > self.capacity:
+                row.evict(row.n - self.capacity // self.csz)
+
+    def _group(self, queries: torch.Tensor) -> int:
+        B, hq, T, d = queries.shape
+        if B != self.batch_size or hq % self.n_kv_heads or d != self.head_dim:
+            raise ValueError(f"queries {tuple(queries.shape)} do not fit memory with B={self.batch_size}, "
+                             f"Hkv={self.n_kv_heads}, d={self.head_dim}")
+        return hq // self.n_kv_heads
+
+    @staticmethod
+    def _join(parts: list[tuple], device) -> list[torch.Tensor]:
+        join = (lambda t: t[0].unsqueeze(0)) if len(parts) == 1 else torch.stack  # one row: no copy of the K/V
+        return [join(t).to(device) for t in zip(*parts)]
+
+    @torch.no_grad()
+    def search(self, queries: torch.Tensor, n_chunks: int) -> Retrieved:
+        """Top ``n_chunks`` chunks per query token and head for queries (B, Hq, T, d), by inner product: their
+        keys and values gathered per query."""
+        group = self._group(queries)
+        B, hq, T, d = queries.shape
+        # gathered straight into the batch's tensors: stacking per-row results copied every K/V twice
+        keys, values = (torch.empty(B, hq, T, n_chunks * self.csz, d, dtype=self.dtype) for _ in range(2))
+        parts = [row.search(queries[b], n_chunks, group, self.max_sinks, keys[b], values[b])
+                 for b, row in enumerate(self.rows)]
+        mask, ids = self._join(parts, queries.device)
+        return Retrieved(keys=keys.to(queries.device), values=values.to(queries.device), mask=mask, chunk_ids=ids)
+
+    @torch.no_grad()
+    def select(self, queries: torch.Tensor, n_chunks: int) -> Selected:
+        """The same top chunks as ``search``, returned as a mask over all stored tokens (nothing gathered)."""
+        group = self._group(queries)
+        n_max = max(r.n for r in self.rows)
+        parts = [row.select(queries[b], n_chunks, group, self.max_sinks, n_max) for b, row in enumerate(self.rows)]
+        keys, values, mask, ids = self._join(parts, queries.device)
+        return Selected(keys=keys, values=values, mask=mask, chunk_ids=ids)
+
+    def truncate(self, n_tokens: int) -> None:
+        """Forget what a one-row memory took in after it held ``n_tokens`` searchable tokens (and any partial chunk):
+        undoes later ``add`` calls, e.g. a text added for one question only. No-op when it holds no more."""
+        if self.batch_size != 1:
+            raise ValueError("only a one-row memory can be truncated")
+        if n_tokens % self.csz:
+            raise ValueError(f"{n_tokens} tokens is not a whole number of {self.csz}-token chunks")
+        r, keep = self.rows[0], n_tokens // self.csz
+        if keep < r.n:
+            for j, index in enumerate(r.indexes):
+                if self.gpu_res is None:
+                    index.remove_ids(faiss.IDSelectorRange(keep, r.n))
+                else:  # GPU flat indexes cannot remove: rebuild from the kept keys
+                    index.reset()
+                    index.add(chunk_keys(r.k[j:j + 1, :keep])[0])
+            r.n = keep
+        r.pend_k, r.pend_v = r.pend_k[:, :0], r.pend_v[:, :0]
+        r.pend_t, r.pend_s = r.pend_t[:0], r.pend_s[:0]
+
+    def clear(self, rows: list[int] | None = None) -> None:
+        """Forget everything (or only the given rows, e.g. where a new document starts)."""
+        for b in range(self.batch_size) if rows is None else rows:
+            self.rows[b] = self._row()
+
+    def rechunk(self, csz: int) -> "Memory":
+        """The same one-row memory cut into smaller chunks (``csz`` divides this bank's chunk size): the K/V are
+        shared, not copied; only the chunk keys are re-pooled and indexed. Finer chunks retrieve more precisely
+        (the paper uses csz 2 for classification demonstrations with a model trained at csz 4). Chunk serial s
+        here is serial ``s // (self.csz // csz)`` of this bank."""
+        if self.batch_size != 1:
+            raise ValueError("only a one-row memory can be re-chunked")
+        if csz < 1 or self.csz % csz:
+            raise ValueError(f"chunk size {csz} must divide this memory's chunk size {self.csz}")
+        if csz == self.csz:
+            return self
+        r, f = self.rows[0], self.csz // csz
+        k = r.k[:, : r.n].reshape(self.n_kv_heads, r.n * f, csz, self.head_dim)  # a view: (Hkv, n*f, csz', d)
+        v = r.v[:, : r.n].reshape(self.n_kv_heads, r.n * f, csz, self.head_dim)
+        tokens = r.tokens[: r.n].reshape(r.n * f, csz)
+        starts = r.starts[: r.n].reshape(r.n * f, csz)
+        use_gpu = self.gpu_res is not None
+        out = Memory.from_chunks(k, v, tokens, first_serial=r.evicted * f, capacity=self.capacity,
+                                     use_gpu=use_gpu, starts=starts, max_sinks=self.max_sinks)
+        if r.pend_t.numel():  # an unfinished chunk of the coarse bank may already fill finer chunks
+            out.add(r.pend_k[None], r.pend_v[None], r.pend_t[None], r.pend_s[None])
+        return out
+
+    def tail_tokens(self, n: int, row: int = 0) -> torch.Tensor:
+        """The last ``n`` token ids stored in ``row`` (its chunks' tokens in order, then the unfinished chunk), as
+        (T,) with T <= n; ids that were not given (-1) are left out."""
+        r = self.rows[row]
+        take = -(-n // self.csz)
+        ids = torch.cat([r.tokens[max(0, r.n - take): r.n].reshape(-1), r.pend_t])
+        return ids[ids >= 0][-n:]
+
+    def chunk_tokens(self, row: int, serial: int) -> torch.Tensor:
+        """Token ids (csz,) of a stored chunk by its serial number (-1 entries when ids were not given)."""
+        r = self.rows[row]
+        pos = serial - r.evicted
+        if not 0 <= pos < r.n:
+            raise KeyError(f"chunk {serial} is not in row {row} (evicted or never stored)")
+        return r.tokens[pos].clone()

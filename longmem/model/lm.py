@@ -1,0 +1,262 @@
+"""What every model in LongMem shares: segment-wise language modelling with an optional memory bank.
+
+A model implements ``step``: run ids (B, T) that follow an optional local ``Window`` (incremental decoding) and
+return its last hidden state (before the frozen norm + LM head) plus the pre-RoPE keys/values of its cached layer
+for those tokens. Logits are computed only where they are needed (the last position when generating, chunks of
+positions when scoring), since the 49k-word LM head is a large share of the cost. On top of that this module gives
+all models the same ``forward`` (loss + the paper's memory update: retrieve first, then append the segment),
+``memorize``, ``nll`` over a long stream, ``score`` and streaming ``generate``. LongMem, the backbone alone and
+the MemTRM baseline thus run through identical loops, so evaluations compare like with like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from longmem.model.backbone import Backbone
+from longmem.memory.memory import MAX_SINKS, Memory
+
+Progress = Callable[[int, int], None]  # (tokens done, tokens total)
+LOGIT_CHUNK = 1024  # positions per LM-head call when scoring long inputs (bounds the (T, V) logits in memory)
+
+
+@dataclass
+class Window:
+    """The local context of an incremental decode: its tokens and every cache that belongs to them."""
+
+    ids: torch.Tensor | None = None  # (B, T) tokens in the window
+    past: object | None = None  # the backbone's Hugging Face KV cache
+    side: list | None = None  # per-layer caches of the model's own layers (SideNet / memory layer)
+    mem_k: torch.Tensor | None = None  # (B, Hkv, T, d) pre-RoPE K of the cached layer, to move into memory
+    mem_v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.ids is None else self.ids.shape[1]
+
+    def append(self, ids: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> None:
+        cat = lambda a, b, dim: b if a is None else torch.cat([a, b], dim=dim)  # noqa: E731
+        self.ids = cat(self.ids, ids, 1)
+        if k is not None:
+            self.mem_k, self.mem_v = cat(self.mem_k, k, 2), cat(self.mem_v, v, 2)
+
+
+@dataclass
+class Step:
+    hidden: torch.Tensor  # (B, T, E) last hidden state, before the final norm and LM head
+    k: torch.Tensor | None  # (B, Hkv, T, d) pre-RoPE keys of the cached layer (None for models without memory)
+    v: torch.Tensor | None
+    chunk_ids: list = field(default_factory=list)  # what the memory layer retrieved: [(B, Hq, T, n_chunks)]
+    reference: torch.Tensor | None = None  # (B, T, E) the frozen backbone's own last state, where the model has one
+    #                                        beside its output (LongMem: what it would predict without its SideNet)
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor  # (B, T, V)
+    loss: torch.Tensor | None  # mean next-token cross-entropy when labels were given
+
+
+@dataclass
+class Sampling:
+    max_new_tokens: int = 128  # tokens to generate at most
+    temperature: float = 0.7  # 0 = greedy
+    top_p: float = 0.9  # nucleus sampling mass
+    seed: int | None = None  # for reproducible sampling
+    stop_ids: tuple[int, ...] = ()  # stop after emitting one of these (e.g. the tokenizer's EOS)
+
+
+def _as_ids(x, device) -> torch.Tensor:
+    t = x if isinstance(x, torch.Tensor) else torch.tensor(list(x), dtype=torch.long)
+    return (t if t.dim() == 2 else t.view(1, -1)).to(device)
+
+
+class SegmentLM(nn.Module):
+    """Base class: a frozen backbone, a local window of ``segment_len`` tokens and (optionally) a memory bank."""
+
+    backbone: Backbone
+    segment_len: int
+    csz: int = 4
+    capacity: int | None = 65536
+    max_sinks: int | None = MAX_SINKS  # sink chunks a query may retrieve (see longmem.memory.memory); None = no limit
+    cached_layer: int | None = None  # backbone layer whose K/V go into memory; None = model has no memory
+
+    # -- to implement ---------------------------------------------------------------------------------------------
+    def step(self, ids: torch.Tensor, memory: Memory | None, window: Window | None = None) -> Step:
+        raise NotImplementedError
+
+    # -- memory ---------------------------------------------------------------------------------------------------
+    @property
+    def uses_memory(self) -> bool:
+        return self.cached_layer is not None
+
+    def new_memory(self, batch_size: int = 1, capacity: int | None | str = "config",
+                   csz: int | None = None) -> Memory:
+        """An empty memory bank shaped for this model (``capacity=None`` for unbounded; ``csz`` another chunk size
+        than the model's: its memory layer then reads K / csz chunks of it)."""
+        if not self.uses_memory:
+            raise ValueError(f"{type(self).__name__} has no memory")
+        spec = self.backbone.spec
+        cap = self.capacity if capacity == "config" else capacity
+        return Memory(spec.n_kv_heads, spec.head_dim, csz=csz or self.csz, capacity=cap, batch_size=batch_size,
+                          dtype=self.backbone.dtype, max_sinks=self.max_sinks)
+
+    def memory_kv(self, hidden_m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-RoPE K/V (B, Hkv, T, d) to store for tokens whose cached-layer input is ``hidden_m`` (B, T, E)."""
+        return self.backbone.layer_kv(self.cached_layer, hidden_m)
+
+    @torch.no_grad()
+    def encode_memory(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V (B, Hkv, T, d) to store for segments ids (B, T), each encoded on its own (positions from 0), running
+        the backbone only up to the cached layer."""
+        out = self.backbone(ids, n_layers=self.cached_layer, keep={self.cached_layer})
+        return self.memory_kv(out.hidden[self.cached_layer])
+
+    @torch.no_grad()
+    def memorize(self, ids, memory: Memory, progress: Progress | None = None, batch_segments: int = 4) -> int:
+        """Push token ids (T,) or (B, T) into memory, segment by segment, running the backbone only up to the
+        cached layer. Each segment is encoded on its own (positions from 0), as in training; for a single stream,
+        ``batch_segments`` consecutive segments run as one batch (larger matmuls, same result).
+        Returns the number of tokens added per row."""
+        ids = _as_ids(ids, self.backbone.device)
+        total, L = ids.shape[1], self.segment_len
+        step = L * (batch_segments if ids.shape[0] == 1 else 1)
+        for s in range(0, total, step):
+            segs = ids[:, s:s + step].split(L, dim=1)  # only the last one can be shorter than L
+            full = [x for x in segs if x.shape[1] == L]
+            for seg in ([torch.cat(full)] if full else []) + [x for x in segs if x.shape[1] < L]:
+                k, v = self.encode_memory(seg)  # (b, Hkv, T, d)
+                starts = segment_starts(seg.shape[0], seg.shape[1], seg.device)
+                if seg.shape[0] != ids.shape[0]:  # batched segments of one stream: back to one row, in order
+                    k, v = (t.transpose(0, 1).reshape(1, t.shape[1], -1, t.shape[-1]) for t in (k, v))
+                    seg, starts = seg.reshape(1, -1), starts.reshape(1, -1)
+                memory.add(k, v, tokens=seg, starts=starts)
+            if progress is not None:
+                progress(min(s + step, total), total)
+        return total
+
+    # -- language modelling ---------------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, memory: Memory | None = None, labels: torch.Tensor | None = None,
+                update_memory: bool = True) -> LMOutput:
+        """One segment (B, T): retrieve from memory, predict, then append the segment to memory (paper's update)."""
+        if input_ids.shape[1] > self.segment_len:
+            raise ValueError(f"segment of {input_ids.shape[1]} tokens exceeds segment_len={self.segment_len}")
+        out = self.step_and_remember(input_ids, memory, update=update_memory)
+        logits = self.backbone.logits(out.hidden)
+        loss = None
+        if labels is not None:
+            pred = logits[:, :-1].float()
+            loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+        return LMOutput(logits=logits, loss=loss)
+
+    def step_and_remember(self, ids: torch.Tensor, memory: Memory | None, update: bool = True) -> Step:
+        """One segment (B, T) with the paper's update rule: it reads memory first, then (``update``) its K/V are
+        appended to it. Returns the ``Step`` (hidden states, and what training needs: the backbone's own states)."""
+        out = self.step(ids, memory)
+        if update and memory is not None and out.k is not None:
+            memory.add(out.k.detach(), out.v.detach(), tokens=ids, starts=segment_starts(*ids.shape, ids.device))
+        return out
+
+    def token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """log P(targets) (B, T) from hidden states (B, T, E) at the positions before them, in chunks."""
+        out = []
+        for s in range(0, hidden.shape[1], LOGIT_CHUNK):
+            logp = torch.log_softmax(self.backbone.logits(hidden[:, s:s + LOGIT_CHUNK]).float(), dim=-1)
+            out.append(logp.gather(-1, targets[:, s:s + LOGIT_CHUNK, None])[..., 0])
+        return torch.cat(out, dim=1)
+
+    @torch.no_grad()
+    def nll(self, ids, memory: Memory | None = None, progress: Progress | None = None) -> tuple[float, int]:
+        """Summed negative log-likelihood and number of predicted tokens of a long stream (T,) or (B, T), read in
+        consecutive segments. Each segment sees its own tokens locally and (through memory) everything before.
+        The first token of a segment is predicted from the previous segment's last position."""
+        ids = _as_ids(ids, self.backbone.device)
+        total, nll, count, prev = ids.shape[1], 0.0, 0, None
+        for s in range(0, total, self.segment_len):
+            seg = ids[:, s:s + self.segment_len]
+            out = self.step_and_remember(seg, memory)
+            hidden = out.hidden if prev is None else torch.cat([prev, out.hidden], dim=1)
+            targets = seg[:, 1:] if prev is None else seg
+            nll -= self.token_logprobs(hidden[:, : targets.shape[1]], targets).sum().item()
+            count += targets.numel()
+            prev = out.hidden[:, -1:]
+            if progress is not None:
+                progress(min(s + self.segment_len, total), total)
+        return nll, count
+
+    @torch.no_grad()
+    def score(self, context, continuation, memory: Memory | None = None) -> float:
+        """log P(continuation | context, memory), summed over the continuation's tokens. Memory is read, never
+        changed; a context too long for the local window is cut from the left."""
+        ctx, cont = _as_ids(context, self.backbone.device), _as_ids(continuation, self.backbone.device)
+        n = cont.shape[1]
+        if n == 0:
+            return 0.0
+        if n >= self.segment_len:
+            raise ValueError(f"continuation of {n} tokens does not fit the {self.segment_len}-token window")
+        ids = torch.cat([ctx, cont], dim=1)[:, -self.segment_len:]
+        return self.token_logprobs(self.step(ids, memory).hidden[:, -n - 1:-1], ids[:, -n:]).sum().item()
+
+    @torch.no_grad()
+    def generate(self, prompt, memory: Memory | None = None, sampling: Sampling | None = None) -> Iterator[int]:
+        """Stream new token ids after ``prompt`` (a single sequence). Tokens that leave the local window, from the
+        prompt or from the generation, move into memory (when the model has one) as the paper's update rule says:
+        when the window is full, its older half is appended to memory and the rest is re-encoded."""
+        sampling = sampling or Sampling()
+        ids = _as_ids(prompt, self.backbone.device)
+        if ids.shape[0] != 1:
+            raise ValueError("generate takes a single prompt")
+        if ids.shape[1] == 0:
+            raise ValueError("generate needs a prompt of at least one token")
+        gen = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+        keep = max(self.csz, (self.segment_len // 2) // self.csz * self.csz)
+        if ids.shape[1] > self.segment_len:  # the prompt's head goes to memory (or is dropped without one)
+            head = ids.shape[1] - keep
+            if memory is not None and self.uses_memory:
+                self.memorize(ids[:, :head], memory)
+            ids = ids[:, head:]
+        window = Window()
+        last = lambda step: self.backbone.logits(step.hidden[:, -1:])[0, -1]  # noqa: E731
+        logits = last(self.step(ids, memory, window))
+        for _ in range(sampling.max_new_tokens):
+            tok = _sample(logits, sampling, gen)
+            yield tok
+            if tok in sampling.stop_ids:
+                return
+            new = torch.tensor([[tok]], device=ids.device)
+            if window.length >= self.segment_len:
+                n_out = window.length - keep + 1
+                if memory is not None and window.mem_k is not None:  # the window was encoded from position 0
+                    memory.add(window.mem_k[:, :, :n_out], window.mem_v[:, :, :n_out], tokens=window.ids[:, :n_out],
+                               starts=segment_starts(1, n_out, ids.device))
+                ids = torch.cat([window.ids[:, n_out:], new], dim=1)
+                window = Window()
+                logits = last(self.step(ids, memory, window))
+            else:
+                logits = last(self.step(new, memory, window))
+
+
+def segment_starts(batch: int, length: int, device=None) -> torch.Tensor:
+    """(batch, length) bool marking the first token of segments encoded from position 0: the attention sinks that
+    ``Memory.add`` keeps out of most searches."""
+    starts = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    starts[:, :1] = True
+    return starts
+
+
+def _sample(logits: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> int:
+    logits = logits.float().cpu()
+    if s.temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / s.temperature, dim=-1)
+    if s.top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        cut = sorted_p.cumsum(0) - sorted_p > s.top_p  # drop tokens once the mass before them exceeds top_p
+        sorted_p[cut] = 0.0
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+    return int(torch.multinomial(probs, 1, generator=gen))

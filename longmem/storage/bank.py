@@ -1,0 +1,584 @@
+"""One persistent memory bank: the ``Bank`` that reads and writes it (its SQLite schema: ``storage.schema``).
+
+    <bank dir>/bank.db                            metadata, documents, segments (token ids, text, chunk spans, CRC-32),
+                                                  layer-m K/V blobs (one row per segment), passages and their FTS5
+                                                  full-text index (``storage.passages``)
+    <bank dir>/keys-<h>-e<epoch>-n<chunks>.faiss  mean-pooled chunk keys of KV head h (derived; rebuilt when missing,
+                                                  stale or corrupt)
+    <bank dir>/write.lock                         held by the one process allowed to write
+
+A bank stores the keys/values of one backbone layer m, one row per segment of ``segment_len`` tokens (each segment
+encoded on its own, as ``SegmentLM.memorize`` does); only whole chunks of ``csz`` tokens are searchable. Every write
+is one transaction (``db.atomic()``) in WAL mode, so readers see whole segments while a writer ingests, and a crash
+loses at most the segment in flight. Chunks are ordered by segment id; ``epoch`` goes up whenever chunks are removed,
+which is how an index file knows it no longer describes a prefix of the bank. Banks are named and found through
+``storage.BankDirectory``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import sqlite_utils
+import torch
+
+from longmem.storage import passages as bank_passages
+from longmem.storage.passages import ChunkPlaces, PassageRef
+from longmem.storage.app_records import AppRecords
+from longmem.storage.records import (BankBusy, BankCorrupt, BankError, BankInfo, BankMismatch, Document, Passage,
+                                     VerifyReport, crc32, tensor_bytes, tensor_from_bytes)
+from longmem.storage.schema import SchemaTooNew, migrate, now, pending_migrations
+from longmem.text.passages import PassageCutter, Span
+from longmem.storage.indexfiles import IndexRecord, read_index, write_index
+from longmem.memory.memory import INDEX_BLOCK, MAX_SINKS, Memory, chunk_keys
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "bank.db"
+LOCK_NAME = "write.lock"
+KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HEADROOM_CHUNKS = 2048  # room left in a restored memory for what a chat adds (8k tokens at csz 4)
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+@dataclass
+class _Layout:
+    """Where the chunks of a loaded memory come from: chunk serial -> (segment id, chunk within the segment)."""
+
+    epoch: int
+    segment_ids: np.ndarray  # (S,)
+    first_chunk: np.ndarray  # (S + 1,) cumulative chunk counts
+
+
+class Bank(AppRecords):
+    """One persistent bank. Reading needs no lock; writing happens inside ``writing()`` (one writer at a time)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.layout: _Layout | None = None  # of the last memory loaded, for quoting passages
+        self._lock_fd: int | None = None
+        self._info: BankInfo | None = None
+        try:
+            conn = sqlite3.connect(f"file:{path / DB_NAME}?mode=rw", uri=True, timeout=30, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise BankError(f"bank {path.name!r}: cannot open {path / DB_NAME} ({e})") from None
+        self._db_id = _file_id(path / DB_NAME)  # the database this handle has open (see ``writing``)
+        try:
+            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA synchronous = NORMAL")  # WAL: durable against process crashes, fast commits
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA secure_delete = ON")  # a deleted document's text and K/V are overwritten
+            self.db = sqlite_utils.Database(conn)
+            if pending_migrations(self.db):
+                with self.writing():
+                    had_passages = "passages" in self.db.table_names()
+                    migrate(self.db)
+                    if not had_passages:  # a bank made before passages existed: cut them from its text
+                        self.rebuild_passages()
+            self.info  # noqa: B018  (reads the bank row: a corrupt file fails here, not later)
+        except BaseException as e:
+            conn.close()
+            if isinstance(e, SchemaTooNew):
+                raise BankError(f"{path / DB_NAME} {e}; upgrade longmem") from None
+            if isinstance(e, sqlite3.DatabaseError) and any(
+                    w in str(e) for w in ("not a database", "malformed", "encrypted", "no such table")):
+                raise BankCorrupt(f"bank {path.name!r}: {path / DB_NAME} is not a readable LongMem bank ({e}). It "
+                                  "was left untouched; restore it from a backup or delete the bank.") from None
+            if isinstance(e, sqlite3.Error):
+                raise BankError(f"bank {path.name!r}: cannot read {path / DB_NAME}: {e}") from None
+            raise
+
+    # -- basics ---------------------------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def info(self) -> BankInfo:
+        rows = list(self.db.query("SELECT * FROM bank WHERE id = 1"))
+        if not rows:
+            raise BankCorrupt(f"bank {self.name!r}: its metadata row is missing")
+        return BankInfo(**{k: v for k, v in rows[0].items() if k != "id"})
+
+    @property
+    def info_cached(self) -> BankInfo:
+        """``info`` read once (its shape fields never change; epoch and times do, so use ``info`` for those)."""
+        if self._info is None:
+            self._info = self.info
+        return self._info
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return KV_DTYPES[self.info_cached.kv_dtype]
+
+    def close(self) -> None:
+        self._release()
+        self.db.close()
+
+    def __enter__(self) -> "Bank":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def check(self, model) -> None:
+        """Refuse a model whose backbone, cached layer, chunk size or head layout differs from the bank's."""
+        info, bb = self.info_cached, model.backbone
+        mine = (info.backbone_sha256, info.cached_layer, info.csz, info.n_kv_heads, info.head_dim)
+        theirs = (bb.fingerprint(), model.cached_layer, model.csz, bb.spec.n_kv_heads, bb.spec.head_dim)
+        if mine != theirs:
+            raise BankMismatch(
+                f"bank {self.name!r} was built with backbone {info.backbone_name!r} (sha256 {info.backbone_sha256[:12]}"
+                f"…), layer {info.cached_layer}, csz {info.csz}; this model has {bb.name!r} (sha256 "
+                f"{bb.fingerprint()[:12]}…), layer {model.cached_layer}, csz {model.csz}. Make a new bank for it.")
+
+    def documents(self) -> list[Document]:
+        return [Document.from_row(r) for r in self.db.query("SELECT * FROM documents ORDER BY id")]
+
+    def document(self, doc_id: int) -> Document:
+        rows = list(self.db.query("SELECT * FROM documents WHERE id = ?", [doc_id]))
+        if not rows:
+            raise BankError(f"bank {self.name!r} has no document {doc_id}")
+        return Document.from_row(rows[0])
+
+    def find_document(self, sha256: str, options: dict) -> Document | None:
+        opts = json.dumps(options, sort_keys=True)
+        rows = list(self.db.query("SELECT * FROM documents WHERE sha256 = ? AND options = ?", [sha256, opts]))
+        return Document.from_row(rows[0]) if rows else None
+
+    def version(self) -> tuple[int, int]:
+        """(epoch, chunks stored): changes whenever the bank's memory does (a write adds chunks; a rebuild or
+        removal bumps the epoch), so a loaded copy of the memory is current while its version is."""
+        chunks = self.db.execute("SELECT coalesce(sum(n_chunks), 0) FROM segments").fetchone()[0]
+        return self.info.epoch, int(chunks)
+
+    def stats(self) -> dict:
+        row = next(self.db.query("SELECT count(*) AS segments, coalesce(sum(n_tokens), 0) AS tokens, "
+                                 "coalesce(sum(n_chunks), 0) AS chunks FROM segments"))
+        disk = 0
+        for f in self.path.iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a temporary file may be renamed meanwhile
+                disk += f.stat().st_size if f.is_file() else 0
+        info = self.info_cached
+        kv = row["chunks"] * info.csz * info.n_kv_heads * info.head_dim * 2 * self.dtype.itemsize
+        n_docs = self.db.execute("SELECT count(*) FROM documents").fetchone()[0]
+        return {**row, "documents": n_docs, "kv_bytes": kv, "disk_bytes": disk}
+
+    # -- conversation and saved classifiers -----------------------------------------------------------------------
+    # Small rows that live beside the memory; SQLite serialises them with an ingestion's writes, so they do not
+    # take the bank's writer lock (a chat can go on while a book is being ingested).
+    # -- the writer lock ------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def writing(self) -> Iterator["Bank"]:
+        """Hold the bank's write lock (an advisory file lock, released by the OS if the process dies)."""
+        if self._lock_fd is not None:  # re-entrant within one Bank
+            yield self
+            return
+        gone = BankError(f"bank {self.name!r} was renamed or deleted since it was opened; open it again")
+        try:
+            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            raise gone from None
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise BankBusy(f"bank {self.name!r} is being written by another process; try again when it is "
+                           "done") from None
+        except ImportError:  # no fcntl (Windows): one writer is the user's responsibility
+            pass
+        if _file_id(self.path / DB_NAME) != self._db_id:  # the lock must guard the database we have open
+            os.close(fd)
+            raise gone
+        self._lock_fd = fd
+        try:
+            yield self
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def _require_lock(self) -> None:
+        if self._lock_fd is None:
+            raise RuntimeError("bank writes must happen inside `with bank.writing():`")
+
+    # -- writing --------------------------------------------------------------------------------------------------
+    def add_segment(self, document: dict | int, seq: int, tokens: torch.Tensor, text: str, chunk_chars: np.ndarray,
+                    k: torch.Tensor, v: torch.Tensor, resume: tuple[int, int], passages: list[Span] = ()) -> int:
+        """Commit one segment in one transaction and return its document id. ``document`` is an existing id, or
+        the new document's row (title, source, kind, sha256, options, meta) to create with this first segment.
+        tokens (T,); chunk_chars (n_chunks + 1,) chunk boundaries in ``text``; k, v (Hkv, n_chunks * csz, d) for
+        the segment's whole chunks; ``resume`` = where the next segment of the document starts in its source;
+        ``passages``: the passages this segment's text completed (``passage_cutter``), written in the same
+        transaction, with their full-text index."""
+        self._require_lock()
+        info = self.info_cached
+        n_chunks = tokens.numel() // info.csz
+        hkv, t, d = k.shape
+        if (hkv, t, d) != (info.n_kv_heads, n_chunks * info.csz, info.head_dim) or v.shape != k.shape:
+            raise ValueError(f"k/v {tuple(k.shape)} do not fit {n_chunks} chunks of {info.csz} tokens with "
+                             f"{info.n_kv_heads} heads of {info.head_dim}")
+        if len(chunk_chars) != n_chunks + 1:
+            raise ValueError(f"chunk_chars has {len(chunk_chars)} entries for {n_chunks} chunks")
+        stamp = now()
+        with self.db.atomic():
+            if isinstance(document, dict):
+                doc_id = self.db["documents"].insert({
+                    **document, "options": json.dumps(document["options"], sort_keys=True),
+                    "meta": json.dumps(document.get("meta", {})), "status": "ingesting", "created": stamp,
+                    "updated": stamp}).last_pk
+            else:
+                doc_id = document
+            tok_b = tokens.to(torch.int32).numpy().tobytes()
+            chars_b = np.asarray(chunk_chars, dtype=np.int32).tobytes()
+            k_b, v_b = tensor_bytes(k.to(self.dtype)), tensor_bytes(v.to(self.dtype))
+            seg_id = self.db["segments"].insert({
+                "document_id": doc_id, "seq": seq, "n_tokens": tokens.numel(), "n_chunks": n_chunks,
+                "tokens": tok_b, "text": text, "chunk_chars": chars_b,
+                "crc32": crc32(tok_b, chars_b, text.encode("utf-8"))}).last_pk
+            self.db["kv"].insert({"segment_id": seg_id, "k": k_b, "v": v_b, "crc32": crc32(k_b, v_b)})
+            bank_passages.insert(self.db, doc_id, seg_id, passages)
+            self.db.execute("UPDATE documents SET n_tokens = n_tokens + ?, n_segments = n_segments + 1, "
+                            "resume_offset = ?, resume_skip = ?, updated = ? WHERE id = ?",
+                            [tokens.numel(), resume[0], resume[1], stamp, doc_id])
+            self.db.execute("UPDATE bank SET updated = ? WHERE id = 1", [stamp])
+        return doc_id
+
+    def finish_document(self, doc_id: int, passages: list[Span] = ()) -> None:
+        """Mark a document complete, with its last ``passages`` (the cutter's ``finish()``), and name the chapter of
+        each of its passages (chapters are found in the whole text)."""
+        self._require_lock()
+        with self.db.atomic():
+            last = self.db.execute("SELECT max(id) FROM segments WHERE document_id = ?", [doc_id]).fetchone()[0]
+            if passages and last is not None:
+                bank_passages.insert(self.db, doc_id, last, passages)
+            bank_passages.set_chapters(self.db, doc_id, bank_passages.document_text(self.db, doc_id))
+            self.db.execute("UPDATE documents SET status = 'complete', updated = ? WHERE id = ?", [now(), doc_id])
+
+    def passage_cutter(self, doc_id: int | None, demonstrations: bool) -> PassageCutter:
+        """The passage cutter for the next segments of a document: a new one (``doc_id`` None), or one that goes on
+        where an interrupted ingestion's stored passages end."""
+        if doc_id is None:
+            return PassageCutter(demonstrations=demonstrations)
+        return bank_passages.cutter_for(self.db, doc_id, demonstrations)
+
+    def rebuild_passages(self) -> int:
+        """Cut every document's passages again from its stored text and rebuild their full-text index (one
+        transaction); returns how many passages there are."""
+        with self.writing(), self.db.atomic():
+            count = 0
+            for doc in self.documents():
+                count += bank_passages.recut(self.db, doc.id, doc.kind == "demos", doc.status == "complete")
+            bank_passages.rebuild_fts(self.db)
+        return count
+
+    def delete_document(self, doc_id: int) -> Document:
+        """Remove a document and its memory (one transaction), then rewrite the index files."""
+        doc = self.document(doc_id)
+        with self.writing():
+            with self.db.atomic():
+                self.db.execute("DELETE FROM passages WHERE document_id = ?", [doc_id])
+                self.db.execute("DELETE FROM kv WHERE segment_id IN (SELECT id FROM segments WHERE document_id = ?)",
+                                [doc_id])
+                self.db.execute("DELETE FROM segments WHERE document_id = ?", [doc_id])
+                self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id])
+                self.db.execute("UPDATE bank SET epoch = epoch + 1, updated = ? WHERE id = 1", [now()])
+            self.sync_index()
+            with contextlib.suppress(sqlite3.OperationalError):  # give the freed pages back to the file system
+                self.db.execute("PRAGMA incremental_vacuum")
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return doc
+
+    # -- index files ----------------------------------------------------------------------------------------------
+    def _check_blob(self, segment: int, blob: bytes, n_chunks: int) -> None:
+        info = self.info_cached
+        want = info.n_kv_heads * n_chunks * info.csz * info.head_dim * KV_DTYPES[info.kv_dtype].itemsize
+        if len(blob) != want:
+            raise BankCorrupt(f"bank {self.name!r}: segment {segment} holds {len(blob)} bytes of keys/values, "
+                              f"expected {want}; run `longmem bank verify {self.name}`")
+
+    def _index_path(self, head: int, epoch: int, n_chunks: int) -> Path:
+        """Index files are versioned by name, so a reader never finds a file newer than the record it read."""
+        return self.path / f"keys-{head}-e{epoch}-n{n_chunks}.faiss"
+
+    def _segments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Segment ids and their chunk counts, in storage order."""
+        rows = self.db.execute("SELECT id, n_chunks FROM segments ORDER BY id").fetchall()
+        arr = np.array(rows, dtype=np.int64).reshape(-1, 2)
+        return arr[:, 0], arr[:, 1]
+
+    def _stored_indexes(self, seg_ids: np.ndarray, seg_chunks: np.ndarray) -> list[tuple[object, int]]:
+        """Per head, the index file's index and how many leading chunks of the bank it holds (None, 0 if unusable)."""
+        info = self.info
+        records = {r["head"]: IndexRecord(**{k: r[k] for k in IndexRecord.__dataclass_fields__})
+                   for r in self.db.query("SELECT * FROM index_files")}
+        out = []
+        for h in range(info.n_kv_heads):
+            rec = records.get(h)
+            if rec is None:
+                out.append((None, 0))
+                continue
+            covered = int(seg_chunks[seg_ids <= rec.last_segment].sum())
+            if rec.epoch != info.epoch or covered != rec.n_chunks:
+                log.info("index file %s is stale (bank changed since it was written); rebuilding it", rec.file)
+                out.append((None, 0))
+                continue
+            index = read_index(self.path / rec.file, rec, info.head_dim)
+            out.append((index, rec.n_chunks) if index is not None else (None, 0))
+        return out
+
+    def _save_indexes(self, indexes: list, n_chunks: int, last_segment: int, epoch: int) -> None:
+        """Write new index files, record them, then remove the files no record names (old versions, and temporary
+        files of a writer that was killed)."""
+        self._require_lock()
+        records = []
+        for h, index in enumerate(indexes):
+            path = self._index_path(h, epoch, n_chunks)
+            digest, size = write_index(index, path)
+            records.append({"head": h, "file": path.name, "epoch": epoch, "n_chunks": n_chunks,
+                            "last_segment": last_segment, "checksum": digest, "bytes": size, "written": now()})
+        with self.db.atomic():
+            self.db["index_files"].upsert_all(records, pk="head")
+        keep = {r["file"] for r in records}
+        for f in [*self.path.glob("keys-*.faiss"), *self.path.glob(".keys-*.tmp-*")]:
+            if f.name not in keep:
+                with contextlib.suppress(OSError):
+                    f.unlink()
+
+    def sync_index(self, rebuild: bool = False) -> dict:
+        """Bring the index files up to date with SQLite (appending the chunks they lack, or from scratch when
+        ``rebuild`` or when they are missing, corrupt or stale). Needs the write lock. Returns what was done."""
+        import faiss
+
+        info, dtype = self.info, self.dtype
+        with self.writing(), self.db.atomic():  # one snapshot of the bank
+            seg_ids, seg_chunks = self._segments()
+            total = int(seg_chunks.sum())
+            last = int(seg_ids[-1]) if len(seg_ids) else 0
+            stored = [(None, 0)] * info.n_kv_heads if rebuild else self._stored_indexes(seg_ids, seg_chunks)
+            if all(ix is not None and n == total for ix, n in stored):
+                return {"rebuilt": 0, "appended": 0, "chunks": total}
+            indexes = [ix if ix is not None else faiss.IndexFlatIP(info.head_dim) for ix, _ in stored]
+            starts = [n if ix is not None else 0 for ix, n in stored]
+            start = min(starts)
+            first_chunk = np.concatenate([[0], np.cumsum(seg_chunks)])
+            first = int(np.searchsorted(first_chunk, start, side="right")) - 1  # segment holding chunk `start`
+            pos = int(first_chunk[first]) if len(seg_ids) else 0
+            from_id = int(seg_ids[first]) if len(seg_ids) and first < len(seg_ids) else last + 1
+            for sid, nc, blob in self.db.execute("SELECT s.id, s.n_chunks, kv.k FROM segments s JOIN kv ON "
+                                                 "kv.segment_id = s.id WHERE s.id >= ? ORDER BY s.id", [from_id]):
+                if nc:
+                    self._check_blob(sid, blob, nc)
+                    k = tensor_from_bytes(blob, dtype).view(info.n_kv_heads, nc, info.csz, info.head_dim)
+                    keys = chunk_keys(k)
+                    for h, index in enumerate(indexes):
+                        lo = max(starts[h] - pos, 0)
+                        if lo < nc:
+                            index.add(keys[h, lo:])
+                pos += nc
+            self._save_indexes(indexes, total, last, info.epoch)
+        return {"rebuilt": sum(ix is None for ix, _ in stored), "appended": total - start, "chunks": total}
+
+    # -- reading --------------------------------------------------------------------------------------------------
+    def load_memory(self, model=None, *, capacity: int | None = None, use_gpu: bool | None = None,
+                    repair: bool = True, progress=None) -> Memory:
+        """Restore the bank's memory into RAM without running the backbone: K/V blobs are copied segment by segment
+        into tensors allocated once (peak RAM ~ the K/V size plus the indexes), indexes come from the index files
+        (checked), and whatever the files lack is added from SQLite. With ``model``, first refuse a model the bank
+        was not built for (``BankMismatch``). ``repair`` rewrites missing or stale index files when no other
+        process is writing. ``progress(done, total)`` counts chunks."""
+        import faiss
+
+        if model is not None:
+            self.check(model)
+        info, dtype = self.info_cached, self.dtype
+        hkv, csz, d = info.n_kv_heads, info.csz, info.head_dim
+        with self.db.atomic():  # a read transaction: one consistent snapshot while a writer may be ingesting
+            epoch = self.info.epoch
+            seg_ids, seg_chunks = self._segments()
+            total = int(seg_chunks.sum())
+            first = 0 if capacity is None else max(0, total - capacity // csz)  # older chunks would be evicted
+            room = total - first + HEADROOM_CHUNKS  # what chat adds later fits without a reallocation
+            k = torch.empty(hkv, room, csz, d, dtype=dtype)
+            v = torch.empty_like(k)
+            tokens = torch.full((room, csz), -1, dtype=torch.int64)
+            starts = torch.zeros(room, csz, dtype=torch.bool)  # each segment was encoded alone: its first token
+            pos, skipped = 0, 0
+            rows = self.db.execute("SELECT s.id, s.n_chunks, s.tokens, kv.k, kv.v FROM segments s JOIN kv ON "
+                                   "kv.segment_id = s.id ORDER BY s.id")
+            for sid, nc, tok_blob, k_blob, v_blob in rows:
+                if skipped + nc <= first:  # entirely older than the capacity keeps
+                    skipped += nc
+                    continue
+                if nc:
+                    self._check_blob(sid, k_blob, nc)
+                    self._check_blob(sid, v_blob, nc)
+                    if len(tok_blob) < 4 * nc * csz:
+                        raise BankCorrupt(f"bank {self.name!r}: segment {sid} has {len(tok_blob) // 4} token ids for "
+                                          f"{nc} chunks; run `longmem bank verify {self.name}`")
+                    drop = max(0, first - skipped)  # the part of a segment that is older than the capacity keeps
+                    skipped += drop
+                    take = nc - drop
+                    k[:, pos:pos + take] = tensor_from_bytes(k_blob, dtype).view(hkv, nc, csz, d)[:, drop:]
+                    v[:, pos:pos + take] = tensor_from_bytes(v_blob, dtype).view(hkv, nc, csz, d)[:, drop:]
+                    tokens[pos:pos + take] = tensor_from_bytes(tok_blob, torch.int32)[: nc * csz].view(nc, csz)[drop:]
+                    starts[pos, 0] = drop == 0  # is an attention sink (see longmem.memory.memory)
+                    pos += take
+                if progress is not None:
+                    progress(pos, total - first)
+            if pos != total - first:
+                raise BankCorrupt(f"bank {self.name!r}: {total - first - pos} chunks have no keys/values stored")
+            # index files hold every chunk from the first: usable only when nothing was left out
+            stored = self._stored_indexes(seg_ids, seg_chunks) if first == 0 else [(None, 0)] * hkv
+        indexes = []
+        n = total - first
+        for h, (index, done) in enumerate(stored):
+            index = index if index is not None else faiss.IndexFlatIP(d)
+            for s in range(done, n, INDEX_BLOCK):
+                index.add(chunk_keys(k[h:h + 1, s:min(s + INDEX_BLOCK, n)])[0])
+            indexes.append(index)
+        if repair and first == 0 and any(ix is None or done < total for ix, done in stored):
+            try:
+                with self.writing():
+                    if self.info.epoch == epoch:
+                        self._save_indexes(indexes, total, int(seg_ids[-1]) if len(seg_ids) else 0, epoch)
+            except BankBusy:
+                log.info("bank %s is being written; its index files will be brought up to date by the writer",
+                         self.name)
+        self.layout = _Layout(epoch, seg_ids, np.concatenate([[0], np.cumsum(seg_chunks)]))
+        return Memory.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
+                                      use_gpu=use_gpu, starts=starts,
+                                      max_sinks=MAX_SINKS if model is None else model.max_sinks)
+
+    def passage(self, serial: int, context_chunks: int = 8) -> Passage:
+        """The text of chunk ``serial`` of the last loaded memory, with up to ``context_chunks`` chunks each side."""
+        lay = self.layout
+        if lay is None:
+            raise RuntimeError("load_memory() first: passages are numbered by the loaded memory")
+        if not 0 <= serial < lay.first_chunk[-1]:
+            raise KeyError(f"chunk {serial} is not in the loaded memory of bank {self.name!r}")
+        if self.info.epoch != lay.epoch:
+            raise KeyError(f"documents were deleted from bank {self.name!r} after its memory was loaded; load it again")
+        s = int(np.searchsorted(lay.first_chunk, serial, side="right") - 1)
+        j = serial - int(lay.first_chunk[s])
+        row = next(self.db.query("SELECT s.document_id, s.seq, s.text, s.chunk_chars, d.title, d.n_segments FROM "
+                                 "segments s JOIN documents d ON d.id = s.document_id WHERE s.id = ?",
+                                 [int(lay.segment_ids[s])]), None)
+        if row is None:
+            raise KeyError(f"chunk {serial} was deleted from bank {self.name!r} after it was loaded")
+        bounds = np.frombuffer(row["chunk_chars"], dtype=np.int32)
+        text = row["text"]
+        lo, hi = bounds[max(j - context_chunks, 0)], bounds[min(j + 1 + context_chunks, len(bounds) - 1)]
+        return Passage(serial=serial, document_id=row["document_id"], document=row["title"],
+                       text=text[bounds[j]:bounds[j + 1]], context=text[lo:hi], segment=row["seq"], chunk=j,
+                       of_segments=max(row["n_segments"], row["seq"] + 1))
+
+    def search_passages(self, question: str, k: int) -> list[tuple[int, float]]:
+        """The ``k`` passages that best match ``question``'s words (BM25): (passage id, score), best first."""
+        return bank_passages.search(self.db, question, k)
+
+    def passages(self, ids: list[int]) -> list[PassageRef]:
+        """Passages by id, with their places, in the order given."""
+        return bank_passages.fetch(self.db, ids)
+
+    def document_text_between(self, doc_id: int, start: int, end: int) -> str:
+        """Characters ``start`` to ``end`` of a document's text (to show a passage in its surroundings)."""
+        return bank_passages.text_between(self.db, doc_id, start, end)
+
+    def chunk_places(self) -> ChunkPlaces:
+        """Which passage holds each chunk of the last loaded memory (``ChunkPlaces.votes``)."""
+        if self.layout is None:
+            raise RuntimeError("load_memory() first: chunks are numbered by the loaded memory")
+        return ChunkPlaces(self.db, self.layout.segment_ids, self.layout.first_chunk)
+
+    # -- checking -------------------------------------------------------------------------------------------------
+    def verify(self, repair_index: bool = True) -> VerifyReport:
+        """Check SQLite integrity, every segment's blobs against its shape and its CRC-32, document totals, and the
+        index files (rewritten when stale or damaged if ``repair_index`` and nobody else is writing). The checks
+        read one snapshot, so an ingestion running meanwhile cannot look like damage."""
+        info, report = self.info_cached, VerifyReport()
+        try:
+            result = [r[0] for r in self.db.execute("PRAGMA integrity_check").fetchall()]
+        except sqlite3.DatabaseError as e:
+            result = [str(e)]
+        if result != ["ok"]:
+            report.problem("SQLite integrity check: " + "; ".join(result[:5]))
+            return report
+        per_chunk = info.n_kv_heads * info.csz * info.head_dim * self.dtype.itemsize
+        with self.db.atomic():
+            for sid, doc, nt, nc, tok_len, chars_len, k_len, v_len in self.db.execute(
+                    "SELECT s.id, s.document_id, s.n_tokens, s.n_chunks, length(s.tokens), length(s.chunk_chars), "
+                    "length(kv.k), length(kv.v) FROM segments s LEFT JOIN kv ON kv.segment_id = s.id"):
+                if k_len is None:
+                    report.problem(f"segment {sid} (document {doc}) has no keys/values")
+                elif (k_len, v_len) != (nc * per_chunk, nc * per_chunk):
+                    report.problem(f"segment {sid} (document {doc}): K/V of {k_len}/{v_len} bytes, expected "
+                                   f"{nc * per_chunk}")
+                if tok_len != 4 * nt or nc != nt // info.csz or chars_len != 4 * (nc + 1):
+                    report.problem(f"segment {sid} (document {doc}): token/chunk sizes do not agree")
+            totals = {r[0]: (r[1], r[2]) for r in self.db.execute(
+                "SELECT document_id, count(*), sum(n_tokens) FROM segments GROUP BY document_id")}
+            for doc in self.documents():
+                n, t = totals.pop(doc.id, (0, 0))
+                if (n, t) != (doc.n_segments, doc.n_tokens):
+                    report.problem(f"document {doc.id} ({doc.title}): {n} segments / {t} tokens stored, "
+                                   f"{doc.n_segments} / {doc.n_tokens} recorded")
+                if doc.status != "complete":
+                    report.notes.append(f"document {doc.id} ({doc.title}) is incomplete ({doc.n_tokens} tokens); "
+                                        "ingest the same file again to resume")
+            for doc_id in totals:
+                report.problem(f"{totals[doc_id][0]} segments belong to document {doc_id}, which does not exist")
+            for sid, doc, tok_b, chars_b, text, crc in self.db.execute(
+                    "SELECT id, document_id, tokens, chunk_chars, text, crc32 FROM segments"):
+                if crc32(tok_b, chars_b, text.encode("utf-8")) != crc:
+                    report.problem(f"segment {sid} (document {doc}): token ids or text damaged (checksum mismatch)")
+            for sid, k_b, v_b, crc in self.db.execute("SELECT segment_id, k, v, crc32 FROM kv"):
+                if crc32(k_b, v_b) != crc:
+                    report.problem(f"segment {sid}: keys/values damaged (checksum mismatch)")
+            orphans = self.db.execute("SELECT count(*) FROM kv WHERE segment_id NOT IN (SELECT id FROM segments)"
+                                      ).fetchone()[0]
+            if orphans:
+                report.problem(f"{orphans} K/V rows belong to no segment")
+            for msg in bank_passages.layout_problems(self.db):
+                report.problem(msg + f"; `longmem bank rebuild-index {self.name}` cuts them again")
+            fts = bank_passages.fts_problems(self.db)
+        if repair_index:  # the index is derived data: check it deeply and rebuild it when damaged
+            try:
+                with self.writing(), self.db.atomic():
+                    fts = fts or bank_passages.fts_problems(self.db, deep=True)
+                    if fts:
+                        bank_passages.rebuild_fts(self.db)
+                        report.notes.append(f"{fts[0]}: rebuilt from the passages")
+            except BankBusy:
+                if fts:
+                    report.problem(fts[0] + " (not rebuilt: another process is writing)")
+        elif fts:
+            report.problem(fts[0])
+        if report.ok and repair_index:
+            try:
+                done = self.sync_index()
+                if done["rebuilt"] or done["appended"]:
+                    report.notes.append(f"index files brought up to date ({done['rebuilt']} rebuilt, "
+                                        f"{done['appended']} chunks appended)")
+            except BankBusy:
+                report.notes.append("index files not checked: another process is writing")
+        return report

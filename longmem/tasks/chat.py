@@ -1,0 +1,72 @@
+"""Chat about memorized text: ``Chat`` keeps a conversation in the model's chat template. When the conversation no
+longer fits the local window (with room left for the answer), its oldest turns move into memory, once, as the
+paper's update rule says; they stay retrievable while the prompt stays short. (Classification: ``classify``.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from longmem.model.lm import Sampling, SegmentLM
+from longmem.memory.memory import Memory
+from longmem.text.io import stream_text
+
+
+@dataclass
+class Chat:
+    model: SegmentLM
+    memory: Memory | None
+    sampling: Sampling = field(default_factory=Sampling)
+    history: list[dict] = field(default_factory=list)  # turns still in the local window
+    moved_turns: int = 0  # turns already moved into memory
+
+    def __post_init__(self):
+        tok = self.model.backbone.tokenizer
+        if tok is None or getattr(tok, "chat_template", None) is None:
+            raise ValueError("this backbone's tokenizer has no chat template; use generate instead of chat")
+        if tok.eos_token_id is not None and tok.eos_token_id not in self.sampling.stop_ids:
+            self.sampling.stop_ids = (*self.sampling.stop_ids, tok.eos_token_id)
+
+    def _encode(self, turns: list[dict], prompt: bool):
+        tok = self.model.backbone.tokenizer
+        text = tok.apply_chat_template(turns, add_generation_prompt=prompt, tokenize=False)
+        return tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+
+    def _fit_window(self, last: str) -> None:
+        """Move the oldest turns into memory until the conversation, its last user turn read as ``last``, fits the
+        window with room for the answer."""
+        budget = self.model.segment_len - self.sampling.max_new_tokens
+        while len(self.history) > 1 and self._encode(self._turns(last), True).shape[1] > budget:
+            old = self.history.pop(0)
+            if self.memory is not None and self.model.uses_memory:
+                self.model.memorize(self._encode([old], False), self.memory)
+            self.moved_turns += 1
+
+    def _turns(self, last: str) -> list[dict]:
+        return self.history[:-1] + [{"role": "user", "content": last}]
+
+    def prompt_ids(self, question: str, reading: str | None = None, history: bool = True) -> torch.Tensor:
+        """The prompt (1, T) the model would read for ``question`` now (with ``reading`` in its place, see ``ask``;
+        without the earlier turns unless ``history``), without changing the conversation."""
+        earlier = self.history if history else []
+        return self._encode(earlier + [{"role": "user", "content": reading or question}], True)
+
+    def ask(self, question: str, reading: str | None = None) -> Iterator[str]:
+        """Stream the answer to ``question`` as text pieces; the turn is recorded once the answer is complete.
+        ``reading``: what the model reads in the question's place this once (excerpts of the book, then the
+        question: ``longmem.tasks.reading.reading_prompt``); the conversation keeps the question alone, so the excerpts
+        of earlier turns do not crowd the window."""
+        if not question.strip():
+            raise ValueError("the question is empty")
+        self.history.append({"role": "user", "content": question})
+        last = reading or question
+        self._fit_window(last)
+        ids = self._encode(self._turns(last), True)
+        pieces = []
+        for piece in stream_text(self.model.backbone.tokenizer, self.model.generate(ids, self.memory, self.sampling)):
+            pieces.append(piece)
+            yield piece
+        self.history.append({"role": "assistant", "content": "".join(pieces)})

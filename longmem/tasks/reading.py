@@ -1,0 +1,193 @@
+"""Answering from a bank: find the passages a question is about, read them in the local window, cite them.
+
+    finder = PassageFinder(bank, model, memory)        # the bank's memory loaded by ``bank.load_memory``
+    found = finder.find("Who is the narrator?", Reading(finder="fused"))
+    prompt = reading_prompt("Who is the narrator?", fit(found, tokenizer, budget=640))
+
+Find. Two finders rank a bank's passages (``longmem.text.passages``) for a question:
+
+- ``memory``: LongMem's own retrieval. The question runs through the model with the bank's memory attached; each
+  query token's memory-layer search retrieves chunks per head, and each retrieved chunk votes for the passage that
+  holds it (``storage.passages.ChunkPlaces``). Passages are ranked by votes.
+- ``lexical``: BM25 over the passages' words (the FTS5 index in the bank's SQLite).
+- ``fused``: both, by reciprocal rank fusion (Cormack et al. 2009): score = sum over finders of 1 / (60 + rank).
+
+Read. The best passages go into the prompt before the question as numbered excerpts with their place, within a token
+budget, best first; the model then answers with its memory attached as always (the paper's fusion stays beside the
+reading). ``finder="none"`` reads nothing: the paper's pure memory fusion.
+
+Cite. What was read is returned with the answer (``Citation``): text, place, and the text around it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from longmem.storage.bank import Bank
+from longmem.storage.passages import ChunkPlaces, PassageRef
+from longmem.memory.memory import Memory, MemoryView
+
+FINDERS = ("fused", "memory", "lexical", "none")
+RRF_K = 60  # reciprocal rank fusion's constant (the paper's)
+INSTRUCTION = "Answer the question from these excerpts of the book."
+
+
+@dataclass
+class Reading:
+    """How an answer reads its bank: which finder, how many passages, how many tokens of them."""
+
+    finder: str = "fused"  # "fused", "memory", "lexical", or "none" (read nothing: the paper's memory fusion alone)
+    passages: int = 4  # passages read at most
+    budget: int = 640  # tokens of excerpts at most in the prompt
+    depth: int = 50  # candidates each finder ranks before fusion
+
+    def __post_init__(self):
+        if self.finder not in FINDERS:
+            raise ValueError(f"finder must be one of {', '.join(FINDERS)}, got {self.finder!r}")
+        if self.passages < 0 or self.budget < 0 or self.depth < 1:
+            raise ValueError("passages and budget must be >= 0 and depth >= 1")
+
+
+@dataclass(frozen=True)
+class Found:
+    """A passage a finder ranked, with its rank per finder (1 = best; absent: not among that finder's candidates)."""
+
+    passage: PassageRef
+    score: float  # the ranking's score (fused: RRF; memory: votes; lexical: BM25)
+    ranks: dict = field(default_factory=dict)  # finder -> rank
+
+
+@dataclass(frozen=True)
+class Citation:
+    """A passage an answer read: what the reader is shown under the answer."""
+
+    number: int  # [n] in the prompt
+    document: str
+    place: str  # "The Great Gatsby, chapter III, 31% in"
+    text: str
+    context: str  # the passage with the text around it
+    passage_id: int
+    finders: dict  # finder -> rank that brought it
+
+
+def fuse(rankings: dict[str, list[int]], k: int = RRF_K) -> list[tuple[int, float]]:
+    """Reciprocal rank fusion: (id, score) best first, score = sum over rankings of 1 / (k + rank), ties broken by
+    the best single rank, then id."""
+    scores: dict[int, float] = {}
+    best: dict[int, int] = {}
+    for ranking in rankings.values():
+        for rank, pid in enumerate(ranking, 1):
+            scores[pid] = scores.get(pid, 0.0) + 1.0 / (k + rank)
+            best[pid] = min(best.get(pid, rank), rank)
+    return sorted(scores.items(), key=lambda kv: (-kv[1], best[kv[0]], kv[0]))
+
+
+@torch.no_grad()
+def memory_votes(model, memory: Memory, ids: torch.Tensor) -> dict[int, int]:
+    """Chunk serial -> times retrieved, over every head and token, when the model reads ``ids`` (1, T) with
+    ``memory`` attached (the last ``segment_len`` tokens; memory is read, not changed)."""
+    view = MemoryView(memory)
+    model.step(ids[:, -model.segment_len:].to(model.backbone.device), view)
+    return view.hits
+
+
+class PassageFinder:
+    """Ranks a bank's passages for questions (see the module doc). ``memory`` is the bank's memory as loaded by
+    ``bank.load_memory`` (possibly re-chunked or grown by a conversation); ``bank`` stays open while it is used.
+    ``places``: which passage holds each chunk of ``memory`` (default: the bank's, as loaded)."""
+
+    def __init__(self, bank: Bank, model, memory: Memory, places: ChunkPlaces | None = None):
+        self.bank, self.model, self.memory = bank, model, memory
+        self.places = places if places is not None else bank.chunk_places()
+        self.fine = self.bank.info_cached.csz // memory.csz  # memory chunk serial // fine = the bank's own serial
+
+    def rank(self, question: str, finder: str, depth: int, question_ids: torch.Tensor | None = None) -> list[Found]:
+        """The ``depth`` best passages for ``question`` by ``finder`` ("none": []); ``question_ids`` (1, T): the
+        question as the model reads it (default: its tokens alone)."""
+        rankings: dict[str, list[int]] = {}
+        scores: dict[str, dict[int, float]] = {}
+        if finder in ("memory", "fused"):
+            ids = question_ids if question_ids is not None else self._ids(question)
+            hits: dict[int, int] = {}
+            for serial, n in memory_votes(self.model, self.memory, ids).items():
+                hits[serial // self.fine] = hits.get(serial // self.fine, 0) + n
+            votes = self.places.votes(hits)
+            order = sorted(votes, key=lambda p: (-votes[p], p))[:depth]
+            rankings["memory"], scores["memory"] = order, {p: float(votes[p]) for p in order}
+        if finder in ("lexical", "fused"):
+            found = self.bank.search_passages(question, depth)
+            rankings["lexical"], scores["lexical"] = [p for p, _ in found], dict(found)
+        if finder == "fused":
+            ranked = fuse(rankings)[:depth]
+        elif finder in rankings:
+            ranked = [(p, scores[finder][p]) for p in rankings[finder]]
+        else:
+            return []
+        refs = {r.id: r for r in self.bank.passages([p for p, _ in ranked])}
+        positions = {f: {p: i for i, p in enumerate(r, 1)} for f, r in rankings.items()}
+        return [Found(refs[p], s, {f: pos[p] for f, pos in positions.items() if p in pos})
+                for p, s in ranked if p in refs]
+
+    def _ids(self, question: str) -> torch.Tensor:
+        tok = self.model.backbone.tokenizer
+        return tok(question, return_tensors="pt", add_special_tokens=False).input_ids
+
+    def find(self, question: str, reading: Reading, question_ids: torch.Tensor | None = None) -> list[Found]:
+        """The passages to read for ``question``: the best ``reading.passages`` of its finder."""
+        if reading.finder == "none" or reading.passages == 0:
+            return []
+        return self.rank(question, reading.finder, reading.depth, question_ids)[: reading.passages]
+
+
+def find_for_chat(finder: PassageFinder, chat, question: str, reading: Reading) -> list[Found]:
+    """The passages a chat's answer to ``question`` reads: ``reading``'s best that fit what the window leaves after
+    the question alone, the excerpts' heading and the answer (``chat.sampling.max_new_tokens``); older turns move
+    into memory to make that room (``tasks.Chat.ask``)."""
+    if reading.finder == "none" or reading.passages == 0:
+        return []
+    alone = chat.prompt_ids(question, history=False).shape[1] + 16
+    budget = min(reading.budget, chat.model.segment_len - chat.sampling.max_new_tokens - alone)
+    return fit(finder.find(question, reading), chat.model.backbone.tokenizer, max(0, budget))
+
+
+def fit(found: list[Found], tokenizer, budget: int) -> list[Found]:
+    """The passages, best first, that fit ``budget`` tokens together (one that does not fit is skipped; a smaller
+    one after it may still fit)."""
+    out, used = [], 0
+    for f in found:
+        n = len(tokenizer(f.passage.text, add_special_tokens=False).input_ids) + 8  # "[n] (place)" and spacing
+        if used + n <= budget:
+            out.append(f)
+            used += n
+    return out
+
+
+def reading_prompt(question: str, found: list[Found]) -> str:
+    """The user's turn when reading: numbered excerpts with their places, then the question (no excerpts: the
+    question alone)."""
+    if not found:
+        return question
+    excerpts = "\n\n".join(f"[{i}] ({f.passage.place()})\n{f.passage.text}" for i, f in enumerate(found, 1))
+    return f"{INSTRUCTION}\n\n{excerpts}\n\nQuestion: {question}"
+
+
+def citations(bank: Bank, found: list[Found], context_chars: int = 600) -> list[Citation]:
+    """What an answer read, numbered as in its prompt, each with up to ``context_chars`` of text on either side
+    (whole words)."""
+    out = []
+    for i, f in enumerate(found, 1):
+        p = f.passage
+        lo = max(0, p.char_start - context_chars)
+        around = bank.document_text_between(p.document_id, lo, p.char_end + context_chars)
+        before, after = around[: p.char_start - lo], around[p.char_end - lo:]
+        if lo > 0:  # whole words only: drop the word the cut fell in, at either end
+            before = before[m.end():] if (m := re.search(r"\s", before)) else ""
+        if len(after) == context_chars:
+            after = after[: m.start()] if (m := re.search(r"\s\S*$", after)) else ""
+        context = before + p.text + after
+        out.append(Citation(number=i, document=p.document, place=p.place(), text=p.text, context=context,
+                            passage_id=p.id, finders=dict(f.ranks)))
+    return out

@@ -1,0 +1,31 @@
+"""Where the project's shared data lives (books, ICL sets, SQuAD, papers): one function for every command.
+
+``$LONGMEM_DATA_DIR`` when set; otherwise the ``shared/data`` folder beside a source checkout (the layout this
+project is developed in: ``<work>/main`` next to ``<work>/shared/data``), looked for from this file and from the
+working directory. An installed package has no checkout beside it, so there the variable is how to point at the data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+DATA_ENV = "LONGMEM_DATA_DIR"
+
+
+def data_dir() -> Path:
+    """The shared data folder (it may not exist: readers of a file in it report which path they tried)."""
+    if os.environ.get(DATA_ENV):
+        return Path(os.environ[DATA_ENV])
+    checkout = Path(__file__).resolve().parents[2]  # longmem/util/data.py -> the checkout's root
+    for root in (checkout, Path.cwd()):
+        for candidate in (root.parent / "shared" / "data", root / "shared" / "data"):
+            if candidate.is_dir():
+                return candidate
+    return checkout.parent / "shared" / "data"
+
+
+def add_data_flag(p: argparse.ArgumentParser, what: str = "books/, MANIFEST.md") -> None:
+    """``--data``: the shared data folder a command reads (default: ``data_dir()``)."""
+    p.add_argument("--data", default=None, help=f"shared data folder ({what}; default: ${DATA_ENV} or ../shared/data)")
