@@ -60,3 +60,14 @@ def test_quick_benchmark_runs_end_to_end(tmp_path):
                                    "generation_ratio"}
     assert all(t["value"] > 0 for t in res["targets"].values())
     assert "| memorize (ingestion), tok/s |" in proc.stdout
+
+
+def test_a_report_prints_json_then_the_table_and_writes_the_json(tmp_path, capsys):
+    from longmem.util.report import print_report
+
+    result = {"wall_s": 1.5, "rows": [1, 2]}
+    assert print_report(result, "| a |\n| --- |", tmp_path / "out.json") is result
+    printed = capsys.readouterr().out
+    head, table = printed.split("\n\n", 1)
+    assert json.loads(head) == result and table == "| a |\n| --- |\n"
+    assert json.loads((tmp_path / "out.json").read_text()) == result

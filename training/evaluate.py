@@ -23,7 +23,6 @@ recall under several retrieval settings (chunk size : K memory tokens per query)
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 
 from longmem.util.data import add_data_flag, data_dir
+from longmem.util.report import print_report
 from longmem.model.baselines import BackboneLM
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.eval.measures import answer_match, perplexity, question_window, recall_record, recalled
@@ -182,22 +182,12 @@ def main(argv: list[str] | None = None) -> dict:
             p.error(f"--sweep {args.sweep!r}: give chunk size:K pairs, e.g. 4:256,2:256")
         result = {"sweep": recall_sweep(model, items, settings, log), "args": vars(args),
                   "provenance": model.provenance}
-        return _print(result, sweep_markdown(result["sweep"]), args.out)
+        return print_report(result, sweep_markdown(result["sweep"]), args.out)
     in_window = recall_documents(tok, fillers, args.recall, L // 2, L, seed=args.seed)  # fact inside the window
     result = evaluate(model, scored, items, args.long_context, log, in_window=in_window)
     result["args"] = vars(args)
     result["provenance"] = model.provenance
-    return _print(result, markdown(result, args.long_context, args.distance), args.out)
-
-
-def _print(result: dict, table: str, out: str | None) -> dict:
-    """Print the JSON, then the table; write the JSON to ``out`` when given."""
-    print(json.dumps(result, indent=2))
-    print()
-    print(table)
-    if out:
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return print_report(result, markdown(result, args.long_context, args.distance), args.out)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,6 @@ token it never saw, as a recalled name must be.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -52,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from longmem.util.data import add_data_flag, data_dir
+from longmem.util.report import print_report
 from longmem.model.backbone import cache_root, load_backbone
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.memory.memory import MAX_SINKS, MemoryView
@@ -422,40 +422,29 @@ def main(argv: list[str] | None = None) -> dict:
             p.error(f"the {args.books} held-out books hold {len(text) // segment_len} segments, not {args.segments}")
         ids = torch.as_tensor(text[: args.segments * segment_len], dtype=torch.long).view(args.segments, segment_len)
         result = {**value_readout(backbone, ids, args.values, log=log), "args": vars(args)}
-        return _report(result, values_markdown(result), args.out)
+        return print_report(result, values_markdown(result), args.out)
     if args.copy_heads:
         items = recall_documents(backbone.tokenizer, [d.ids for d in books], args.items, segment_len // 2,
                                  segment_len, seed=args.seed)
         result = {**copy_heads(backbone, items), "args": vars(args)}
-        return _report(result, copy_heads_markdown(result), args.out)
+        return print_report(result, copy_heads_markdown(result), args.out)
     items = recall_documents(backbone.tokenizer, [d.ids for d in books], args.items, args.distance,
                              args.distance + segment_len, seed=args.seed)
     if args.readout is not None:
         heads = [int(h) for h in args.heads.split(",") if h.strip()]
         result = {**readout(backbone, items, args.readout, heads, segment_len, args.csz, args.topk, max_sinks),
                   "args": vars(args)}
-        return _report(result, None, args.out)
+        return print_report(result, None, args.out)
     if model is not None and args.answers:
         result = {**probe_answers(model.eval(), items, log), "args": vars(args)}
-        return _report(result, answers_markdown(result), args.out)
+        return print_report(result, answers_markdown(result), args.out)
     if model is not None:
         model.eval()
         rows, top = [probe_model(model, items, log)], model.config.topk // model.csz
     else:
         top = args.topk // args.csz
         rows = probe_backbone(backbone, items, segment_len, args.csz, top, max_sinks, log)
-    return _report({"rows": rows, "args": vars(args)}, markdown(rows, top), args.out)
-
-
-def _report(result: dict, table: str | None, out: str | None) -> dict:
-    """Print the JSON (and the table after it), and write the JSON to ``out`` when given."""
-    print(json.dumps(result, indent=2))
-    if table is not None:
-        print()
-        print(table)
-    if out:
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return print_report({"rows": rows, "args": vars(args)}, markdown(rows, top), args.out)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import transformers
 from tqdm import tqdm
 
 from longmem.util.data import data_dir
+from longmem.util.report import print_report
 from longmem.model.backbone import Backbone, cpu_bf16_features, dtype_choice, load_backbone
 from longmem.model.baselines import BackboneLM
 from longmem.model.cpu import add_runtime_flags, setup_cpu
@@ -107,13 +108,9 @@ def machine_facts(dtype: str, threads: int) -> dict:
 
 
 def report(results: dict, table: str, out: str | None) -> None:
-    """A benchmark's output: the JSON on stdout, a blank line, the markdown table; the JSON also to ``out``."""
-    text = json.dumps(results, indent=2)
-    print(text)
-    print()
-    print(table)
+    """A benchmark's output (``longmem.util.report.print_report``: JSON, a blank line, the table), then its time."""
+    print_report(results, table, out)
     if out:
-        Path(out).write_text(text + "\n")
         log(f"wrote {out}")
     log(f"done in {results['wall_s']:.0f} s")
 
