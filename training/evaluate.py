@@ -42,7 +42,6 @@ from .data import Document, book_split, tokenize_files
 from longmem.eval.datasets.recall import RecallItem, recall_documents
 
 
-
 @torch.no_grad()
 def recall_sweep(model: LongMemModel, items: list[RecallItem], settings: list[tuple[int, int]], log=print) -> dict:
     """LongMem's recall of ``items`` under several retrieval settings (chunk size, K memory tokens per query): each

@@ -61,7 +61,6 @@ from .data import book_split, tokenize_files
 from longmem.eval.datasets.recall import RecallItem, name_word, recall_documents
 
 
-
 def answer_ranks(q: torch.Tensor, keys: torch.Tensor, csz: int, answer: range, sinks: torch.Tensor,
                  max_sinks: int | None, top: int) -> dict:
     """Score every chunk for one query token and find the best chunk holding part of the answer.

@@ -35,7 +35,6 @@ def default_banks_dir() -> Path:
     return platformdirs.user_data_path("longmem") / "banks"
 
 
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -44,7 +43,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
 
 
 class BankDirectory:

@@ -34,7 +34,6 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 _BARE_NUMBER = re.compile(r"[IVXLC]+\.?|[0-9]+\.?")  # a chapter heading that is only its number
 
 
-
 @dataclass(frozen=True)
 class PassageRef:
     """A passage as a reader is shown it: its text and its place in its document."""
