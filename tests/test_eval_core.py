@@ -191,6 +191,7 @@ def test_a_task_log_resumes_only_its_own_finished_units(tmp_path):
     assert TaskLog(path, sig, resume=True, log=lambda m: None).commits() == ["abc", "def"]
     other = TaskLog(path, {**sig, "seed": 1}, resume=True, log=lambda m: None)  # another size or seed: nothing reused
     assert other.get("SST-2/0") is None
+    assert TaskLog(path, sig, resume=True, log=lambda m: None).get("SST-2/0") == {"runs": [1]}  # ... nor dropped
     fresh = TaskLog(path, sig, resume=False)  # without --resume a run starts afresh
     assert fresh.get("SST-2/0") is None and not path.exists()
 
@@ -216,8 +217,8 @@ def test_units_made_with_other_sidenet_weights_are_not_reused(tmp_path, llama):
     digests = [checkpoint_digest(before)[:16], checkpoint_digest(lm.save(tmp_path / "after"))[:16]]
     assert digests[0] != digests[1]
 
-    def log_with(digest):
-        made_by = provenance(lm, ["icl"], "shipped with the package", None, "auto", digest)
+    def log_with(digest, name="shipped with the package"):
+        made_by = provenance(lm, ["icl"], name, None, "auto", digest)
         assert made_by["sidenet_sha256"] == digest
         ctx = EvalContext(None, [], tmp_path, tmp_path / "out", resume=True, log=lambda m: None, provenance=made_by)
         return ctx.task_log("icl", icl.QUICK, ("sets", "seeds"))
@@ -225,6 +226,7 @@ def test_units_made_with_other_sidenet_weights_are_not_reused(tmp_path, llama):
     log_with(digests[0]).put("SST-2/0", 1)
     assert log_with(digests[0]).get("SST-2/0") == 1
     assert log_with(digests[1]).get("SST-2/0") is None
+    assert log_with(digests[0], name=str(before)).get("SST-2/0") == 1  # the same weights named by their folder
 
 
 def test_summary_intervals_are_wilson_per_set_and_binomial_on_the_average():

@@ -12,9 +12,8 @@ import logging
 import os
 import sys
 from dataclasses import fields
-from pathlib import Path
 
-from longmem.util.data import add_data_flag, data_dir
+from longmem.util.data import add_data_flag
 from longmem.model.cpu import setup_cpu
 
 from .train import TrainConfig, Trainer
@@ -99,7 +98,7 @@ def build_data(args, tokenizer, segment_len: int):
     from longmem.eval.datasets.recall import (multi_recall_documents, quote_documents, recall_as_documents,
                                               recall_documents)
 
-    train_files, test_files = book_split(Path(args.data) if args.data else data_dir())
+    train_files, test_files = book_split(args.data)
     if args.max_books:
         train_files = train_files[: args.max_books]
     cache = cache_root() / "tokens"

@@ -26,11 +26,10 @@ import argparse
 import math
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from longmem.util.data import add_data_flag, data_dir
+from longmem.util.data import add_data_flag
 from longmem.util.report import print_report
 from longmem.model.baselines import BackboneLM
 from longmem.model.cpu import add_runtime_flags, setup_cpu
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
     tok = model.backbone.tokenizer
     from longmem.model.backbone import cache_root
 
-    _, test_files = book_split(Path(args.data) if args.data else data_dir())
+    _, test_files = book_split(args.data)
     books = tokenize_files(test_files[: args.books], tok, cache_root() / "tokens")
     scored = [Document(d.name, d.ids[: args.tokens]) for d in books] if args.tokens > 0 else []
     fillers, L = [d.ids for d in books], model.segment_len

@@ -43,14 +43,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longmem.util.data import add_data_flag, data_dir
+from longmem.util.data import add_data_flag
 from longmem.util.report import print_report
 from longmem.model.backbone import cache_root, load_backbone
 from longmem.model.cpu import add_runtime_flags, setup_cpu
@@ -411,7 +410,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                        dtype=args.dtype), pretrained=False)
     backbone = model.backbone if model is not None else load_backbone(args.backbone, args.dtype)
     segment_len = model.segment_len if model is not None else args.segment_len
-    _, test_files = book_split(Path(args.data) if args.data else data_dir())
+    _, test_files = book_split(args.data)
     books = tokenize_files(test_files[: args.books], backbone.tokenizer, cache_root() / "tokens")
     if args.values is not None:
         if not 0 <= args.values < backbone.spec.n_layers:

@@ -139,7 +139,8 @@ class SegmentLoss(nn.Module):
         self.model, self.answer_weight, self.kl_weight, self.kl_scope = model, answer_weight, kl_weight, kl_scope
 
     def forward(self, ids: torch.Tensor, memory, answers: torch.Tensor):
-        empty = torch.tensor([n == 0 for n in memory.sizes()], device=ids.device)  # (B,) before this step's keys
+        if self.kl_scope == "empty":  # (B,) rows read with an empty memory: sizes before this step adds its keys
+            empty = torch.tensor([n == 0 for n in memory.sizes()], device=ids.device)
         out = self.model.step_and_remember(ids, memory)
         reference = out.reference[:, :-1] if self.kl_weight and out.reference is not None else None
         if self.kl_weight and reference is None:

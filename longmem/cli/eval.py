@@ -33,7 +33,7 @@ from longmem.util.files import write_file_atomic
 
 from longmem.eval import SUITES
 from longmem.eval.core import EvalContext, SuiteResult, lineup
-from longmem.util.data import add_data_flag, data_dir
+from longmem.util.data import add_data_flag
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
         memtrm = MemTRM.load(args.memtrm, backbone=model.backbone).eval()
     log = lambda m: print(f"[eval {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
-    data = Path(args.data) if args.data else data_dir()
+    data = args.data
     made_by = provenance(model, argv, sidenet, args.memtrm, args.dtype,
                          checkpoint_digest(weights)[:16] if weights else None)
     ctx = EvalContext(model, lineup(model, args.full_context, memtrm), data, out, quick=args.quick, seed=args.seed,

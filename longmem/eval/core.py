@@ -153,13 +153,14 @@ class EvalContext:
 
 
 # what a resumed unit shares with the run, beside its size, seed and dtype
-SAME_RUN = ("backbone", "sidenet", "sidenet_sha256", "topk", "csz", "memtrm")
+SAME_RUN = ("backbone", "sidenet_sha256", "topk", "csz", "memtrm")  # the SideNet by its weights, not its path
 
 
 class TaskLog:
     """A long suite's finished work units (e.g. one ICL set under one seed), appended to a JSON-lines file as each
     finishes, so that a run cut off (a session's end) goes on where it stopped: with ``resume``, the units the file
-    holds under the same ``signature`` (size, seed, models, dtype) are reused; without it the file starts afresh.
+    holds under the same ``signature`` (size, seed, models, dtype) are reused and those of other signatures are kept
+    for the runs they belong to; without it the file starts afresh.
     Each unit records the commit and CPU that made it (``made_at``, "<commit> on <cpu>"): a result names them all
     (``commits``); thread counts and machines may differ between the runs that share a record. Each line is written
     whole and flushed to disk before the next unit starts."""
@@ -175,10 +176,10 @@ class TaskLog:
                     row = json.loads(line)
                 except json.JSONDecodeError:  # a line cut off by a kill: that unit runs again
                     continue
+                kept.append(line + "\n")  # other runs' units stay: a run in another dtype or size loses nothing
                 if row.get("signature") == signature:
                     self.units[row["key"]] = row["value"]
                     self.made[row["key"]] = row.get("commit", "unknown")
-                    kept.append(line + "\n")
             write_file_atomic(self.path, "".join(kept).encode())  # whole lines only: the next unit starts its own
             log(f"resuming: {len(self.units)} finished units in {self.path.name}")
         elif self.path.exists():

@@ -27,5 +27,6 @@ def data_dir() -> Path:
 
 
 def add_data_flag(p: argparse.ArgumentParser, what: str = "books/, MANIFEST.md") -> None:
-    """``--data``: the shared data folder a command reads (default: ``data_dir()``)."""
-    p.add_argument("--data", default=None, help=f"shared data folder ({what}; default: ${DATA_ENV} or ../shared/data)")
+    """``--data``: the shared data folder a command reads, as a ``Path`` (default: ``data_dir()``)."""
+    p.add_argument("--data", type=Path, default=data_dir(),
+                   help=f"shared data folder ({what}; default: ${DATA_ENV} or ../shared/data)")
