@@ -56,3 +56,12 @@ def test_an_answer_counts_when_it_contains_a_gold_answer():
     assert contains("It was lit by Sostratus of Cnidus.", ["Pharos", "Sostratus"]) == 1.0
     assert contains("The answer is: Denver", ["Denver Broncos"]) == 0.0
     assert contains("Teslas friend", ["Tesla"]) == 0.0  # whole words only
+
+
+def test_a_subset_of_entrants_records_the_finders_it_reads_with():
+    from longmem.eval.bookqa import LABELS, finders
+
+    assert finders(list(LABELS)) == ["memory", "lexical", "fused", "embed"]
+    assert finders(["oracle"]) == []
+    assert finders(["rag_bm25", "longmem_fused"]) == ["fused", "lexical"]  # BM25-RAG reads the lexical finder's
+    assert finders(["rag_embed"]) == ["embed"]

@@ -76,6 +76,7 @@ class Size:
     questions: int = 100  # SQuAD dev questions, one per paragraph, the same at every distance
     passages: int = 4  # passages an answer reads at most
     new_tokens: int = 24  # tokens generated per answer at most
+    entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
 
 
 QUICK = Size(distances=[4096], questions=2)
@@ -177,16 +178,19 @@ def run(ctx: EvalContext) -> SuiteResult:
     from longmem.model.embedder import Embedder
 
     size: Size = ctx.size("bookqa", QUICK, FULL)
+    unknown = sorted(set(size.entrants) - set(LABELS))
+    if unknown or not size.entrants:
+        raise ValueError(f"bookqa.entrants: unknown {unknown}; choose among {', '.join(LABELS)}")
     timer = Timer()
     model, bb = ctx.model, ctx.model.backbone
     backbone = BackboneLM(bb, model.segment_len)
     full = BackboneLM(bb, bb.spec.max_positions)
     qas = items(ctx, size.questions)
     stream, borrowed = filler(ctx, max(size.distances))
-    embedder = Embedder.load()
+    embedder = Embedder.load() if "rag_embed" in size.entrants else None
     units = ctx.task_log("bookqa", size, selects=("distances",))  # a unit: one distance (--resume)
-    results: dict = {k: {} for k in LABELS}
-    gold_read: dict = {f: {} for f in (*FINDER_ENTRANTS.values(), "embed")}
+    results: dict = {k: {} for k in size.entrants}
+    gold_read: dict = {f: {} for f in finders(size.entrants)}
     seconds = 0.0  # of every distance, those reused from an earlier run included
     for d in size.distances:
         unit = units.get(str(d))
@@ -196,11 +200,20 @@ def run(ctx: EvalContext) -> SuiteResult:
             unit = {"scores": scores, "reads": reads, "seconds": time.perf_counter() - t0}
             units.put(str(d), unit)
         seconds += unit["seconds"]
-        for k in LABELS:
+        for k in size.entrants:
             results[k][str(d)] = _summary(unit["scores"][k])
         for f, r in unit["reads"].items():
             gold_read[f][str(d)] = float(np.mean(r)) if r else float("nan")
     return _result(ctx, size, qas, results, gold_read, borrowed, seconds, units.commits())
+
+
+def finders(entrants: list[str]) -> list[str]:
+    """The finders whose gold-paragraph reads ``entrants`` record: one per reading LongMem entrant, and the
+    embedder's for embedding RAG (BM25-RAG reads what the lexical finder found)."""
+    out = [f for k, f in FINDER_ENTRANTS.items() if k in entrants]
+    if "rag_bm25" in entrants and "lexical" not in out:
+        out.append("lexical")
+    return out + ["embed"] * ("rag_embed" in entrants)
 
 
 def _at_distance(ctx: EvalContext, size: Size, d: int, qas: list[QA], stream: np.ndarray, embedder, backbone, full,
@@ -209,42 +222,64 @@ def _at_distance(ctx: EvalContext, size: Size, d: int, qas: list[QA], stream: np
     scores, finder -> per-question whether the gold paragraph was read)."""
     from longmem.model.embedder import EmbeddingIndex
 
-    model = ctx.model
-    scores: dict = {k: [] for k in LABELS}
-    reads: dict = {f: [] for f in (*FINDER_ENTRANTS.values(), "embed")}
+    model, want = ctx.model, set(size.entrants)
+    scores: dict = {k: [] for k in size.entrants}
+    reads: dict = {f: [] for f in finders(size.entrants)}
     with filler_bank(ctx, stream[:d]) as bank:
         memory = bank.load_memory(model)
         filler_passages = bank.db.execute("SELECT id, text FROM passages ORDER BY id").fetchall()
-        index = EmbeddingIndex(embedder)
-        index.add([t for _, t in filler_passages])
+        index = None
+        if "rag_embed" in want:
+            index = EmbeddingIndex(embedder)
+            index.add([t for _, t in filler_passages])
         for i, qa in enumerate(qas):
-            paragraph = np.asarray(ctx.tokenizer(qa.passage, add_special_tokens=False).input_ids)
-            haystack = np.concatenate([paragraph, stream[:d]])
             with spliced(bank, model, memory, qa) as (doc_id, places):
-                finder = PassageFinder(bank, model, memory, places)
-                chat = Chat(model, memory, Sampling(max_new_tokens=size.new_tokens))
-                got = {"longmem": answer(model, memory, qa.question, None, size)}
-                for key, how in FINDER_ENTRANTS.items():
-                    found = find_for_chat(finder, chat, qa.question, Reading(finder=how, passages=size.passages))
-                    reads[how].append(any(f.passage.document_id == doc_id for f in found))
-                    got[key] = answer(model, memory, qa.question, reading_prompt(qa.question, found), size)
-                    if how == "lexical":
-                        got["rag_bm25"] = answer(backbone, None, qa.question, reading_prompt(qa.question, found), size)
-                found = _embedded(bank, index, filler_passages, embedder, qa, doc_id, chat, size)
-                reads["embed"].append(any(f.passage.document_id == doc_id for f in found))
-                got["rag_embed"] = answer(backbone, None, qa.question, reading_prompt(qa.question, found), size)
-                got["backbone_full"] = answer(full, None, qa.question, window_text(full, qa.question, haystack, size),
-                                              size)
-                gold = reading_prompt(qa.question, [gold_found(qa, doc_id)])
-                got["oracle"] = answer(model, memory, qa.question, gold, size)
-                got["oracle_backbone"] = answer(backbone, None, qa.question, gold, size)
-            for k in LABELS:
+                got = _answers(ctx, size, want, qa, doc_id, places, bank, memory, index, filler_passages, embedder,
+                               backbone, full, stream[:d], reads)
+            for k in size.entrants:
                 scores[k].append({"id": qa.id, "answer": got[k], "contains": contains(got[k], qa.answers),
                                   "em": exact_match(got[k], qa.answers), "f1": f1(got[k], qa.answers)})
-            ctx.log(f"bookqa at {d:,} tokens, question {i + 1}/{len(qas)}: fused read the gold paragraph: "
-                    f"{reads['fused'][-1]}; answered: fused {scores['longmem_fused'][-1]['contains']:.0f}, "
-                    f"oracle {scores['oracle'][-1]['contains']:.0f} ({timer.seconds / 60:.1f} min)")
+            fused = f"fused read the gold paragraph: {reads['fused'][-1]}; " if "fused" in reads else ""
+            ctx.log(f"bookqa at {d:,} tokens, question {i + 1}/{len(qas)}: {fused}answered: "
+                    + ", ".join(f"{k} {scores[k][-1]['contains']:.0f}" for k in size.entrants)
+                    + f" ({timer.seconds / 60:.1f} min)")
     return scores, reads
+
+
+def _answers(ctx: EvalContext, size: Size, want: set[str], qa: QA, doc_id: int, places, bank: Bank, memory: Memory,
+             index, filler_passages: list, embedder, backbone, full, filler_tokens: np.ndarray,
+             reads: dict) -> dict[str, str]:
+    """The wanted entrants' answers to one spliced item (entrant -> answer); appends to ``reads`` whether each
+    finder read the gold paragraph."""
+    model = ctx.model
+    finder = PassageFinder(bank, model, memory, places)
+    chat = Chat(model, memory, Sampling(max_new_tokens=size.new_tokens))
+    got = {}
+    if "longmem" in want:
+        got["longmem"] = answer(model, memory, qa.question, None, size)
+    for key, how in FINDER_ENTRANTS.items():
+        if how not in reads:
+            continue
+        found = find_for_chat(finder, chat, qa.question, Reading(finder=how, passages=size.passages))
+        reads[how].append(any(f.passage.document_id == doc_id for f in found))
+        if key in want:
+            got[key] = answer(model, memory, qa.question, reading_prompt(qa.question, found), size)
+        if how == "lexical" and "rag_bm25" in want:
+            got["rag_bm25"] = answer(backbone, None, qa.question, reading_prompt(qa.question, found), size)
+    if "rag_embed" in want:
+        found = _embedded(bank, index, filler_passages, embedder, qa, doc_id, chat, size)
+        reads["embed"].append(any(f.passage.document_id == doc_id for f in found))
+        got["rag_embed"] = answer(backbone, None, qa.question, reading_prompt(qa.question, found), size)
+    if "backbone_full" in want:
+        paragraph = np.asarray(ctx.tokenizer(qa.passage, add_special_tokens=False).input_ids)
+        haystack = np.concatenate([paragraph, filler_tokens])
+        got["backbone_full"] = answer(full, None, qa.question, window_text(full, qa.question, haystack, size), size)
+    gold = reading_prompt(qa.question, [gold_found(qa, doc_id)])
+    if "oracle" in want:
+        got["oracle"] = answer(model, memory, qa.question, gold, size)
+    if "oracle_backbone" in want:
+        got["oracle_backbone"] = answer(backbone, None, qa.question, gold, size)
+    return got
 
 
 def _embedded(bank: Bank, index, filler_passages: list, embedder, qa: QA, doc_id: int, chat: Chat,
@@ -274,30 +309,34 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
     ds = [str(d) for d in size.distances]
     header = (["model"] + [f"{distance_label(int(d))}: answered / EM / F1" for d in ds] + ["average answered"])
     rows = []
-    for k, label in LABELS.items():
-        r = results[k]
+    for k in results:
+        r, label = results[k], LABELS[k]
         cells = [f"{r[d]['contains']:.0f} ± {r[d]['contains_ci95']:.0f} / {r[d]['em']:.0f} / {r[d]['f1']:.1f}"
                  for d in ds]
         rows.append([label, *cells, f"{np.mean([r[d]['contains'] for d in ds]):.1f}"])
     reads = table(["finder"] + [distance_label(int(d)) for d in ds],
                   [[f] + [f"{100 * gold_read[f][d]:.0f}%" for d in ds] for f in gold_read])
-    avg = {k: float(np.mean([results[k][d]["contains"] for d in ds])) for k in LABELS}
-    oracle = avg["oracle"]
+    avg = {k: float(np.mean([results[k][d]["contains"] for d in ds])) for k in results}
     notes = [f"{len(qas)} SQuAD dev questions (one per paragraph) at each distance. Answered: % of answers that "
              "contain a gold answer (± a 95% interval); then SQuAD EM and F1, in %. The second table: the share of "
-             "questions whose gold paragraph was among the passages read, per finder.",
-             f"LongMem reading (fused) answers {avg['longmem_fused']:.1f}% on average, "
-             f"{100 * avg['longmem_fused'] / oracle:.0f}% of its oracle's {oracle:.1f}% (target: >= 90%)"
-             if oracle > 0 else "LongMem's oracle answers none: the ratio to it is undefined at this size.",
-             f"Against the RAG baselines on the average: LongMem fused {avg['longmem_fused']:.1f}%, BM25-RAG "
-             f"{avg['rag_bm25']:.1f}%, embedding RAG {avg['rag_embed']:.1f}%."]
+             "questions whose gold paragraph was among the passages read, per finder."]
+    if {"longmem_fused", "oracle"} <= avg.keys():
+        oracle = avg["oracle"]
+        notes.append(f"LongMem reading (fused) answers {avg['longmem_fused']:.1f}% on average, "
+                     f"{100 * avg['longmem_fused'] / oracle:.0f}% of its oracle's {oracle:.1f}% (target: >= 90%)"
+                     if oracle > 0 else "LongMem's oracle answers none: the ratio to it is undefined at this size.")
+    if {"longmem_fused", "rag_bm25", "rag_embed"} <= avg.keys():
+        notes.append(f"Against the RAG baselines on the average: LongMem fused {avg['longmem_fused']:.1f}%, BM25-RAG "
+                     f"{avg['rag_bm25']:.1f}%, embedding RAG {avg['rag_embed']:.1f}%.")
+    if set(results) != set(LABELS):
+        notes.append(f"Entrants run: {', '.join(results)} (bookqa.entrants).")
     if borrowed:
         notes.append(borrowed_note(borrowed))
     notes.append(f"Distances run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
     plot = _plot(ctx, size.distances, results)
     return SuiteResult("bookqa", "Questions about a long text (beyond the paper): a SQuAD paragraph D tokens before "
                        "its question", [table(header, rows), reads],
-                       {"results": results, "gold_read": gold_read, "models": LABELS,
+                       {"results": results, "gold_read": gold_read, "models": {k: LABELS[k] for k in results},
                         "questions": [q.id for q in qas], "borrowed_train_tokens": borrowed},
                        asdict(size), [plot], notes, seconds)
 
@@ -305,7 +344,8 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
 def _plot(ctx: EvalContext, distances: list[int], results: dict) -> str:
     fig = figure(6.4, 4.2)
     ax = fig.add_subplot()
-    for k, label in LABELS.items():
+    for k in results:
+        label = LABELS[k]
         ax.plot(distances, [results[k][str(d)]["contains"] for d in distances], marker="o", label=label,
                 ls="--" if k.startswith(("oracle", "rag", "backbone")) else "-")
     ax.set_xscale("log", base=2)
