@@ -16,7 +16,7 @@ DOC_COLUMNS = ["id", "title", "kind", "status", "tokens", "segments", "source", 
 
 
 def bank_rows(ws: Workspace) -> list[list]:
-    return [[b.name, b.documents, f"{b.tokens:,}", mib(b.disk_bytes), b.backbone, b.csz,
+    return [[b.name, b.documents, f"{b.tokens:,}", mib(b.disk_bytes), b.backbone, b.chunk_size,
              "yes" if b.matches_model else "no (other backbone)", "ingesting" if b.busy else "ready"]
             for b in ws.banks()]
 

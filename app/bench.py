@@ -68,21 +68,21 @@ def scenario_startup(args) -> dict:
 def scenario_first_token(args) -> dict:
     from longmem.model.cpu import setup_cpu
     from longmem.model.longmem import LongMemConfig, LongMemModel
-    from longmem.storage import BankDirectory
     from longmem.service.workspace import Settings, Workspace
+    from longmem.storage import BankDirectory
 
     setup_cpu(args.threads)
     model = LongMemModel.from_config(LongMemConfig(dtype=args.dtype)).eval()
     ws = Workspace(model, BankDirectory(args.banks_dir))
     name = f"bench-{args.bank_tokens // 1000}k"
-    if not ws.store.exists(name) or _bank_tokens(ws, name) < args.bank_tokens * 0.95:
-        if ws.store.exists(name):
+    if not ws.directory.exists(name) or _bank_tokens(ws, name) < args.bank_tokens * 0.95:
+        if ws.directory.exists(name):
             ws.delete_bank(name)
         text = _prefix(Path(args.text), args.bank_tokens, model.backbone.tokenizer)
         with tempfile.TemporaryDirectory() as tmp:
             book = Path(tmp) / "book.txt"
             book.write_text(text)
-            log(f"ingesting {args.bank_tokens:,} tokens into bank {name} (kept in {ws.store.root})")
+            log(f"ingesting {args.bank_tokens:,} tokens into bank {name} (kept in {ws.directory.root})")
             t0 = time.perf_counter()
             state = ws.jobs.wait(ws.ingest(name, [book], create=True))
             if state.status != "done":

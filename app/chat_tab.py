@@ -8,8 +8,8 @@ import html
 
 import gradio as gr
 
-from longmem.tasks.reading import FINDERS, Citation
 from longmem.service.workspace import PassageHit, Settings, Workspace
+from longmem.tasks.reading import FINDERS, Citation
 
 from .common import BOOK_TYPES, file_paths, friendly, job_html
 from .shared import Shared
@@ -71,17 +71,20 @@ def settings_panel(ws: Workspace, max_tokens: int, reading: bool = False) -> lis
             temperature = gr.Slider(0.0, 1.5, value=0.7, step=0.05, label="Temperature (0 = greedy)")
             tokens = gr.Slider(8, 512, value=max_tokens, step=8, label="Max new tokens")
         with gr.Row():
-            top = model.config.topk // model.csz  # the model's own: what it was evaluated with
+            top = model.config.topk // model.chunk_size  # the model's own: what it was evaluated with
             chunks = gr.Slider(1, max(64, 4 * top), value=top, step=1,
                                label="Top-K memory chunks per token and head")
-            sizes = [d for d in range(model.csz, 0, -1) if model.csz % d == 0]
-            csz = gr.Dropdown(choices=sizes, value=model.csz, label="Chunk size (tokens; finer = more precise)")
-    return [temperature, tokens, chunks, csz, *extra]
+            sizes = [d for d in range(model.chunk_size, 0, -1) if model.chunk_size % d == 0]
+            chunk_size = gr.Dropdown(choices=sizes, value=model.chunk_size,
+                                     label="Chunk size (tokens; finer = more precise)")
+    return [temperature, tokens, chunks, chunk_size, *extra]
 
 
-def make_settings(temperature, tokens, chunks, csz, reading=Settings.reading, passages=Settings.passages) -> Settings:
+def make_settings(temperature, tokens, chunks, chunk_size, reading=Settings.reading,
+                  passages=Settings.passages) -> Settings:
     return Settings(max_new_tokens=int(tokens), temperature=float(temperature), chunks=int(chunks),
-                    csz=int(csz) if csz else None, reading=reading or "none", passages=int(passages))
+                    chunk_size=int(chunk_size) if chunk_size else None, reading=reading or "none",
+                    passages=int(passages))
 
 
 def loading_html(ws: Workspace, name: str | None) -> str:

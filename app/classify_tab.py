@@ -10,9 +10,9 @@ import math
 
 import gradio as gr
 
-from longmem.tasks.examples import PRESETS, peek_columns
 from longmem.ingest.readers import DemoFormat
 from longmem.service.workspace import Workspace
+from longmem.tasks.examples import PRESETS, peek_columns
 
 from .banks_tab import jobs_html
 from .common import file_paths, friendly, parse_label_words
@@ -53,8 +53,8 @@ def build(ws: Workspace, shared: Shared) -> None:
         n_memory = gr.Number(label="Demonstrations in memory", value=2000, precision=0)
         n_test = gr.Number(label="Held-out examples to evaluate on", value=100, precision=0)
         seed = gr.Number(label="Seed", value=0, precision=0)
-        sizes = [d for d in range(ws.model.csz, 0, -1) if ws.model.csz % d == 0]
-        csz = gr.Dropdown(choices=sizes, value=2 if 2 in sizes else sizes[0],
+        sizes = [d for d in range(ws.model.chunk_size, 0, -1) if ws.model.chunk_size % d == 0]
+        chunk_size = gr.Dropdown(choices=sizes, value=2 if 2 in sizes else sizes[0],
                           label="Chunk size (the paper uses 2 for labels)")
     build_btn = gr.Button("Build classifier", variant="primary", elem_id="build-classifier")
     status = gr.Markdown(elem_id="build-status")
@@ -119,7 +119,7 @@ def build(ws: Workspace, shared: Shared) -> None:
 
     @friendly
     def list_saved(bank_name):
-        names = ws.classifiers.names(bank_name) if bank_name and ws.store.exists(bank_name) else []
+        names = ws.classifiers.names(bank_name) if bank_name and ws.directory.exists(bank_name) else []
         return gr.update(choices=names, value=names[0] if names else None)
 
     @friendly
@@ -175,7 +175,7 @@ def build(ws: Workspace, shared: Shared) -> None:
     header.change(on_upload, [upload, header], [preview, text_col, label_col], api_visibility="private")
     preset.change(on_preset, [preset], [template, words], api_name="preset")
     build_btn.click(do_build, [bank, name, upload, header, text_col, label_col, template, words, n_context, n_memory,
-                               n_test, seed, csz, finder, balance, calibrate], [status, shared.version],
+                               n_test, seed, chunk_size, finder, balance, calibrate], [status, shared.version],
                     api_name="build_classifier")
     bank.change(list_saved, [bank], [saved], api_visibility="private")
     refresh.click(list_saved, [bank], [saved], api_name="classifiers")

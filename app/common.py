@@ -9,11 +9,11 @@ import logging
 
 import gradio as gr
 
-from longmem.model.backbone import BackboneError
-from longmem.storage.records import BankError
-from longmem.service.jobs import JobState
-from longmem.model.longmem import CheckpointError
 from longmem.ingest.readers import BOOK_SUFFIXES, DEMO_EXTS
+from longmem.model.backbone import BackboneError
+from longmem.model.longmem import CheckpointError
+from longmem.service.jobs import JobState
+from longmem.storage.records import BankError
 from longmem.text.io import InputError
 
 log = logging.getLogger("longmem.app")

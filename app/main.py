@@ -51,8 +51,8 @@ def make_workspace(args):
     """The model (loaded once, shared by every visitor) and the banks directory."""
     from longmem.model.cpu import setup_cpu
     from longmem.model.longmem import LongMemConfig, LongMemModel
-    from longmem.storage import BankDirectory
     from longmem.service.workspace import Workspace
+    from longmem.storage import BankDirectory
 
     setup_cpu(args.threads)
     if args.checkpoint:

@@ -23,7 +23,7 @@ def info_markdown(ws: Workspace) -> str:
         f"**Dtype**: {i['dtype_reason']}",
         f"**SideNet**: {i['sidenet']} ({i['sidenet_params'] / 1e6:,.1f}M parameters; its memory layer "
         f"{i['memory_layer'] + 1} (1-based) reads the keys/values of backbone layer {i['cached_layer'] + 1}; "
-        f"chunk size {i['csz']}, top-K {i['topk']} memory tokens, local window {i['segment_len']} tokens)",
+        f"chunk size {i['chunk_size']}, top-K {i['topk']} memory tokens, local window {i['segment_len']} tokens)",
         f"**Memory use**: process {mib(i['process_rss_bytes'])}; bank memories loaded: "
         f"{', '.join(i['loaded_banks']) or 'none'} ({mib(i['bank_memory_bytes'])} of keys/values)",
         "<details><summary>Checkpoint provenance</summary>\n", f"```json\n{prov}\n```", "</details>"])

@@ -1,13 +1,13 @@
 """LongMem: a frozen language model with a long-term memory (Wang et al., "Augmenting Language Models with
 Long-Term Memory"). Library first; the CLI (``longmem``) and the web app are thin layers on top."""
 
+from longmem.ingest.readers import DemoFormat
+from longmem.memory.memory import Memory, Retrieved
 from longmem.model.backbone import Backbone, load_backbone
 from longmem.model.baselines import BackboneLM, MemTRM
 from longmem.model.lm import Sampling
-from longmem.memory.memory import Memory, Retrieved
 from longmem.model.longmem import LongMemConfig, LongMemModel
-from longmem.ingest.readers import DemoFormat
-from longmem.storage import Bank, BankError, BankDirectory
+from longmem.storage import Bank, BankDirectory, BankError
 from longmem.tasks.chat import Chat
 from longmem.tasks.classify import Classifier
 

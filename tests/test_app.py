@@ -1,5 +1,5 @@
 """The web app driven over HTTP through ``gradio_client``, as a second program would: the server runs in this process
-on a tiny llama (real store, SQLite, faiss, jobs), and every call goes through Gradio's queue and API."""
+on a tiny llama (real banks directory, SQLite, faiss, jobs), and every call goes through Gradio's queue and API."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from gradio_client.exceptions import AppError  # noqa: E402
 from tiny import chat_model  # noqa: E402
 
 from app.main import build_parser, launch  # noqa: E402
-from longmem.storage import BankDirectory  # noqa: E402
 from longmem.service.workspace import Workspace  # noqa: E402
+from longmem.storage import BankDirectory  # noqa: E402
 
 BOOK = "".join(f"Chapter {i}. The keeper of the lighthouse counted {i * 7} gulls at dawn.\n" for i in range(30))
 
@@ -78,12 +78,12 @@ def test_create_rename_delete_a_bank(server):
     table = client.predict("scratch", api_name="/create_bank")[0]
     assert "scratch" in [r[0] for r in table["data"]]
     client.predict("scratch", "scratch2", api_name="/rename_bank")
-    assert "scratch2" in ws.store.names() and "scratch" not in ws.store.names()
+    assert "scratch2" in ws.directory.names() and "scratch" not in ws.directory.names()
     with pytest.raises(AppError, match="tick the box"):
         client.predict("scratch2", False, api_name="/delete_bank")
-    assert "scratch2" in ws.store.names()
+    assert "scratch2" in ws.directory.names()
     client.predict("scratch2", True, api_name="/delete_bank")
-    assert "scratch2" not in ws.store.names()
+    assert "scratch2" not in ws.directory.names()
 
 
 def test_ingestion_shows_progress_and_bank_is_listed(server, book_bank):
@@ -121,7 +121,7 @@ def test_a_dropped_book_loads_in_the_chat_tab_and_answers(server):
     book.write_text(BOOK)
     picker, panel, _ = client.predict(handle_file(str(book)), api_name="/add_book")
     bank = picker["value"]  # the Chat tab's bank picker now shows it
-    assert bank == "gull-point" and bank in ws.store.names()  # a bank of its own, named after the book
+    assert bank == "gull-point" and bank in ws.directory.names()  # a bank of its own, named after the book
     assert "gull-point" in panel and ("Reading the book" in panel or "is ready" in panel)
     deadline = time.monotonic() + 120
     while "is ready" not in panel and time.monotonic() < deadline:  # the page polls while the book loads
@@ -230,7 +230,7 @@ def test_a_zip_bomb_fails_its_own_job_while_another_visitor_chats(server, book_b
     html = client.predict(api_name="/jobs")[0]  # the page shows the error
     assert "failed" in html and "--max-zip-ratio" in html
     assert client.predict("bombs", api_name="/documents")["data"] == []  # nothing stored
-    with ws.store.open("bombs") as bank:
+    with ws.directory.open("bombs") as bank:
         assert bank.verify().ok
     assert "lighthouse" in [r[0] for r in client.predict("after-bomb", api_name="/create_bank")[0]["data"]]
 
@@ -286,16 +286,18 @@ def test_launch_flags():
 
 
 def test_settings_slider_holds_the_model_own_k(tmp_path):
-    """The chunks slider starts at the model's own K / csz, however large (the shipped default reads 256 chunks)."""
+    """The chunks slider starts at the model's own K / chunk size, however large (the shipped default reads 256
+    chunks)."""
     import gradio as gr
-
-    from app.chat_tab import settings_panel
     from tiny import tiny_model
 
-    ws = Workspace(tiny_model("llama", csz=2, topk=1024), BankDirectory(tmp_path / "banks"), work_dir=tmp_path / "work")
+    from app.chat_tab import settings_panel
+
+    ws = Workspace(tiny_model("llama", chunk_size=2, topk=1024), BankDirectory(tmp_path / "banks"),
+                   work_dir=tmp_path / "work")
     try:
         with gr.Blocks():
-            _, _, chunks, csz = settings_panel(ws, 200)
-        assert chunks.value == 512 and chunks.maximum >= 512 and csz.value == 2
+            _, _, chunks, chunk_size = settings_panel(ws, 200)
+        assert chunks.value == 512 and chunks.maximum >= 512 and chunk_size.value == 2
     finally:
         ws.close()

@@ -126,11 +126,11 @@ def test_classify_and_generate_with_a_bank(run, files):
 
 def test_classifier_scores_every_label_and_reads_the_bank_template(tmp_path, files):
     model = LongMemModel(tiny_llama(), small_config(segment_len=32))
-    store = BankDirectory(tmp_path / "banks")
+    directory = BankDirectory(tmp_path / "banks")
     from longmem.ingest.pipeline import ingest
     from longmem.ingest.readers import DemoFormat
 
-    with store.create("d", model) as bank:
+    with directory.create("d", model) as bank:
         ingest(bank, model, files[1], demos=DemoFormat(template="{text} => {label}",
                                                        label_words={"0": "no", "1": "yes"}))
         clf = Classifier.from_documents(model, bank.load_memory(), bank.documents())

@@ -31,8 +31,8 @@ def _runs(scale: float) -> dict:
 
 
 def test_dtype_comparison_puts_each_measurement_side_by_side():
-    from longmem.bench.inference import machine_facts
     from longmem.bench.dtypes import markdown, side_by_side
+    from longmem.bench.inference import machine_facts
 
     rows = {r["measurement"]: r for r in side_by_side({"bfloat16": _runs(2.7), "float32": _runs(1.0)})}
     mem = rows["memorize (ingestion), tok/s"]

@@ -36,7 +36,6 @@ from browser import (  # noqa: E402
     wait_idle,
 )
 
-
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 BANK = "gull_point"  # the bank a dropped gull_point.txt gets

@@ -14,12 +14,13 @@ import torch
 from conftest import random_ids
 from tiny import tiny_model
 
-from longmem.tasks import classify as CL, examples as EX, measure as ME
-from longmem.model.baselines import BackboneLM
-from longmem.tasks.classify import ClassifierSpec
-from longmem.tasks.examples import Example
 from longmem.ingest.readers import DemoFormat
-from longmem.tasks.classify import Classifier
+from longmem.model.baselines import BackboneLM
+from longmem.tasks import classify as CL
+from longmem.tasks import examples as EX
+from longmem.tasks import measure as ME
+from longmem.tasks.classify import Classifier, ClassifierSpec
+from longmem.tasks.examples import Example
 from longmem.text.io import InputError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # CI: ../shared beside the repo
@@ -362,7 +363,7 @@ def test_accuracy_vs_memory_grows_the_memory(model):
     tokens = [p.memory_tokens for p in points]
     assert tokens[0] == 0 and tokens[0] < tokens[1] < tokens[2]
     stream = len(EX.demo_stream("{text}:{label}", memory_examples))  # one token per character
-    assert tokens[2] == stream // model.csz * model.csz
+    assert tokens[2] == stream // model.chunk_size * model.chunk_size
     assert calls[-1] == (16 + 3 * 4, 16 + 3 * 4) and [d for d, _ in calls] == sorted(d for d, _ in calls)
     # size 0 is in-context only: the same as evaluating without memory
     alone = ME.evaluate(Classifier(model, None, "{text}:{label}", SIGNS, ["a:+"]), test)
@@ -373,7 +374,8 @@ def test_accuracy_vs_memory_with_finer_chunks(model):
     model = awake(model)
     data = [Example(f"w{i}", SIGNS[i % 3]) for i in range(20)]
     test, memory_examples = data[:4], data[4:]
-    [point] = ME.accuracy_vs_memory(model, "{text}:{label}", SIGNS, ["a:+"], memory_examples, test, sizes=[16], csz=1)
+    [point] = ME.accuracy_vs_memory(model, "{text}:{label}", SIGNS, ["a:+"], memory_examples, test, sizes=[16],
+                                    chunk_size=1)
     memory = model.new_memory(capacity=None)
     tok = model.backbone.tokenizer
     model.memorize(tok(EX.demo_stream("{text}:{label}", memory_examples), return_tensors="pt").input_ids, memory)

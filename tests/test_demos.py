@@ -9,12 +9,13 @@ import pytest
 import torch
 from tiny import tiny_model
 
-from longmem.tasks import classify as CL, examples as EX, measure as ME
-from longmem.tasks.classify import ClassifierSpec
-from longmem.tasks.examples import Example
-from longmem.tasks.demos import Choice, DemoFinder, accuracy_vs_bank, balanced, demo_pattern, grow_bank, parse_demo
 from longmem.storage import BankDirectory
-from longmem.tasks.classify import Classifier, calibrate
+from longmem.tasks import classify as CL
+from longmem.tasks import examples as EX
+from longmem.tasks import measure as ME
+from longmem.tasks.classify import Classifier, ClassifierSpec, calibrate
+from longmem.tasks.demos import Choice, DemoFinder, accuracy_vs_bank, balanced, demo_pattern, grow_bank, parse_demo
+from longmem.tasks.examples import Example
 
 TEMPLATE = "Review: {text} Sentiment: {label}"
 LABELS = ["positive", "negative"]
@@ -29,7 +30,7 @@ def demos_set(n: int = 24) -> list[Example]:
 
 @pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def model(request):
-    m = tiny_model(dtype=request.param, segment_len=64, csz=2)
+    m = tiny_model(dtype=request.param, segment_len=64, chunk_size=2)
     for layer in m.sidenet.layers:  # open the SideNet's branches: memory changes what the model computes
         layer.alpha_attn.data.fill_(0.5)
         layer.alpha_mlp.data.fill_(0.5)

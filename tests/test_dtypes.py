@@ -21,7 +21,7 @@ import math
 import pytest
 import torch
 from conftest import random_ids
-from tiny import CHAT_TEMPLATE, VOCAB, chat_model, char_tokenizer, small_config, tiny_backbone
+from tiny import CHAT_TEMPLATE, VOCAB, char_tokenizer, chat_model, small_config, tiny_backbone
 
 from longmem.model import sidenet
 from longmem.model.baselines import MemTRM
@@ -147,7 +147,7 @@ def test_memory_of_one_dtype_is_read_by_a_model_of_the_other(family, path, tmp_p
 
 def test_memtrm_in_bfloat16(family, tmp_path):
     layers = tiny_backbone(family).spec.n_layers
-    m32 = MemTRM(tiny_backbone(family), cached_layer=layers // 2, csz=2, topk=8, capacity=None, segment_len=32)
+    m32 = MemTRM(tiny_backbone(family), cached_layer=layers // 2, chunk_size=2, topk=8, capacity=None, segment_len=32)
     with torch.no_grad():
         m32.memory_layer.gate.fill_(-1.0)  # memory's share 73%
     m32.save(tmp_path / "memtrm")
@@ -188,7 +188,7 @@ def test_a_bank_built_in_bfloat16_restores_and_answers(kv_dtype, tmp_path):
 
 
 def test_classifier_scores_agree_across_dtypes(tmp_path):
-    m32, m16 = pair("llama", "compact", tmp_path, csz=2)
+    m32, m16 = pair("llama", "compact", tmp_path, chunk_size=2)
     words = ["+", "-", "="]
     demos = [f"demo {i}:{words[i % 3]}" for i in range(20)]
     scores = {}
@@ -207,7 +207,7 @@ def test_a_training_step_under_bfloat16_autocast(tmp_path, scope):
     import numpy as np
 
     from training.data import Document
-    from training.train import Trainer, TrainConfig
+    from training.train import TrainConfig, Trainer
 
     docs = [Document(f"d{k}", np.resize(np.arange(3 + 5 * k, 10 + 6 * k) % 90 + 3, 160).astype(np.int32))
             for k in range(4)]
@@ -232,8 +232,8 @@ def test_every_eval_suite_runs_in_both_dtypes(dtype, tmp_path, capsys):
     context is 8k like SmolLM2's: every suite runs in ``--dtype`` and its record says the dtype it ran in."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from longmem.eval import SUITES
     from longmem.cli.eval import main
+    from longmem.eval import SUITES
     from longmem.util.data import data_dir
 
     if not (data_dir() / "MANIFEST.md").is_file():

@@ -11,8 +11,8 @@ from tiny import chat_model
 from longmem.eval.bookqa import gold_found, spliced
 from longmem.eval.datasets.squad import QA
 from longmem.ingest.pipeline import ingest
-from longmem.tasks.reading import PassageFinder, Reading, reading_prompt
 from longmem.storage import BankDirectory
+from longmem.tasks.reading import PassageFinder, Reading, reading_prompt
 
 QA_ITEM = QA(id="q1", title="Lighthouses", question="Who lit the great lamp at Pharos?", answers=("Sostratus",),
              passage="The great lamp at Pharos was lit by Sostratus of Cnidus. Sailors saw its fire from far out "
@@ -37,7 +37,7 @@ def test_a_spliced_paragraph_is_found_and_leaves_no_trace(tmp_path):
             finder = PassageFinder(bank, model, memory, places)
             found = finder.find(QA_ITEM.question, Reading(finder="lexical", passages=2))
             assert found[0].passage.document_id == doc_id and "Sostratus" in found[0].passage.text
-            serial = n // model.csz + 3  # a chunk of the paragraph votes for its passage
+            serial = n // model.chunk_size + 3  # a chunk of the paragraph votes for its passage
             assert {p.id for p in bank.passages(list(places.votes({serial: 1})))} == {found[0].passage.id}
             prompt = reading_prompt(QA_ITEM.question, [gold_found(QA_ITEM, doc_id)])
             assert QA_ITEM.passage in prompt and "Lighthouses, 0% in" in prompt

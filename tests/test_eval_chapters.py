@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from longmem.text.chapters import find_chapters
 from longmem.eval.chapterbreak import MIN_SUFFIX_WORDS, suffix_items
+from longmem.text.chapters import find_chapters
 
 BOOKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "books"
 ROMAN = ["I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X", "XI", "XII"]

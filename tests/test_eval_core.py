@@ -11,20 +11,19 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import random_ids
 from tiny import VOCAB, small_config
 
-from longmem.model.baselines import BackboneLM, MemTRM
-from longmem.tasks.examples import Example, Preset
-from longmem.eval.datasets.books import Document
+from longmem.cli.eval import parse_overrides, provenance
 from longmem.eval import books, icl
 from longmem.eval import recall as recall_suite
 from longmem.eval.chapterbreak import Item, choose
 from longmem.eval.core import EMPTY_LABELS, Entrant, EvalContext, apply_overrides, lineup, mean_std
-from longmem.cli.eval import parse_overrides, provenance
+from longmem.eval.datasets.books import Document
 from longmem.eval.scoring import Prefix
+from longmem.model.baselines import BackboneLM, MemTRM
 from longmem.model.longmem import LongMemModel
-
-from conftest import random_ids
+from longmem.tasks.examples import Example, Preset
 
 
 def memory_model(backbone, segment_len: int = 48) -> LongMemModel:
@@ -135,7 +134,7 @@ def test_rigged_icl_labels_give_exactly_100_and_0_percent(llama):
     the suite's scoring after a shared prefix, its protocol and its accuracy agree with ``SegmentLM.score``."""
     lm = memory_model(llama, segment_len=256)
     task = toy_task([])
-    bank = icl.memory_bank(lm, task.memory, TEMPLATE, csz=2)
+    bank = icl.memory_bank(lm, task.memory, TEMPLATE, chunk_size=2)
     tok, context = lm.backbone.tokenizer, icl.context_ids(llama.tokenizer, TEMPLATE, task.shots(2))
     texts = ["a dull, slow film", "warm and funny", "it was fine", "the plot made no sense"]
     own = []
@@ -194,6 +193,19 @@ def test_a_task_log_resumes_only_its_own_finished_units(tmp_path):
     assert TaskLog(path, sig, resume=True, log=lambda m: None).get("SST-2/0") == {"runs": [1]}  # ... nor dropped
     fresh = TaskLog(path, sig, resume=False)  # without --resume a run starts afresh
     assert fresh.get("SST-2/0") is None and not path.exists()
+
+
+def test_a_unit_recorded_under_a_setting_s_old_name_resumes(tmp_path):
+    """Units written before ``csz`` became ``chunk_size`` (the committed ICL record) are the same run's units."""
+    from longmem.eval.core import TaskLog
+
+    path = tmp_path / "icl.tasks.jsonl"
+    old = {"size": {"test": 8, "csz": 2}, "seed": 0, "csz": 4}
+    TaskLog(path, old, resume=False, made_at="abc").put("SST-2/0", {"runs": [1]})
+    new = {"size": {"test": 8, "chunk_size": 2}, "seed": 0, "chunk_size": 4}
+    assert TaskLog(path, new, resume=True, log=lambda m: None).get("SST-2/0") == {"runs": [1]}
+    other = {"size": {"test": 8, "chunk_size": 1}, "seed": 0, "chunk_size": 4}
+    assert TaskLog(path, other, resume=True, log=lambda m: None).get("SST-2/0") is None
 
 
 def test_a_run_asking_for_fewer_or_more_units_reuses_those_it_shares(tmp_path):
@@ -317,10 +329,10 @@ def test_lineup_takes_a_memtrm_of_the_same_backbone_only(llama):
     from tiny import tiny_llama
 
     lm = memory_model(llama, segment_len=64)
-    rows = lineup(lm, memtrm=MemTRM(llama, cached_layer=2, csz=2, topk=8, segment_len=64))
+    rows = lineup(lm, memtrm=MemTRM(llama, cached_layer=2, chunk_size=2, topk=8, segment_len=64))
     assert [e.key for e in rows] == ["backbone_1k", "backbone_full", "memtrm", "longmem"]
     with pytest.raises(ValueError, match="another backbone"):
-        lineup(lm, memtrm=MemTRM(tiny_llama(seed=3), cached_layer=2, csz=2, topk=8, segment_len=64))
+        lineup(lm, memtrm=MemTRM(tiny_llama(seed=3), cached_layer=2, chunk_size=2, topk=8, segment_len=64))
 
 
 def test_icl_verdict_says_what_memory_adds(llama):
@@ -329,7 +341,7 @@ def test_icl_verdict_says_what_memory_adds(llama):
     rows = lineup(memory_model(llama, segment_len=64))
     assert [e.key for e in memory_empty(rows)] == ["longmem_empty"] and memory_empty(rows[:1]) == []
     assert memory_empty(rows)[0].lm is rows[-1].lm  # the same model, run with an empty memory
-    with_memtrm = lineup(memory_model(llama, segment_len=64), memtrm=MemTRM(llama, cached_layer=2, csz=2, topk=8,
+    with_memtrm = lineup(memory_model(llama, segment_len=64), memtrm=MemTRM(llama, cached_layer=2, chunk_size=2, topk=8,
                                                                               segment_len=64))
     empty = memory_empty(with_memtrm)
     assert [e.key for e in empty] == ["memtrm_empty", "longmem_empty"] and not any(e.fills_memory for e in empty)
@@ -373,7 +385,7 @@ def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path,
     machine = {"cpu": "Test CPU", "cores": 2, "threads": 2, "dtype": "bfloat16", "torch": "2", "faiss": "1"}
     for suite, commit, plot in (("recall", "bbbbbbb", "recall.png"), ("books", "aaaaaaa", None)):
         prov = {"command": f"longmem eval {suite} --quick", "commit": commit, "dirty": False, "date": "today",
-                "machine": machine, "sidenet": "shipped", "topk": 1024, "csz": 4, "memtrm": None}
+                "machine": machine, "sidenet": "shipped", "topk": 1024, "chunk_size": 4, "memtrm": None}
         size = asdict(books.FULL) if suite == "books" else {**asdict(recall_suite.FULL), "items": 3}  # recall: reduced
         r = SuiteResult(suite, f"Title of {suite}", [f"| a |\n| --- |\n| {suite} |"], {}, json.loads(json.dumps(size)),
                         [plot] if plot else [], [f"note on {suite}"], 60.0, prov)

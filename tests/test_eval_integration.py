@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from longmem.eval import SUITES
 from longmem.cli.eval import main
+from longmem.eval import SUITES
 from longmem.util.data import data_dir
 
 pytestmark = pytest.mark.integration

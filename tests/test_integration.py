@@ -142,7 +142,7 @@ def test_two_compact_training_steps_on_the_real_backbone(tmp_path, book_text):
     import numpy as np
 
     from training.data import Document
-    from training.train import Trainer, TrainConfig
+    from training.train import TrainConfig, Trainer
 
     cfg = TrainConfig(out=str(tmp_path / "run"), batch_size=1, segment_len=256, memory_tokens=1024, steps=3,
                       eval_every=0, save_every=0)
@@ -161,9 +161,9 @@ def test_the_shipped_sidenet_is_the_default_and_reads_memory(dtype, book_text):
     2k tokens before its question (outside the 1k window) makes the answer far likelier than with memory empty."""
     import numpy as np
 
-    from longmem.model.longmem import shipped_checkpoint
-    from longmem.eval.measures import recall_summary, recalled
     from longmem.eval.datasets.recall import make_recall_item
+    from longmem.eval.measures import recall_summary, recalled
+    from longmem.model.longmem import shipped_checkpoint
 
     assert shipped_checkpoint("default") is not None, "no trained SideNet ships for the embedded backbone"
     model = LongMemModel.from_config(LongMemConfig(dtype=dtype))
@@ -182,8 +182,8 @@ def test_the_shipped_sidenet_is_the_default_and_reads_memory(dtype, book_text):
 def test_the_shipped_sidenet_answers_with_a_bank_in_memory(dtype, book_text, tmp_path):
     """What a user does first: the default model (the shipped compact SideNet, in this dtype) reads a piece of a book
     into a bank and answers a question about it, streamed, with the passages memory retrieved."""
-    from longmem.storage import BankDirectory
     from longmem.service.workspace import Settings, Workspace
+    from longmem.storage import BankDirectory
 
     piece = tmp_path / "gatsby.txt"
     piece.write_text(book_text[1000:9000], encoding="utf-8")

@@ -16,8 +16,8 @@ import pytest
 from docfiles import bomb_epub, bomb_pdf, chapter, extraction_children, slow_pdf, write_epub, write_pdf
 from tiny import chat_model
 
-from longmem.ingest.pipeline import ingest
 from longmem.ingest.limits import MIB, ExtractLimits, LimitError
+from longmem.ingest.pipeline import ingest
 from longmem.ingest.readers import DemoFormat, check_source, open_source
 from longmem.storage import BankDirectory
 from longmem.text.io import InputError

@@ -7,7 +7,7 @@ from longmem.memory.memory import Memory
 
 
 def _bank(**kw):
-    base = dict(csz=4, capacity=None, batch_size=1, dtype=torch.float32)
+    base = dict(chunk_size=4, capacity=None, batch_size=1, dtype=torch.float32)
     base.update(kw)
     return Memory(2, 8, **base)
 
@@ -38,16 +38,16 @@ def test_search_equals_brute_force_topk():
 
 def _assert_gathered(bank, r, k, v, b=0, group=1):
     """Every valid retrieved token is the stored token of the chunk search named (k, v: (Hkv, T, d) as added)."""
-    csz = bank.csz
+    n = bank.chunk_size
     for h in range(r.keys.shape[1]):
         for t in range(r.keys.shape[2]):
             for j, c in enumerate(r.chunk_ids[b, h, t].tolist()):
                 if c < 0:
-                    assert not r.mask[b, h, t, j * csz:(j + 1) * csz].any()
+                    assert not r.mask[b, h, t, j * n:(j + 1) * n].any()
                     continue
-                torch.testing.assert_close(r.keys[b, h, t, j * csz:(j + 1) * csz], k[h // group, c * csz:(c + 1) * csz])
-                torch.testing.assert_close(r.values[b, h, t, j * csz:(j + 1) * csz],
-                                           v[h // group, c * csz:(c + 1) * csz])
+                torch.testing.assert_close(r.keys[b, h, t, j * n:(j + 1) * n], k[h // group, c * n:(c + 1) * n])
+                torch.testing.assert_close(r.values[b, h, t, j * n:(j + 1) * n],
+                                           v[h // group, c * n:(c + 1) * n])
 
 
 def test_batched_rows_and_strided_chunks_gather_their_own_tokens():
@@ -110,7 +110,7 @@ def test_fifo_eviction_drops_oldest_first():
 
 
 def test_eviction_keeps_index_and_tensors_aligned():
-    bank = _bank(capacity=8, csz=2)
+    bank = _bank(capacity=8, chunk_size=2)
     k, v = _kv(20)
     bank.add(k, v)
     q = k[:, :1, -2:].mean(dim=2, keepdim=True).repeat(1, 2, 1, 1) * 100  # points at the newest chunk
@@ -139,7 +139,7 @@ def test_shape_errors_name_the_problem():
     with pytest.raises(ValueError, match="do not fit"):
         bank.search(torch.zeros(1, 3, 1, 8), 1)
     with pytest.raises(ValueError, match="capacity"):
-        Memory(2, 8, csz=4, capacity=2)
+        Memory(2, 8, chunk_size=4, capacity=2)
 
 
 def test_bf16_storage_keeps_fp32_index():

@@ -7,11 +7,11 @@ import pytest
 import torch
 from conftest import random_ids, small_config, tiny_gpt2, tiny_llama
 
+from longmem.memory.memory import Memory
+from longmem.model import sidenet
 from longmem.model.baselines import BackboneLM, MemTRM
 from longmem.model.lm import Sampling, Window
 from longmem.model.longmem import CheckpointError, LongMemConfig, LongMemModel
-from longmem.model import sidenet
-from longmem.memory.memory import Memory
 from longmem.model.sidenet import MemoryAugmentedLayer, dense_memory_attention, local_attention, memory_attention
 
 
@@ -72,7 +72,7 @@ def test_gate_at_init_mixes_fifty_fifty():
     q, k, v = torch.randn(1, 6, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
     q_raw = torch.randn(1, 6, 5, 8)
     a = local_attention(q, k, v)
-    r = mem.search(q_raw, layer.topk // mem.csz)
+    r = mem.search(q_raw, layer.topk // mem.chunk_size)
     m, found = memory_attention(q_raw, r.keys, r.values, r.mask)
     assert found.all()
     mixed = layer._attend(q, k, v, q_raw, mem, None)
@@ -82,7 +82,7 @@ def test_gate_at_init_mixes_fifty_fifty():
 
 def test_masked_dense_memory_attention_equals_the_gathered_one():
     g = torch.Generator().manual_seed(0)
-    mem = Memory(2, 8, csz=2, capacity=None, batch_size=2, dtype=torch.float32)
+    mem = Memory(2, 8, chunk_size=2, capacity=None, batch_size=2, dtype=torch.float32)
     mem.add(torch.randn(2, 2, 20, 8, generator=g), torch.randn(2, 2, 20, 8, generator=g))
     mem.clear([1])  # row 1 holds nothing: its queries find nothing and give zeros, on both paths
     q = torch.randn(2, 6, 5, 8, generator=g, requires_grad=True)
@@ -118,7 +118,7 @@ def test_memory_layer_gives_the_same_output_on_either_path(family, monkeypatch):
 def test_no_token_retrieves_its_own_or_a_later_segment(kind):
     bb = tiny_llama()
     model = LongMemModel(bb, small_config()) if kind == "longmem" else \
-        MemTRM(bb, csz=2, topk=8, capacity=None, segment_len=16)
+        MemTRM(bb, chunk_size=2, topk=8, capacity=None, segment_len=16)
     mem = model.new_memory()
     ids = random_ids(64)
     for s in range(0, 64, 16):
@@ -127,7 +127,7 @@ def test_no_token_retrieves_its_own_or_a_later_segment(kind):
             assert not (out.chunk_ids[0] >= 0).any()  # nothing in memory before the first segment
         else:
             hits = out.chunk_ids[0][out.chunk_ids[0] >= 0]
-            assert hits.numel() > 0 and hits.max() < s // 2  # chunks of csz=2 tokens, all before this segment
+            assert hits.numel() > 0 and hits.max() < s // 2  # chunks of chunk_size=2 tokens, all before this segment
         mem.add(out.k, out.v, tokens=ids[:, s:s + 16])
     # stored chunks hold exactly the text in order
     assert torch.equal(mem.rows[0].tokens[:32].flatten(), ids[0])
@@ -145,7 +145,7 @@ def test_cached_decoding_equals_uncached(kind, family):
     elif kind == "backbone":
         model = BackboneLM(bb, 16)
     else:
-        model = MemTRM(bb, cached_layer=1, csz=2, topk=8, capacity=None, segment_len=16)
+        model = MemTRM(bb, cached_layer=1, chunk_size=2, topk=8, capacity=None, segment_len=16)
     mem = model.new_memory() if model.uses_memory else None
     if mem is not None:
         model.memorize(random_ids(32, seed=5), mem)
@@ -210,7 +210,7 @@ def test_training_signal_reaches_scales_and_gate(llama):
 
 
 def test_memtrm_trains_only_its_memory_layer_and_starts_as_backbone(llama):
-    model = MemTRM(llama, cached_layer=2, csz=2, topk=8, capacity=None, segment_len=16)
+    model = MemTRM(llama, cached_layer=2, chunk_size=2, topk=8, capacity=None, segment_len=16)
     ids = random_ids(16)
     torch.testing.assert_close(model(ids, model.new_memory()).logits, llama.model(ids).logits,
                                atol=1e-5, rtol=1e-5)  # empty memory: local attention only
@@ -235,6 +235,17 @@ def test_save_load_round_trip_is_bit_identical(tmp_path, llama):
     assert meta["backbone"]["sha256"] == llama.fingerprint() and meta["provenance"]["note"] == "test"
     ids = random_ids(16)
     assert torch.equal(model(ids).logits, again(ids).logits)
+
+
+def test_a_checkpoint_saved_with_the_old_chunk_size_name_loads(tmp_path, llama):
+    """Checkpoints written before ``csz`` was renamed ``chunk_size`` load with the same settings."""
+    model = LongMemModel(llama, small_config(chunk_size=2, topk=8))
+    path = model.save(tmp_path / "ckpt")
+    meta = json.loads((path / "config.json").read_text())
+    meta["config"]["csz"] = meta["config"].pop("chunk_size")
+    (path / "config.json").write_text(json.dumps(meta))
+    again = LongMemModel.load(path, backbone=llama)
+    assert again.chunk_size == again.config.chunk_size == 2 and again.config.topk == 8
 
 
 def test_load_refuses_another_backbone(tmp_path, llama):
@@ -339,7 +350,7 @@ def test_an_int8_memtrm_checkpoint_loads_back_within_a_row_scale(llama, tmp_path
     with a scale: it loads back within half a quantization step of every weight, vectors exactly."""
     from longmem.model.baselines import SCALE, MemTRM, int8_rows
 
-    m = MemTRM(llama, cached_layer=2, csz=2, topk=8, capacity=64, segment_len=16)
+    m = MemTRM(llama, cached_layer=2, chunk_size=2, topk=8, capacity=64, segment_len=16)
     with torch.no_grad():
         for p in m.memory_layer.parameters():
             p.add_(0.05 * torch.randn_like(p))

@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 from tiny import tiny_model
 
-from longmem.storage import passages as bank_passages
 from longmem.ingest.pipeline import ingest
-from longmem.text.passages import MAX_TOKENS, Chapters, PassageCutter, cut_passages
 from longmem.storage import BankDirectory
+from longmem.storage import passages as bank_passages
+from longmem.text.passages import MAX_TOKENS, Chapters, PassageCutter, cut_passages
 
 NOUNS = ["keeper", "lantern", "harbour", "ferry", "orchard", "miller", "widow", "captain", "stable", "bridge"]
 VERBS = ["counted", "painted", "mended", "watched", "carried", "sold", "found", "lost"]
@@ -152,9 +152,10 @@ def test_memory_chunks_vote_for_the_passage_that_holds_them(bank, model):
     places = bank.chunk_places()
     text = story()
     at = text.index("zeppelin")
-    # the chunk that holds the zeppelin: segments tile the text, chunks are csz tokens (= characters here)
-    serial = at // model.csz
-    votes = places.votes({serial: 5, serial + 1: 2, len(memory) // model.csz + 10: 9})  # the last: beyond the bank
+    # the chunk that holds the zeppelin: segments tile the text, chunks are chunk_size tokens (= characters here)
+    serial = at // model.chunk_size
+    beyond = len(memory) // model.chunk_size + 10  # a serial beyond the bank
+    votes = places.votes({serial: 5, serial + 1: 2, beyond: 9})
     (pid, n), = votes.items()
     assert n == 7 and "zeppelin" in bank.passages([pid])[0].text
 

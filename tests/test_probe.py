@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import torch
-
 from tiny import small_config, tiny_llama
+
+from longmem.eval.datasets.recall import recall_documents
 from longmem.model.longmem import LongMemModel
 from training.probe import answer_ranks, copy_heads, copy_heads_markdown, main, markdown, probe_backbone, probe_model
-from longmem.eval.datasets.recall import recall_documents
 
 TEXT = ("The rain had stopped by the time they reached the harbour. Nobody spoke. A gull cried twice! "
         "Was the boat still there? It was, tied where they had left it. ")
@@ -21,7 +21,7 @@ def test_answer_ranks_by_hand():
     keys[0, 12:16] = torch.tensor([4.0, 0.0])  # chunk 3: a sink, scores 4
     q = torch.tensor([[1.0, 0.0], [-1.0, 0.0]])  # two query heads sharing the KV head
     sinks = torch.tensor([True, False, False, True])
-    r = answer_ranks(q, keys, csz=4, answer=range(9, 11), sinks=sinks, max_sinks=1, top=2)
+    r = answer_ranks(q, keys, chunk_size=4, answer=range(9, 11), sinks=sinks, max_sinks=1, top=2)
     assert r["rank"] == [2, 1]  # head 0: both sinks score higher; head 1 (negated): only chunk 1 does
     assert r["limited"] == [1, 1]  # at most one sink ahead of the answer
     assert r["top_sinks"] == [2, 0]
@@ -34,13 +34,13 @@ def test_untrained_memory_layer_queries_match_its_cached_layer():
     """With the default cached layer (the layer whose input the memory layer reads), the untrained memory layer's
     search ranks chunks exactly as the backbone's own layer does."""
     backbone = tiny_llama(n_layers=4)
-    model = LongMemModel(backbone, small_config(segment_len=128, csz=4, topk=8, memory_layer=1))
+    model = LongMemModel(backbone, small_config(segment_len=128, chunk_size=4, topk=8, memory_layer=1))
     assert model.cached_layer == 2
     tok = backbone.tokenizer
     filler = np.asarray(tok(TEXT * 12, add_special_tokens=False)["input_ids"], dtype=np.int32)
     items = recall_documents(tok, [filler], n=3, distance=300, total=512, seed=0)
     mine = probe_model(model, items, log=lambda m: None)
-    layers = probe_backbone(backbone, items, segment_len=128, csz=4, top=2, max_sinks=1, log=lambda m: None)
+    layers = probe_backbone(backbone, items, segment_len=128, chunk_size=4, top=2, max_sinks=1, log=lambda m: None)
     assert len(layers) == 4 and all(0 <= r["hit"] <= 1 for r in layers)
     assert mine["best_ranks"] == layers[2]["best_ranks"]
     assert mine["median_rank_limited"] == layers[2]["median_rank_limited"]
@@ -71,18 +71,18 @@ def test_copy_heads_match_the_backbones_own_attention():
 
 
 def test_readout_heads_read_memory_and_no_heads_is_the_backbone():
-    from longmem.model.baselines import BackboneLM
     from longmem.eval.measures import recalled
+    from longmem.model.baselines import BackboneLM
     from training.probe import readout
 
     backbone = tiny_llama(n_layers=2)
     tok = backbone.tokenizer
     filler = np.asarray(tok(TEXT * 12, add_special_tokens=False)["input_ids"], dtype=np.int32)
     items = recall_documents(tok, [filler], n=2, distance=300, total=512, seed=0)
-    plain = readout(backbone, items, layer=1, heads=[], segment_len=128, csz=4, topk=8, max_sinks=0)
+    plain = readout(backbone, items, layer=1, heads=[], segment_len=128, chunk_size=4, topk=8, max_sinks=0)
     ref = [recalled(BackboneLM(backbone, 128), item) for item in items]
     assert plain["answer_nll"] == pytest.approx(sum(r[1] for r in ref) / sum(r[2] for r in ref), rel=1e-4)
-    reading = readout(backbone, items, layer=1, heads=[0, 3], segment_len=128, csz=4, topk=8, max_sinks=0)
+    reading = readout(backbone, items, layer=1, heads=[0, 3], segment_len=128, chunk_size=4, topk=8, max_sinks=0)
     assert reading["answer_nll"] != pytest.approx(plain["answer_nll"], rel=1e-4)  # memory reached the answer
     assert reading["heads"] == [0, 3] and len(reading["recalled"]) == 2
 
@@ -104,7 +104,8 @@ def test_answer_probe_attention_is_the_memory_layers_softmax_over_memory():
     from training.probe import _Recorder, _split, answers_markdown, probe_answers
 
     backbone = tiny_llama(n_layers=2)
-    model = LongMemModel(backbone, small_config(segment_len=128, csz=4, topk=384, memory_layer=0, max_sinks=None))
+    model = LongMemModel(backbone, small_config(segment_len=128, chunk_size=4, topk=384, memory_layer=0,
+                                                max_sinks=None))
     tok = backbone.tokenizer
     filler = np.asarray(tok(TEXT * 12, add_special_tokens=False)["input_ids"], dtype=np.int32)
     items = recall_documents(tok, [filler], n=2, distance=300, total=512, seed=0)

@@ -10,9 +10,9 @@ from test_passages import story
 from tiny import chat_model
 
 from longmem.ingest.pipeline import ingest
-from longmem.tasks.reading import INSTRUCTION, PassageFinder, Reading, fit, fuse, reading_prompt
-from longmem.storage import BankDirectory
 from longmem.service.workspace import Settings, Workspace
+from longmem.storage import BankDirectory
+from longmem.tasks.reading import INSTRUCTION, PassageFinder, Reading, fit, fuse, reading_prompt
 
 QUESTION = "What drifted over the harbour? A zeppelin?"
 
@@ -68,7 +68,7 @@ def test_the_memory_finder_follows_what_the_memory_layer_retrieved(loaded, monke
     finder = PassageFinder(bank, model, memory)
     zeppelin = bank.search_passages("zeppelin", 1)[0][0]
     (ref,) = bank.passages([zeppelin])
-    serial = (ref.char_start + 10) // model.csz  # one character a token: chunk = csz characters of the text
+    serial = (ref.char_start + 10) // model.chunk_size  # a token is a character here
     monkeypatch.setattr(reading, "memory_votes", lambda *a: {serial: 40, 0: 3})
     ranked = finder.rank("anything", "memory", 5)
     assert [f.passage.id for f in ranked][:1] == [zeppelin] and ranked[0].score == 40
@@ -121,7 +121,7 @@ def test_reading_off_is_the_paper_memory_fusion_alone(ws):
 
 
 def test_turns_stored_before_reading_existed_still_load(ws):
-    with ws.store.open("b") as bank:  # the 0.1 layout: a list of what memory retrieved
+    with ws.directory.open("b") as bank:  # the 0.1 layout: a list of what memory retrieved
         bank.db["chat_turns"].insert_all([
             {"role": "user", "content": "old?", "passages": "[]", "created": "then"},
             {"role": "assistant", "content": "yes", "created": "then", "passages": json.dumps([

@@ -13,7 +13,7 @@ import torch
 from tiny import tiny_model
 
 from training.data import Document
-from training.train import Trainer, TrainConfig, learning_rate
+from training.train import TrainConfig, Trainer, learning_rate
 
 TESTS = Path(__file__).parent
 
@@ -212,8 +212,8 @@ def recall_setup():
 
 
 def test_evaluation_table_on_a_tiny_model():
-    from training.evaluate import evaluate, markdown
     from longmem.eval.datasets.recall import recall_documents
+    from training.evaluate import evaluate, markdown
 
     m, items, tok, filler = recall_setup()
     in_window = recall_documents(tok, [filler], n=2, distance=30, total=260, seed=0)  # char tokens: long
@@ -248,16 +248,16 @@ def test_recall_sweep_at_the_model_own_setting_equals_the_evaluation():
     with torch.no_grad():  # side layers that add their attention's output (rezero starts them at 0)
         for layer in m.sidenet.layers:
             layer.alpha_attn.fill_(1.0)
-    own = f"{m.csz}:{m.config.topk}"
-    sweep = recall_sweep(m, items, [(m.csz, m.config.topk), (1, m.config.topk), (m.csz, 4 * m.config.topk)],
-                         log=lambda _: None)
+    own = f"{m.chunk_size}:{m.config.topk}"
+    settings = [(m.chunk_size, m.config.topk), (1, m.config.topk), (m.chunk_size, 4 * m.config.topk)]
+    sweep = recall_sweep(m, items, settings, log=lambda _: None)
     want = evaluate(m, [], items, long_context=128, log=lambda _: None)["recall"]["longmem"]
     assert sweep[own]["recalled"] == want["recalled"]
     assert sweep[own]["answer_nll"] == pytest.approx(want["answer_nll"], rel=1e-6)
     finer = sweep[f"1:{m.config.topk}"]["answer_nll"]  # chunks of 1 retrieve other tokens: another answer NLL
     assert finer != pytest.approx(want["answer_nll"], rel=1e-6)
-    assert set(sweep) == {own, f"1:{m.config.topk}", f"{m.csz}:{4 * m.config.topk}"}
-    assert f"| {m.csz} | {m.config.topk} | {m.config.topk // m.csz} | " in sweep_markdown(sweep)
+    assert set(sweep) == {own, f"1:{m.config.topk}", f"{m.chunk_size}:{4 * m.config.topk}"}
+    assert f"| {m.chunk_size} | {m.config.topk} | {m.config.topk // m.chunk_size} | " in sweep_markdown(sweep)
     with pytest.raises(ValueError, match="must divide"):
         recall_sweep(m, items, [(3, 9)])
 
@@ -409,7 +409,7 @@ def test_memtrm_trains_through_the_same_loop_resumes_and_round_trips(tmp_path):
     from training.train import load_trained
 
     def memtrm():
-        return MemTRM(tiny_llama(), cached_layer=2, csz=2, topk=8, capacity=64, segment_len=16)
+        return MemTRM(tiny_llama(), cached_layer=2, chunk_size=2, topk=8, capacity=64, segment_len=16)
 
     docs = documents()
     whole = Trainer(config(tmp_path / "a", model="memtrm", steps=6), docs, model=memtrm())

@@ -12,10 +12,19 @@ from tiny import char_tokenizer
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
+from longmem.eval.datasets.recall import (
+    EVAL_NAMES,
+    make_multi_recall_document,
+    make_quote_document,
+    make_recall_item,
+    multi_recall_documents,
+    name_word,
+    name_words,
+    quote_documents,
+    recall_as_documents,
+    recall_documents,
+)
 from training.data import Batchfier, Document, book_split, tokenize_files
-from longmem.eval.datasets.recall import (EVAL_NAMES, make_multi_recall_document, make_quote_document, make_recall_item,
-                             multi_recall_documents, name_word, name_words, quote_documents, recall_as_documents,
-                             recall_documents)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith slipped quickly "

@@ -1,5 +1,5 @@
 """The app's library layer (``longmem.service.workspace``): banks, background ingestion, chat with passages,
-continuation, on a tiny llama with a real store, SQLite and faiss."""
+continuation, on a tiny llama with a real banks directory, SQLite and faiss."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import torch
 from docfiles import bomb_epub, chapter, extraction_children, slow_pdf, write_epub
 from tiny import chat_model
 
-from longmem.storage.records import BankBusy, BankMismatch, UnknownBank
-from longmem.service.jobs import Cancelled, JobManager
 from longmem.ingest.limits import MIB
 from longmem.memory.memory import MemoryView
-from longmem.storage import BankDirectory
-from longmem.text.io import InputError
+from longmem.service.jobs import Cancelled, JobManager
 from longmem.service.workspace import Settings, Workspace
+from longmem.storage import BankDirectory
+from longmem.storage.records import BankBusy, BankMismatch, UnknownBank
+from longmem.text.io import InputError
 
 JOB_TIMEOUT = 600  # seconds: a guard against a hung job, not a speed target (a loaded CI machine is slow)
 
@@ -150,7 +150,7 @@ def test_chat_history_survives_a_new_workspace_and_moves_old_turns_into_memory(w
     ingested(ws, book)
     for q in ("first question about the keeper", "second one", "a third, longer question about the gulls"):
         list(ws.chat("b", q, FAST))
-    again = Workspace(ws.model, ws.store)
+    again = Workspace(ws.model, ws.directory)
     assert [t["content"] for t in again.chat_history("b")][::2] == ["first question about the keeper", "second one",
                                                                      "a third, longer question about the gulls"]
     before = len(again.run_locked(lambda: again.loaded_memory("b")))
@@ -188,7 +188,7 @@ def test_errors_reach_the_reader(ws, tmp_path):
 
 def test_a_bank_of_another_model_is_refused(ws, book, tmp_path):
     ingested(ws, book)
-    other = Workspace(chat_model(seed=1), ws.store)
+    other = Workspace(chat_model(seed=1), ws.directory)
     assert not other.banks()[0].matches_model
     with pytest.raises(BankMismatch):
         list(other.chat("b", "hi", FAST))
@@ -198,7 +198,7 @@ def test_finer_chunks_share_keys_and_values(ws, book):
     ingested(ws, book)
     coarse = ws.run_locked(lambda: ws.loaded_memory("b"))
     fine = coarse.rechunk(1)
-    assert len(fine) == len(coarse) and fine.csz == 1
+    assert len(fine) == len(coarse) and fine.chunk_size == 1
     r0, r1 = coarse.rows[0], fine.rows[0]
     assert r1.k.data_ptr() == r0.k.data_ptr()  # a view, not a copy
     q = torch.randn(1, 6, 3, 8)
@@ -280,7 +280,7 @@ def test_the_upload_check_reads_no_text_and_a_bomb_fails_only_its_job(ws, book, 
     assert state.status == "failed" and "bomb.epub" in state.message and "max_zip_ratio" in state.message
     assert len(children) == 1  # one extraction, in the job
     assert [(d.id, d.n_tokens, d.status) for d in ws.documents("b")] == before
-    with ws.store.open("b") as bank:
+    with ws.directory.open("b") as bank:
         assert bank.verify().ok
     ingested(ws, book, "c")  # the job worker goes on with the next job
 

@@ -42,7 +42,7 @@ def tiny_gpt2(n_layers: int = 4, seed: int = 0, dtype: torch.dtype = torch.float
 
 
 def small_config(**kw) -> LongMemConfig:
-    base = dict(dtype="float32", csz=2, topk=8, capacity=None, segment_len=16)
+    base = dict(dtype="float32", chunk_size=2, topk=8, capacity=None, segment_len=16)
     base.update(kw)
     return LongMemConfig(**base)
 
@@ -63,4 +63,4 @@ def chat_model(seed: int = 0, segment_len: int = 64, dtype: torch.dtype = torch.
     """A tiny llama whose tokenizer has a chat template, with a window big enough for a short conversation."""
     backbone = tiny_llama(seed=seed, dtype=dtype)
     backbone.tokenizer.chat_template = CHAT_TEMPLATE
-    return LongMemModel(backbone, small_config(segment_len=segment_len, csz=2))
+    return LongMemModel(backbone, small_config(segment_len=segment_len, chunk_size=2))

@@ -13,8 +13,8 @@ import os
 import sys
 from dataclasses import fields
 
-from longmem.util.data import add_data_flag
 from longmem.model.cpu import setup_cpu
+from longmem.util.data import add_data_flag
 
 from .train import TrainConfig, Trainer
 
@@ -31,7 +31,7 @@ HELP = {
     "batch_size": "rows per process (each row a document stream with its own memory)",
     "segment_len": "tokens per row per step (the local context)",
     "memory_tokens": "memory bank size M per row, in tokens",
-    "topk": "memory tokens K each query attends to, topk/csz chunks per head (default: the --init checkpoint's, "
+    "topk": "memory tokens K each query attends to, topk/chunk_size chunks per head (default: the --init checkpoint's, "
             "else 64)",
     "steps": "optimizer steps in all (the LR schedule spans them)",
     "lr": "peak learning rate (paper: 2e-4)",
@@ -92,11 +92,15 @@ def whole_segments(tokens: int, segment_len: int) -> int:
 
 
 def build_data(args, tokenizer, segment_len: int):
+    from longmem.eval.datasets.recall import (
+        multi_recall_documents,
+        quote_documents,
+        recall_as_documents,
+        recall_documents,
+    )
     from longmem.model.backbone import cache_root
 
     from .data import book_split, tokenize_files
-    from longmem.eval.datasets.recall import (multi_recall_documents, quote_documents, recall_as_documents,
-                                              recall_documents)
 
     train_files, test_files = book_split(args.data)
     if args.max_books:

@@ -29,16 +29,16 @@ import time
 
 import torch
 
-from longmem.util.data import add_data_flag
-from longmem.util.report import print_report
-from longmem.model.baselines import BackboneLM
-from longmem.model.cpu import add_runtime_flags, setup_cpu
+from longmem.eval.datasets.recall import RecallItem, recall_documents
 from longmem.eval.measures import answer_match, perplexity, question_window, recall_record, recalled
 from longmem.memory.memory import MAX_SINKS, MemoryView
+from longmem.model.baselines import BackboneLM
+from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.model.longmem import LongMemConfig, LongMemModel
+from longmem.util.data import add_data_flag
+from longmem.util.report import print_report
 
 from .data import Document, book_split, tokenize_files
-from longmem.eval.datasets.recall import RecallItem, recall_documents
 
 
 @torch.no_grad()
@@ -47,15 +47,16 @@ def recall_sweep(model: LongMemModel, items: list[RecallItem], settings: list[tu
     item's memory is built once at the model's chunk size, then re-chunked for each setting (the same keys and
     values, re-pooled chunk keys) and searched for K / chunk size chunks per head. Nothing about the model
     changes; the settings are what ``Memory.rechunk`` and ``MemoryView`` give any caller."""
-    for csz, k in settings:
-        if csz < 1 or model.csz % csz or k < csz or k % csz:
-            raise ValueError(f"setting {csz}:{k}: the chunk size must divide the model's ({model.csz}) and K be a "
-                             "multiple of it")
-    res: dict = {f"{csz}:{k}": [] for csz, k in settings}
+    for chunk_size, k in settings:
+        if chunk_size < 1 or model.chunk_size % chunk_size or k < chunk_size or k % chunk_size:
+            raise ValueError(f"setting {chunk_size}:{k}: the chunk size must divide the model's "
+                             f"({model.chunk_size}) and K be a multiple of it")
+    res: dict = {f"{chunk_size}:{k}": [] for chunk_size, k in settings}
     for i, item in enumerate(items):
         window, n_ans, memory = question_window(model, item, use_memory=True)
-        for csz, k in settings:
-            res[f"{csz}:{k}"].append(answer_match(model, window, n_ans, MemoryView(memory.rechunk(csz), k // csz)))
+        for chunk_size, k in settings:
+            view = MemoryView(memory.rechunk(chunk_size), k // chunk_size)
+            res[f"{chunk_size}:{k}"].append(answer_match(model, window, n_ans, view))
         log(f"item {i + 1}/{len(items)} ({item.kind}): " + ", ".join(f"{key} {r[-1][0]}" for key, r in res.items()))
     return {key: recall_record(r, items) for key, r in res.items()}
 
@@ -64,9 +65,10 @@ def sweep_markdown(sweep: dict) -> str:
     lines = ["| chunk size | K (memory tokens per query) | chunks per head | recalled | answer NLL per token |",
              "|---:|---:|---:|---:|---:|"]
     for key, rec in sweep.items():
-        csz, k = (int(x) for x in key.split(":"))
+        chunk_size, k = (int(x) for x in key.split(":"))
         n = sum(rec["recalled"])
-        lines.append(f"| {csz} | {k} | {k // csz} | {n}/{rec['items']}{_by_kind(rec)} | {rec['answer_nll']:.3f} |")
+        lines.append(f"| {chunk_size} | {k} | {k // chunk_size} | {n}/{rec['items']}{_by_kind(rec)} | "
+                     f"{rec['answer_nll']:.3f} |")
     return "\n".join(lines)
 
 

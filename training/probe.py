@@ -15,7 +15,7 @@ way the memory search scores it: the un-rotated query against the chunk's mean-p
 its KV head.
 
 Reported per layer: the rank of the best chunk holding any of the answer's tokens (how many chunks score higher;
-0 = first) for the best head, the share of items where that rank is inside the K/csz chunks the model retrieves, and
+0 = first) for the best head, the share of items where that rank is inside the K / C chunks the model retrieves, and
 how many of a head's top chunks are segments' first chunks (attention sinks, ``longmem.memory.memory``). "limited" ranks
 count at most ``max_sinks`` sink chunks ahead of the answer, as the search does by default.
 
@@ -49,28 +49,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longmem.util.data import add_data_flag
-from longmem.util.report import print_report
+from longmem.eval.datasets.recall import RecallItem, name_word, recall_documents
+from longmem.memory.memory import MAX_SINKS, MemoryView
 from longmem.model.backbone import cache_root, load_backbone
 from longmem.model.cpu import add_runtime_flags, setup_cpu
-from longmem.memory.memory import MAX_SINKS, MemoryView
 from longmem.model.longmem import LongMemConfig, LongMemModel
+from longmem.util.data import add_data_flag
+from longmem.util.report import print_report
 
 from .data import book_split, tokenize_files
-from longmem.eval.datasets.recall import RecallItem, name_word, recall_documents
 
 
-def answer_ranks(q: torch.Tensor, keys: torch.Tensor, csz: int, answer: range, sinks: torch.Tensor,
+def answer_ranks(q: torch.Tensor, keys: torch.Tensor, chunk_size: int, answer: range, sinks: torch.Tensor,
                  max_sinks: int | None, top: int) -> dict:
     """Score every chunk for one query token and find the best chunk holding part of the answer.
 
-    q (Hq, d) un-rotated query; keys (Hkv, T, d) un-rotated memory keys, T a multiple of ``csz``; ``answer`` the
-    answer's token positions in memory; sinks (T / csz,) bool. Returns per query head the answer chunk's rank, its
+    q (Hq, d) un-rotated query; keys (Hkv, T, d) un-rotated memory keys, T a multiple of ``chunk_size``; ``answer`` the
+    answer's token positions in memory; sinks (T / C,) bool. Returns per query head the answer chunk's rank, its
     rank with at most ``max_sinks`` sink chunks counted, and the number of sink chunks among the ``top`` best."""
     hq, hkv = q.shape[0], keys.shape[0]
-    chunks = keys.float().reshape(hkv, -1, csz, keys.shape[-1]).mean(dim=2)  # (Hkv, n, d)
+    chunks = keys.float().reshape(hkv, -1, chunk_size, keys.shape[-1]).mean(dim=2)  # (Hkv, n, d)
     scores = torch.einsum("hd,hnd->hn", q.float(), chunks[torch.arange(hq) // (hq // hkv)])  # (Hq, n)
-    target = scores[:, _answer_chunks(answer, csz)].max(dim=1, keepdim=True).values  # (Hq, 1)
+    target = scores[:, _answer_chunks(answer, chunk_size)].max(dim=1, keepdim=True).values  # (Hq, 1)
     higher = scores > target  # (Hq, n)
     rank = higher.sum(dim=1)
     sink_higher = (higher & sinks).sum(dim=1)
@@ -80,9 +80,9 @@ def answer_ranks(q: torch.Tensor, keys: torch.Tensor, csz: int, answer: range, s
     return {"rank": rank.tolist(), "limited": limited.tolist(), "top_sinks": top_sinks.tolist()}
 
 
-def _answer_chunks(answer: range, csz: int) -> list[int]:
+def _answer_chunks(answer: range, chunk_size: int) -> list[int]:
     """The chunks (by position in memory) that hold part of the answer."""
-    return sorted({p // csz for p in answer})
+    return sorted({p // chunk_size for p in answer})
 
 
 def _summary(per_item: list[dict], top: int) -> dict:
@@ -100,14 +100,14 @@ def _split(item: RecallItem, window: int) -> tuple[torch.Tensor, torch.Tensor, i
     return ids[:-window], ids[-window:], window - n_ans - 1, range(item.answer_pos, item.answer_pos + n_ans)
 
 
-def _sink_chunks(n_tokens: int, segment_len: int, csz: int) -> torch.Tensor:
-    sinks = torch.zeros(n_tokens // csz, dtype=torch.bool)
-    sinks[:: segment_len // csz] = True
+def _sink_chunks(n_tokens: int, segment_len: int, chunk_size: int) -> torch.Tensor:
+    sinks = torch.zeros(n_tokens // chunk_size, dtype=torch.bool)
+    sinks[:: segment_len // chunk_size] = True
     return sinks
 
 
 @torch.no_grad()
-def probe_backbone(backbone, items: list[RecallItem], segment_len: int, csz: int, top: int,
+def probe_backbone(backbone, items: list[RecallItem], segment_len: int, chunk_size: int, top: int,
                    max_sinks: int | None, log=print) -> list[dict]:
     """Every layer of the backbone as the cached layer (queries and keys both from that layer)."""
     n_layers, layers = backbone.spec.n_layers, backbone.layers
@@ -116,7 +116,7 @@ def probe_backbone(backbone, items: list[RecallItem], segment_len: int, csz: int
     for i, item in enumerate(items):
         past, window, qpos, answer = _split(item, segment_len)
         keys: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
-        for s in range(0, len(past) // csz * csz, segment_len):  # each segment alone, from position 0
+        for s in range(0, len(past) // chunk_size * chunk_size, segment_len):  # each segment alone, from position 0
             hidden = backbone(past[None, s:s + segment_len]).hidden
             for layer in range(n_layers):
                 keys[layer].append(backbone.layer_kv(layer, hidden[layer])[0][0])  # (Hkv, T, d)
@@ -124,9 +124,9 @@ def probe_backbone(backbone, items: list[RecallItem], segment_len: int, csz: int
         for layer in range(n_layers):
             q = ops.qkv(layers[layer], ops.attn_norm(layers[layer], hidden[layer]))[0][0, :, qpos]  # (Hq, d)
             k = torch.cat(keys[layer], dim=1)
-            k = k[:, : k.shape[1] // csz * csz]
-            sinks = _sink_chunks(k.shape[1], segment_len, csz)
-            per_layer[layer].append(answer_ranks(q, k, csz, answer, sinks, max_sinks, top))
+            k = k[:, : k.shape[1] // chunk_size * chunk_size]
+            sinks = _sink_chunks(k.shape[1], segment_len, chunk_size)
+            per_layer[layer].append(answer_ranks(q, k, chunk_size, answer, sinks, max_sinks, top))
         log(f"item {i + 1}/{len(items)}: best-head rank by layer "
             f"{[min(per_layer[layer][-1]['rank']) for layer in range(n_layers)]}")
     return [{"layer": layer, **_summary(per_layer[layer], top)} for layer in range(n_layers)]
@@ -170,15 +170,14 @@ def copy_heads_markdown(result: dict, n: int = 12) -> str:
 
 
 @torch.no_grad()
-def readout(backbone, items: list[RecallItem], layer: int, heads: list[int], segment_len: int, csz: int, topk: int,
-            max_sinks: int | None) -> dict:
+def readout(backbone, items: list[RecallItem], layer: int, heads: list[int], segment_len: int, chunk_size: int,
+            topk: int, max_sinks: int | None) -> dict:
     """Recall of ``items`` by the frozen backbone whose layer ``layer`` reads memory through ``heads`` only
     (the others keep their local attention): exact-match accuracy and the answer tokens' mean NLL."""
+    from longmem.eval.measures import recall_summary, recalled
     from longmem.model.baselines import MemTRM
 
-    from longmem.eval.measures import recall_summary, recalled
-
-    lm = MemTRM(backbone, cached_layer=layer, csz=csz, topk=topk, capacity=None, segment_len=segment_len,
+    lm = MemTRM(backbone, cached_layer=layer, chunk_size=chunk_size, topk=topk, capacity=None, segment_len=segment_len,
                 gate_init=30.0).eval()  # sigmoid(30) = 1: local attention only...
     lm.max_sinks = max_sinks
     lm.memory_layer.gate[heads] = -30.0  # ...except these heads, which read memory only
@@ -216,7 +215,7 @@ class _Recorder(MemoryView):
 @torch.no_grad()
 def probe_model(model: LongMemModel, items: list[RecallItem], log=print) -> dict:
     """The model's memory layer: its own queries against its memory, plus whether its search returned the answer."""
-    csz, top = model.csz, model.config.topk // model.csz
+    chunk_size, top = model.chunk_size, model.config.topk // model.chunk_size
     per_item, found = [], []
     for i, item in enumerate(items):
         past, window, qpos, answer = _split(item, model.segment_len)
@@ -226,10 +225,10 @@ def probe_model(model: LongMemModel, items: list[RecallItem], log=print) -> dict
         step = model.step(window[None], rec)
         q = torch.cat(rec.queries, dim=2)[0, :, qpos]  # (Hq, d)
         row = memory.rows[0]
-        k = row.k[:, : row.n].reshape(row.k.shape[0], -1, row.k.shape[-1])  # (Hkv, n * csz, d)
-        per_item.append(answer_ranks(q, k, csz, answer, row.starts[: row.n].any(dim=1), model.max_sinks, top))
+        k = row.k[:, : row.n].reshape(row.k.shape[0], -1, row.k.shape[-1])  # (Hkv, n * chunk_size, d)
+        per_item.append(answer_ranks(q, k, chunk_size, answer, row.starts[: row.n].any(dim=1), model.max_sinks, top))
         retrieved = torch.cat(step.chunk_ids, dim=2)[0, :, qpos]  # (Hq, n_chunks) chunk serials
-        found.append(bool(torch.isin(retrieved, torch.tensor(_answer_chunks(answer, csz))).any()))
+        found.append(bool(torch.isin(retrieved, torch.tensor(_answer_chunks(answer, chunk_size))).any()))
         log(f"item {i + 1}/{len(items)}: ranks per head {per_item[-1]['rank']}, retrieved: {found[-1]}")
     return {"layer": f"memory layer (cached layer {model.cached_layer})", **_summary(per_item, top),
             "retrieved": float(np.mean(found))}
@@ -240,7 +239,7 @@ def probe_answers(model: LongMemModel, items: list[RecallItem], log=print) -> di
     """Every answer token of every item: greedy prediction, NLL, and per query head the memory attention on the
     fact's copy of that token (the attention the memory layer computes: its un-rotated query against the retrieved
     keys, one softmax over them; 0 when the token's chunk was not retrieved)."""
-    csz, tok = model.csz, model.backbone.tokenizer
+    chunk_size, tok = model.chunk_size, model.backbone.tokenizer
     memory_share = (1 - torch.sigmoid(model.sidenet.gate.float())).tolist()  # per head, where memory was found
     per_item = []
     for i, item in enumerate(items):
@@ -257,7 +256,8 @@ def probe_answers(model: LongMemModel, items: list[RecallItem], log=print) -> di
             keys, mask, chunks = rec.found[t]
             scores = torch.einsum("hd,hkd->hk", q[:, t].float(), keys.float()) / math.sqrt(q.shape[-1])
             probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)  # (Hq, K)
-            positions = (chunks[:, :, None] * csz + torch.arange(csz)).reshape(chunks.shape[0], -1)  # (Hq, K)
+            positions = chunks[:, :, None] * chunk_size + torch.arange(chunk_size)
+            positions = positions.reshape(chunks.shape[0], -1)  # (Hq, K)
             copy.append((probs * (positions == answer[j])).sum(dim=-1).tolist())
         per_item.append({"answer": item.answer, "kind": item.kind,
                          "tokens": [tok.decode([int(x)]) for x in targets],
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--items", type=int, default=8, help="recall items")
     p.add_argument("--distance", type=int, default=8192, help="minimum tokens between a fact and its question")
     p.add_argument("--segment-len", type=int, default=1024, help="segment length (per-layer probe)")
-    p.add_argument("--csz", type=int, default=4, help="chunk size (per-layer probe)")
+    p.add_argument("--chunk-size", "--csz", type=int, default=4, help="chunk size (per-layer probe)")
     p.add_argument("--topk", type=int, default=64, help="memory tokens retrieved per query, K (per-layer probe)")
     p.add_argument("--max-sinks", type=int, default=MAX_SINKS, help="sink chunks a search may return (-1 = no limit)")
     p.add_argument("--seed", type=int, default=1234, help="recall items seed")
@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> dict:
                              args.distance + segment_len, seed=args.seed)
     if args.readout is not None:
         heads = [int(h) for h in args.heads.split(",") if h.strip()]
-        result = {**readout(backbone, items, args.readout, heads, segment_len, args.csz, args.topk, max_sinks),
+        result = {**readout(backbone, items, args.readout, heads, segment_len, args.chunk_size, args.topk, max_sinks),
                   "args": vars(args)}
         return print_report(result, None, args.out)
     if model is not None and args.answers:
@@ -438,10 +438,10 @@ def main(argv: list[str] | None = None) -> dict:
         return print_report(result, answers_markdown(result), args.out)
     if model is not None:
         model.eval()
-        rows, top = [probe_model(model, items, log)], model.config.topk // model.csz
+        rows, top = [probe_model(model, items, log)], model.config.topk // model.chunk_size
     else:
-        top = args.topk // args.csz
-        rows = probe_backbone(backbone, items, segment_len, args.csz, top, max_sinks, log)
+        top = args.topk // args.chunk_size
+        rows = probe_backbone(backbone, items, segment_len, args.chunk_size, top, max_sinks, log)
     return print_report({"rows": rows, "args": vars(args)}, markdown(rows, top), args.out)
 
 

@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from longmem.util.files import atomic_directory
 from longmem.model.longmem import SHIPPED, SHIPPED_DIR
+from longmem.util.files import atomic_directory
+from longmem.util.names import current_names
 
 from .plots import read_metrics
 
@@ -118,11 +119,12 @@ def ship(run: Path, evaluation: Path | None, name: str | None = None, dest_root:
         raise SystemExit(f"{ckpt}: {size / 2**20:.1f} MiB is over the {MAX_BYTES // 2**20} MiB budget; train with "
                          "--train-scope compact or a smaller --lora-rank")
     config = json.loads(files[1].read_text())
+    config["config"] = current_names(config["config"])  # a run made before a setting was renamed ships the new name
     trained = config["config"]["topk"]
     if topk is not None:
-        if topk < 1 or topk % config["config"]["csz"]:
-            raise SystemExit(f"--topk must be a positive multiple of the chunk size ({config['config']['csz']}), "
-                             f"got {topk}")
+        if topk < 1 or topk % config["config"]["chunk_size"]:
+            raise SystemExit("--topk must be a positive multiple of the chunk size "
+                             f"({config['config']['chunk_size']}), got {topk}")
         config["config"]["topk"] = topk
     facts = training_facts(run, parents)
     result = json.loads(evaluation.read_text()) if evaluation else None

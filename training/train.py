@@ -36,9 +36,9 @@ from torch.utils.checkpoint import checkpoint
 
 from longmem.model.backbone import load_backbone
 from longmem.model.baselines import BackboneLM, MemTRM
-from longmem.util.files import atomic_directory
 from longmem.model.lm import SegmentLM, segment_starts
 from longmem.model.longmem import LongMemConfig, LongMemModel
+from longmem.util.files import atomic_directory
 
 from .data import Batchfier, Document
 

@@ -38,8 +38,17 @@ from pathlib import Path
 
 import torch
 
-from longmem.bench.inference import (default_text, cpu_times, log, machine_facts, report, reset_peak_rss, status_mb,
-                                     target)
+from longmem.bench.inference import (
+    cpu_times,
+    default_text,
+    finish_shared_args,
+    log,
+    machine_facts,
+    report,
+    reset_peak_rss,
+    status_mb,
+    target,
+)
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 
 TARGETS = {"ingest_vs_memorize": 0.9, "reopen_s": 3.0, "reopen_peak_vs_kv": 1.5, "with_passages_vs_without": 0.9,
@@ -71,7 +80,7 @@ def scenario_ingest(args) -> dict:
     src = Path(args.work) / "book.txt"
     src.write_text(piece, encoding="utf-8")
     ids = torch.tensor(ids)
-    store = BankDirectory(Path(args.work) / "banks")
+    directory = BankDirectory(Path(args.work) / "banks")
     log(f"warm-up: one segment through memorize and ingest; then {args.reps} x memorize / ingest of "
         f"{len(ids):,} tokens")
     model.memorize(ids[:1024], model.new_memory(capacity=None))
@@ -84,8 +93,8 @@ def scenario_ingest(args) -> dict:
     def run_ingest(r: int):
         name = f"src{r}"
         with contextlib.suppress(Exception):
-            store.delete(name)
-        with store.create(name, model) as bank:
+            directory.delete(name)
+        with directory.create(name, model) as bank:
             return ingest(bank, model, src if r > 0 else _head(src, Path(args.work) / "head.txt"))
 
     run_ingest(0)  # warm-up (first SQLite/faiss use)
@@ -100,7 +109,7 @@ def scenario_ingest(args) -> dict:
         ing_tokens = res.tokens
         log(f"round {r}: memorize {len(ids) / memo[-1]:.0f} tok/s, ingest {res.tokens_per_s:.0f} tok/s")
     memo_s, ing_s = statistics.median(memo), statistics.median(ing)
-    with store.open(f"src{args.reps}") as bank:
+    with directory.open(f"src{args.reps}") as bank:
         stats = bank.stats()
         t0 = time.perf_counter()  # the passages' share of ingesting: cutting them and their FTS rows, done again
         n_passages = bank.rebuild_passages()
@@ -124,12 +133,12 @@ def scenario_build(args) -> dict:
     from longmem.storage import BankDirectory
 
     model = _model(args)
-    store = BankDirectory(Path(args.work) / "banks")
+    directory = BankDirectory(Path(args.work) / "banks")
     with contextlib.suppress(Exception):
-        store.delete("big")
-    big = store.create("big", model)
+        directory.delete("big")
+    big = directory.create("big", model)
     t0 = time.perf_counter()
-    with store.open(args.source_bank) as src:
+    with directory.open(args.source_bank) as src:
         rows = src.db.execute("SELECT s.n_tokens, s.tokens, s.text, s.chunk_chars, kv.k, kv.v FROM segments s "
                               "JOIN kv ON kv.segment_id = s.id ORDER BY s.id").fetchall()
         info = src.info
@@ -141,8 +150,8 @@ def scenario_build(args) -> dict:
             ref: dict | int = {"title": f"copy {copy}", "source": "book.txt", "kind": "text",
                                "sha256": f"bench-copy-{copy}", "options": {}, "meta": {}}
             for seq, (nt, tok, text, chars, k, v) in enumerate(rows):
-                nc = nt // info.csz
-                shape = (info.n_kv_heads, nc * info.csz, info.head_dim)
+                nc = nt // info.chunk_size
+                shape = (info.n_kv_heads, nc * info.chunk_size, info.head_dim)
                 kt = torch.frombuffer(bytearray(k), dtype=dtype).view(shape)
                 vt = torch.frombuffer(bytearray(v), dtype=dtype).view(shape)
                 ref = big.add_segment(ref, seq, torch.frombuffer(bytearray(tok), dtype=torch.int32), text,
@@ -167,8 +176,8 @@ def scenario_build(args) -> dict:
 def scenario_reopen(args) -> dict:
     from longmem.storage import BankDirectory
 
-    store = BankDirectory(Path(args.work) / "banks")
-    path = store.path("big")
+    directory = BankDirectory(Path(args.work) / "banks")
+    path = directory.path("big")
     cold = False
     if args.cold:
         os.sync()
@@ -180,7 +189,7 @@ def scenario_reopen(args) -> dict:
     rss0 = status_mb("VmRSS")
     reset_peak_rss()
     t0 = time.perf_counter()
-    with store.open("big") as bank:
+    with directory.open("big") as bank:
         memory = bank.load_memory()
         seconds = time.perf_counter() - t0
         peak = status_mb("VmHWM")
@@ -280,10 +289,7 @@ def parse_args(argv):
     args.ingest_tokens = args.ingest_tokens or (4096 if args.quick else 16384)
     args.bank_tokens = args.bank_tokens or (65536 if args.quick else 1_000_000)
     args.reps = args.reps or (1 if args.quick else 4)
-    args.threads = args.threads or os.cpu_count() or 1
-    if not Path(args.text).is_file():
-        p.error(f"text file {args.text} not found; give one with --text")
-    return args
+    return finish_shared_args(p, args)
 
 
 def main(argv: list[str] | None = None) -> dict:

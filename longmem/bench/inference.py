@@ -37,14 +37,14 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from longmem.util.data import data_dir
-from longmem.util.report import print_report
+from longmem.memory.memory import Memory
 from longmem.model.backbone import Backbone, cpu_bf16_features, dtype_choice, load_backbone
 from longmem.model.baselines import BackboneLM
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.model.lm import Sampling, SegmentLM
-from longmem.memory.memory import Memory
 from longmem.model.longmem import LongMemConfig, LongMemModel
+from longmem.util.data import data_dir
+from longmem.util.report import print_report
 
 DEFAULT_BOOK = "books/pg64317.txt"  # a held-out book of the project's shared data (The Great Gatsby)
 
@@ -161,8 +161,8 @@ class Ctx:
 
 def make_longmem(ctx: Ctx) -> LongMemModel:
     a = ctx.args
-    cfg = LongMemConfig(backbone=a.backbone, dtype=a.dtype, segment_len=a.segment_len, csz=a.csz, topk=a.topk,
-                        capacity=max(65536, a.memory_tokens))
+    cfg = LongMemConfig(backbone=a.backbone, dtype=a.dtype, segment_len=a.segment_len, chunk_size=a.chunk_size,
+                        topk=a.topk, capacity=max(65536, a.memory_tokens))
     return LongMemModel(ctx.backbone, cfg).eval()
 
 
@@ -188,7 +188,7 @@ def scenario_bank(ctx: Ctx) -> dict:
 
     seg = ids[:, a.memory_tokens:a.memory_tokens + a.segment_len]  # the text that follows the memorized part
     # real retrieval queries: what the (untrained, ReZero) memory layer sees is the backbone state at its boundary
-    mem_idx, n_chunks = model.config.memory_layer, a.topk // a.csz
+    mem_idx, n_chunks = model.config.memory_layer, a.topk // a.chunk_size
     block, ops = model.sidenet.layers[mem_idx].block, ctx.backbone.ops
     h = ctx.backbone(seg, n_layers=model.sidenet.boundaries[mem_idx]).hidden[-1]
     q, _, _ = ops.qkv(block, ops.attn_norm(block, h))  # (1, Hq, T, d), pre-RoPE
@@ -259,7 +259,7 @@ def run_scenario(args: argparse.Namespace) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 # The parent: one process per scenario, then ratios, targets and the table
 
-CHILD_FLAGS = ("backbone", "dtype", "threads", "text", "segment_len", "csz", "topk", "memory_tokens",
+CHILD_FLAGS = ("backbone", "dtype", "threads", "text", "segment_len", "chunk_size", "topk", "memory_tokens",
                "ingest_tokens", "gen_tokens", "prompt_tokens", "reps")
 
 
@@ -358,8 +358,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_runtime_flags(p)
     p.add_argument("--text", default=default_text(), help="UTF-8 text to tokenize (repeated when too short)")
     p.add_argument("--segment-len", type=int, default=1024, help="LongMem local window (and backbone window)")
-    p.add_argument("--csz", type=int, default=4, help="memory chunk size in tokens")
-    p.add_argument("--topk", type=int, default=64, help="memory tokens retrieved per query token (topk/csz chunks)")
+    p.add_argument("--chunk-size", "--csz", type=int, default=4, help="memory chunk size in tokens")
+    p.add_argument("--topk", type=int, default=64,
+                   help="memory tokens retrieved per query token (in topk / chunk size chunks)")
     p.add_argument("--memory-tokens", type=int, default=None,
                    help="tokens memorized into the bank for forward/retrieval/generation (default 65536; quick 8192)")
     p.add_argument("--ingest-tokens", type=int, default=None,
@@ -380,6 +381,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.gen_tokens = args.gen_tokens or (16 if q else 64)
     args.reps = args.reps or (1 if q else 3)
     args.score_tokens = [int(x) for x in (args.score_tokens or ("2048" if q else "4096,8192")).split(",")]
+    return finish_shared_args(p, args)
+
+
+def finish_shared_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """What every benchmark settles the same way: ``--threads`` defaults to every core, and ``--text`` must exist."""
     args.threads = args.threads or os.cpu_count() or 1
     if not Path(args.text).is_file():
         p.error(f"text file {args.text} not found; give one with --text")

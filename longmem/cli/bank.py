@@ -14,7 +14,7 @@ import sys
 from tqdm import tqdm
 
 from longmem.ingest.limits import ExtractLimits
-from longmem.storage import Bank, BankError, BankDirectory
+from longmem.storage import Bank, BankDirectory, BankError
 from longmem.text.io import InputError
 
 
@@ -70,9 +70,9 @@ def ingest_file(bank: Bank, model, path, demos=None, title: str | None = None):
 # -- commands ------------------------------------------------------------------------------------------------------
 
 def cmd_create(args, load_model) -> int:
-    store = BankDirectory(args.banks_dir)
-    store.path(args.name)  # a bad name fails before the model loads
-    bank = store.create(args.name, load_model(args), kv_dtype=args.kv_dtype)
+    directory = BankDirectory(args.banks_dir)
+    directory.path(args.name)  # a bad name fails before the model loads
+    bank = directory.create(args.name, load_model(args), kv_dtype=args.kv_dtype)
     print(f"created bank {bank.name!r} in {bank.path}")
     bank.close()
     return 0
@@ -94,11 +94,14 @@ def cmd_ingest(args, load_model) -> int:
     try:
         for f in args.files:  # every file is read (once: ingest takes its text from here) before the model loads
             sources.append(open_source(f, demos if str(f).lower().endswith(demo_exts) else None, limits))
-        store = BankDirectory(args.banks_dir)
-        if not store.exists(args.name) and not args.create:
-            store.open(args.name)  # raises UnknownBank with the list of banks
+        directory = BankDirectory(args.banks_dir)
+        if not directory.exists(args.name) and not args.create:
+            directory.open(args.name)  # raises UnknownBank with the list of banks
         model = load_model(args)
-        bank = store.open(args.name) if store.exists(args.name) else store.create(args.name, model, args.kv_dtype)
+        if directory.exists(args.name):
+            bank = directory.open(args.name)
+        else:
+            bank = directory.create(args.name, model, args.kv_dtype)
         with bank:
             for f, source in zip(args.files, sources):
                 _ingest_one(bank, model, f, source, demos if source.kind == "demos" else None, args.title)
@@ -119,15 +122,15 @@ def _ingest_one(bank: Bank, model, f: str, source, demos, title: str | None) -> 
 
 
 def cmd_list(args) -> int:
-    store = BankDirectory(args.banks_dir)
-    names = store.names()
+    directory = BankDirectory(args.banks_dir)
+    names = directory.names()
     if not names:
-        print(f"no banks in {store.root}")
+        print(f"no banks in {directory.root}")
         return 0
     print(f"{'bank':24} {'documents':>9} {'tokens':>12} {'disk':>12}  backbone")
     for name in names:
         try:
-            with store.open(name) as bank:
+            with directory.open(name) as bank:
                 s = bank.stats()
                 print(f"{name:24} {s['documents']:>9} {s['tokens']:>12,} {_mib(s['disk_bytes']):>12}  "
                       f"{bank.info.backbone_name}")
@@ -141,8 +144,8 @@ def cmd_info(args) -> int:
         info, s = bank.info, bank.stats()
         print(f"bank {bank.name} ({bank.path})")
         print(f"  backbone {info.backbone_name} (sha256 {info.backbone_sha256[:16]}…), layer {info.cached_layer}, "
-              f"{info.n_kv_heads} KV heads x {info.head_dim}, csz {info.csz}, segments of {info.segment_len}, "
-              f"K/V {info.kv_dtype}")
+              f"{info.n_kv_heads} KV heads x {info.head_dim}, chunks of {info.chunk_size}, segments of "
+              f"{info.segment_len}, K/V {info.kv_dtype}")
         print(f"  {s['tokens']:,} tokens in {s['segments']:,} segments; K/V {_mib(s['kv_bytes'])}, disk "
               f"{_mib(s['disk_bytes'])}; created {info.created}, updated {info.updated}")
         for d in bank.documents():
@@ -178,8 +181,8 @@ def cmd_rename(args) -> int:
 
 
 def cmd_delete(args) -> int:
-    store = BankDirectory(args.banks_dir)
-    with store.open(args.name) as bank:
+    directory = BankDirectory(args.banks_dir)
+    with directory.open(args.name) as bank:
         if args.document is not None:
             what = f"document {args.document} ({bank.document(args.document).title}) from bank {args.name!r}"
         else:
@@ -195,7 +198,7 @@ def cmd_delete(args) -> int:
         if args.document is not None:
             bank.delete_document(args.document)
     if args.document is None:
-        store.delete(args.name)
+        directory.delete(args.name)
     print(f"deleted {what}")
     return 0
 

@@ -28,12 +28,11 @@ from pathlib import Path
 
 import torch
 
-from longmem.model.cpu import add_runtime_flags, setup_cpu
-from longmem.util.files import write_file_atomic
-
 from longmem.eval import SUITES
 from longmem.eval.core import EvalContext, SuiteResult, lineup
+from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.util.data import add_data_flag
+from longmem.util.files import write_file_atomic
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -118,8 +117,8 @@ def provenance(model, argv: list[str], sidenet: str, memtrm: str | None, dtype: 
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine,
             "platform": platform.platform(), "backbone": model.backbone.name,
-            "sidenet": sidenet, "sidenet_sha256": sidenet_sha256, "topk": model.config.topk, "csz": model.config.csz,
-            "memtrm": memtrm}
+            "sidenet": sidenet, "sidenet_sha256": sidenet_sha256, "topk": model.config.topk,
+            "chunk_size": model.config.chunk_size, "memtrm": memtrm}
 
 
 def reduced_from_full(result: SuiteResult) -> dict[str, tuple]:
@@ -157,7 +156,7 @@ def results_document(results: list[SuiteResult], plot_dir: str) -> str:
             machines += [line] if line not in machines else []
         memtrm.add(p.get("memtrm"))
         sidenets.add(f"{p.get('sidenet', '?')} (K = {p.get('topk', '?')} memory tokens per query, chunks of "
-                     f"{p.get('csz', '?')})")
+                     f"{p.get('chunk_size', '?')})")
     head += [""] + [f"Hardware: {m}." for m in machines] + [f"LongMem SideNet: {s}." for s in sorted(sidenets)]
     head.append("MemTRM baseline: " + (", ".join(f"`{m}`" for m in sorted(memtrm - {None})) + " (`--memtrm`)."
                                        if memtrm - {None} else

@@ -126,8 +126,8 @@ def _questions(args) -> Iterator[str]:
 
 def cmd_chat(args) -> int:
     from longmem.ingest.readers import open_source
-    from longmem.tasks.reading import PassageFinder, Reading, citations, find_for_chat, reading_prompt
     from longmem.tasks.chat import Chat
+    from longmem.tasks.reading import PassageFinder, Reading, citations, find_for_chat, reading_prompt
 
     if args.file and args.bank:
         raise ValueError("give --file or --bank, not both (`longmem bank ingest NAME FILE` adds a file to a bank)")
@@ -186,9 +186,9 @@ def cmd_generate(args) -> int:
 
 def cmd_classify(args) -> int:
     from longmem.cli.bank import load_memory
-    from longmem.tasks.demos import Choice, DemoFinder
     from longmem.storage import BankDirectory
     from longmem.tasks.classify import Classifier
+    from longmem.tasks.demos import Choice, DemoFinder
 
     texts = args.text or [line.strip() for line in sys.stdin if line.strip()]
     if not texts:
@@ -199,8 +199,8 @@ def cmd_classify(args) -> int:
         documents = bank.documents()
         model = _load_model(args)
         memory = load_memory(bank, model)
-        if args.csz and args.csz != memory.csz:
-            memory = memory.rechunk(args.csz)
+        if args.chunk_size and args.chunk_size != memory.chunk_size:
+            memory = memory.rechunk(args.chunk_size)
         stored = Classifier.from_documents(model, memory, documents)  # the bank's template and label words
         finder = DemoFinder(bank, model, memory, stored.template, stored.labels) if args.finder != "none" else None
         classifier = Classifier(model, memory, args.template or stored.template, stored.labels,
@@ -258,8 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     cls.add_argument("--calibrate", action="store_true",
                      help="divide each label's probability by its probability for a content-free input (contextual "
                           "calibration)")
-    cls.add_argument("--csz", type=int, default=2, help="memory chunk size to retrieve with (the paper's 2 for "
-                                                      "demonstrations; 0 = the bank's own)")
+    cls.add_argument("--chunk-size", "--csz", type=int, default=2,
+                     help="memory chunk size to retrieve with (the paper's 2 for demonstrations; 0 = the bank's own)")
     cls.add_argument("--show-demos", action="store_true", help="print the demonstrations each prediction read")
     _model_args(cls)
     cli_bank.banks_dir_arg(cls)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from longmem.eval.datasets.books import Document
 from longmem.eval.books import score_documents, split_of
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, mean_std, ppl, table
+from longmem.eval.datasets.books import Document
 from longmem.eval.icl import Size as IclSize
 from longmem.eval.icl import memory_bank, run_entrant, tasks_for
 
@@ -37,17 +37,17 @@ FULL = Size()
 
 
 def chunk_size_ablation(ctx: EvalContext, size: Size) -> dict:
-    """{csz: {set: (mean, std) label-word accuracy %}} for LongMem."""
+    """{chunk_size: {set: (mean, std) label-word accuracy %}} for LongMem."""
     longmem = ctx.entrant("longmem")
     icl = IclSize(sets=size.sets, shots=[size.shots], memory_demos=size.memory_demos, seeds=size.seeds,
                   test=size.test)
     accs: dict[int, dict[str, list[float]]] = {c: {} for c in size.chunk_sizes}
     for task in tasks_for(ctx, icl):
-        for csz in size.chunk_sizes:
-            bank = memory_bank(longmem.lm, task.memory, task.preset.template, csz)
+        for chunk_size in size.chunk_sizes:
+            bank = memory_bank(longmem.lm, task.memory, task.preset.template, chunk_size)
             r = run_entrant(longmem, task, size.shots, bank)
-            accs[csz].setdefault(task.preset.name, []).append(100 * r.label_acc)
-            ctx.log(f"ablation chunk size {csz}, {task.preset.name} seed {task.seed}: {r.label_acc:.3f}")
+            accs[chunk_size].setdefault(task.preset.name, []).append(100 * r.label_acc)
+            ctx.log(f"ablation chunk size {chunk_size}, {task.preset.name} seed {task.seed}: {r.label_acc:.3f}")
     return {str(c): {s: mean_std(v) for s, v in by_set.items()} for c, by_set in accs.items()}
 
 

@@ -40,20 +40,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, legend_below, mean_std, table
+from longmem.eval.datasets.squad import QA, exact_match, f1, normalize_answer, read_squad
+from longmem.eval.recall import borrowed_note, distance_label, filler
+from longmem.ingest.pipeline import cut_segments, ingest, store_segment
+from longmem.ingest.readers import Block
+from longmem.memory.memory import Memory
+from longmem.model.baselines import BackboneLM
+from longmem.model.lm import Sampling
+from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, PassageRef
-from longmem.model.baselines import BackboneLM
-from longmem.ingest.pipeline import cut_segments, ingest, store_segment
-from longmem.model.lm import Sampling
-from longmem.memory.memory import Memory
-from longmem.text.passages import PassageCutter
-from longmem.ingest.readers import Block
-from longmem.tasks.reading import Found, PassageFinder, Reading, find_for_chat, fit, reading_prompt
-from longmem.storage import BankDirectory
 from longmem.tasks.chat import Chat
-from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, legend_below, mean_std, table
-from longmem.eval.recall import borrowed_note, distance_label, filler
-from longmem.eval.datasets.squad import QA, exact_match, f1, normalize_answer, read_squad
+from longmem.tasks.reading import Found, PassageFinder, Reading, find_for_chat, fit, reading_prompt
+from longmem.text.passages import PassageCutter
 
 FINDER_ENTRANTS = {"longmem_memory": "memory", "longmem_lexical": "lexical", "longmem_fused": "fused"}
 LABELS = {
@@ -102,9 +102,9 @@ def filler_bank(ctx: EvalContext, tokens: np.ndarray) -> Bank:
     path = root / f"filler-{len(tokens)}-{digest}.txt"
     if not path.exists():
         path.write_text(text, encoding="utf-8")
-    store = BankDirectory(root)
+    directory = BankDirectory(root)
     name = path.stem
-    bank = store.open(name) if store.exists(name) else store.create(name, model)
+    bank = directory.open(name) if directory.exists(name) else directory.create(name, model)
     res = ingest(bank, model, path, title="filler")
     ctx.log(f"bookqa filler of {len(tokens):,} tokens: {res.action} ({res.tokens:,} tokens, {res.seconds:.0f} s)")
     return bank
@@ -122,7 +122,7 @@ def spliced(bank: Bank, model, memory: Memory, qa: QA):
             cutter, ref = PassageCutter(), {"title": qa.title, "source": qa.id, "kind": "text", "options": {},
                                             "sha256": hashlib.sha256(qa.passage.encode()).hexdigest(), "meta": {}}
             block = Block(qa.passage, 0, len(qa.passage.encode()))
-            for seq, seg in enumerate(cut_segments(tok, [block], info.segment_len, info.csz)):
+            for seq, seg in enumerate(cut_segments(tok, [block], info.segment_len, info.chunk_size)):
                 ref, k, v = store_segment(bank, model, ref, seq, seg, cutter)
                 n = k.shape[1]
                 memory.add(k[None], v[None], tokens=seg.ids[None, :n], starts=_starts(n))

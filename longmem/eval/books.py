@@ -16,11 +16,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from longmem.model.backbone import cache_root
+from longmem.eval.core import (
+    WITH_MEMORY,
+    Entrant,
+    EvalContext,
+    SuiteResult,
+    Timer,
+    figure,
+    legend_below,
+    memory_empty,
+    ppl,
+    table,
+    versus,
+)
 from longmem.eval.datasets.books import Document, tokenize_files
-from longmem.eval.core import (WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, figure, legend_below,
-                               memory_empty, ppl, table, versus)
 from longmem.eval.measures import perplexity
+from longmem.model.backbone import cache_root
 
 SPLITS = ((0, 5_000, "<5k"), (5_000, 10_000, "5k-10k"), (10_000, 100_000, "10k-100k"),
           (100_000, 500_000, "100k-500k"), (500_000, 1_000_000, "500k-1M"), (1_000_000, None, ">1M"))

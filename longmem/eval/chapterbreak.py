@@ -30,11 +30,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from longmem.text.chapters import ILLUSTRATION, find_chapters, text_end
+from longmem.eval.core import Entrant, EvalContext, SuiteResult, Timer, figure, table, versus
 from longmem.eval.datasets.books import book_split
-from longmem.text.io import read_text
-from longmem.eval.core import EvalContext, Entrant, SuiteResult, Timer, figure, table, versus
 from longmem.eval.scoring import Prefix
+from longmem.text.chapters import ILLUSTRATION, find_chapters, text_end
+from longmem.text.io import read_text
 
 
 @dataclass

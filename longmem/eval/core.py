@@ -22,12 +22,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
-from longmem.model.baselines import BackboneLM
-from longmem.util.plots import agg_figure as figure  # noqa: F401 (the suites' plots)
 from longmem.eval.datasets.books import Document, book_split, tokenize_files
-from longmem.util.files import write_file_atomic
+from longmem.model.baselines import BackboneLM
 from longmem.model.lm import SegmentLM
 from longmem.model.longmem import LongMemModel
+from longmem.util.files import write_file_atomic
+from longmem.util.names import current_names
+from longmem.util.plots import agg_figure as figure  # noqa: F401 (the suites' plots)
 
 Log = Callable[[str], None]
 
@@ -153,7 +154,17 @@ class EvalContext:
 
 
 # what a resumed unit shares with the run, beside its size, seed and dtype
-SAME_RUN = ("backbone", "sidenet_sha256", "topk", "csz", "memtrm")  # the SideNet by its weights, not its path
+SAME_RUN = ("backbone", "sidenet_sha256", "topk", "chunk_size", "memtrm")  # the SideNet by its weights, not its path
+
+
+def upgraded(signature: dict | None) -> dict | None:
+    """A recorded unit's signature with renamed settings (here and in its size) under their current names."""
+    if not isinstance(signature, dict):
+        return signature
+    out = current_names(signature)
+    if isinstance(out.get("size"), dict):
+        out["size"] = current_names(out["size"])
+    return out
 
 
 class TaskLog:
@@ -177,7 +188,7 @@ class TaskLog:
                 except json.JSONDecodeError:  # a line cut off by a kill: that unit runs again
                     continue
                 kept.append(line + "\n")  # other runs' units stay: a run in another dtype or size loses nothing
-                if row.get("signature") == signature:
+                if upgraded(row.get("signature")) == signature:
                     self.units[row["key"]] = row["value"]
                     self.made[row["key"]] = row.get("commit", "unknown")
             write_file_atomic(self.path, "".join(kept).encode())  # whole lines only: the next unit starts its own

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from longmem.bench import inference as bench
-from longmem.eval.datasets.books import book_split
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, table
+from longmem.eval.datasets.books import book_split
 
 
 @dataclass
@@ -32,7 +32,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     size: Size = ctx.size("efficiency", QUICK, FULL)
     timer = Timer()
     cfg = ctx.model.config
-    args = bench.parse_args(["--backbone", cfg.backbone, "--dtype", cfg.dtype, "--csz", str(cfg.csz),
+    args = bench.parse_args(["--backbone", cfg.backbone, "--dtype", cfg.dtype, "--chunk-size", str(cfg.chunk_size),
                              "--topk", str(cfg.topk), "--segment-len", str(cfg.segment_len),
                              "--threads", str(torch.get_num_threads()), "--text", str(book_text(ctx)),
                              "--score-tokens", ",".join(map(str, size.documents))])
@@ -55,14 +55,14 @@ def run(ctx: EvalContext) -> SuiteResult:
                      f"{d['longmem_peak_rss_mb']:.0f}", f"{d['longmem_increment_mb']:.0f}"])
         rows.append([f"backbone, {_k(n)} full attention", f"{_k(n)}", f"{d['backbone_tok_s']:.0f}",
                      f"{d['backbone_peak_rss_mb']:.0f}", f"{d['backbone_increment_mb']:.0f}"])
-    notes = [f"LongMem reads {cfg.topk} memory tokens per query (chunks of {cfg.csz}); "
+    notes = [f"LongMem reads {cfg.topk} memory tokens per query (chunks of {cfg.chunk_size}); "
              f"{', '.join(_speed(n, data[str(n)]) for n in size.documents)}.",
              "Peak RSS is the process's high-water mark after loading the model; the increment is what scoring "
              "added to it."]
     plot = _plot(ctx, size.documents, data)
     return SuiteResult("efficiency", "Efficiency (paper appendix): scoring a long document", [table(
         ["model", "document", "tokens/s", "peak RSS MiB", "increment MiB"], rows)],
-        {"documents": data, "runs": runs, "topk": cfg.topk, "csz": cfg.csz}, asdict(size), [plot], notes,
+        {"documents": data, "runs": runs, "topk": cfg.topk, "chunk_size": cfg.chunk_size}, asdict(size), [plot], notes,
         timer.seconds)
 
 

@@ -34,16 +34,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from longmem.tasks.examples import PRESETS, Example, Preset, demo_stream, format_demo, split_examples
-from longmem.tasks.measure import majority_accuracy, wilson
-from longmem.tasks.demos import Choice, DemoFinder, grow_bank
-from longmem.model.lm import SegmentLM
+from longmem.eval.core import (
+    WITH_MEMORY,
+    Entrant,
+    EvalContext,
+    SuiteResult,
+    Timer,
+    figure,
+    legend_below,
+    mean_std,
+    memory_empty,
+    table,
+    versus,
+)
+from longmem.eval.scoring import Prefix
 from longmem.memory.memory import Memory
+from longmem.model.lm import SegmentLM
 from longmem.storage import BankDirectory
 from longmem.tasks.classify import calibrate
-from longmem.eval.core import (WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, figure, legend_below, mean_std,
-                               memory_empty, table, versus)
-from longmem.eval.scoring import Prefix
+from longmem.tasks.demos import Choice, DemoFinder, grow_bank
+from longmem.tasks.examples import PRESETS, Example, Preset, demo_stream, format_demo, split_examples
+from longmem.tasks.measure import majority_accuracy, wilson
 
 SEPARATOR = "\n"  # between the prompt's demonstrations (and before the test sentence)
 MEMORY_SEPARATOR = "\n\n"  # between demonstrations in memory, as a bank ingests them
@@ -56,7 +67,7 @@ class Size:
     sets: list[str] = field(default_factory=lambda: ["SST-2", "MR", "Subj", "SST-5", "MPQA"])  # as table 5
     shots: list[int] = field(default_factory=lambda: [4, 20])  # k: demonstrations in the prompt
     memory_demos: int = 2000  # demonstrations in LongMem's memory
-    csz: int = 2  # memory chunk size for demonstrations (the paper's)
+    chunk_size: int = 2  # memory chunk size for demonstrations (the paper's)
     seeds: int = 3  # runs per set, each with its own demonstrations and test sample
     test: int = 100  # test sentences per set and seed, from the evaluation file (0 = all)
     finders: list[str] = field(default_factory=lambda: ["fused"])  # how LongMem finds its prompt's demonstrations
@@ -189,9 +200,9 @@ def context_ids(tokenizer, template: str, demos: Sequence[Example]) -> list[int]
     return encode(tokenizer, "".join(format_demo(template, e) + SEPARATOR for e in demos)) if demos else []
 
 
-def memory_bank(lm: SegmentLM, demos: Sequence[Example], template: str, csz: int) -> Memory:
-    """A memory of chunk size ``csz`` holding ``demos`` (none: an empty memory)."""
-    bank = lm.new_memory(capacity=None, csz=csz)
+def memory_bank(lm: SegmentLM, demos: Sequence[Example], template: str, chunk_size: int) -> Memory:
+    """A memory of chunk size ``chunk_size`` holding ``demos`` (none: an empty memory)."""
+    bank = lm.new_memory(capacity=None, chunk_size=chunk_size)
     if demos:
         lm.memorize(encode(lm.backbone.tokenizer, demo_stream(template, demos, MEMORY_SEPARATOR)), bank)
     return bank
@@ -261,7 +272,8 @@ def run_task(ctx: EvalContext, size: Size, task: Task, entrants: list[Entrant]) 
             if e.key == "longmem":
                 continue  # below: LongMem reads its bank's memory
             if e.lm.uses_memory and e.key not in memories:
-                memories[e.key] = memory_bank(e.lm, task.memory if e.fills_memory else [], preset.template, size.csz)
+                memories[e.key] = memory_bank(e.lm, task.memory if e.fills_memory else [], preset.template,
+                                              size.chunk_size)
             filled = n_memory if e.lm.uses_memory and e.fills_memory else 0
             record(e.key, k, filled, run_entrant(e, task, k, memories.get(e.key)))
     longmem, backbone = ctx.entrant("longmem"), ctx.entrant("backbone_1k")
@@ -272,7 +284,7 @@ def run_task(ctx: EvalContext, size: Size, task: Task, entrants: list[Entrant]) 
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=root) as tmp, BankDirectory(tmp).create("demos", lm) as bank:
             for n in grow_bank(bank, lm, task.memory, steps, preset.template, Path(tmp)):
-                memory = bank.load_memory(lm).rechunk(size.csz)
+                memory = bank.load_memory(lm).rechunk(size.chunk_size)
                 finder = DemoFinder(bank, lm, memory, preset.template, preset.labels)
                 full, at = n == n_memory, ("" if n == n_memory else f"@{n}")
                 for k in size.shots if full else [top]:
@@ -335,9 +347,9 @@ def run(ctx: EvalContext) -> SuiteResult:
              f"{sum(r['n'] for r in scored):,} test sentences (every model, shot count and seed): they differ only "
              "where the greedy next token is not a label word.",
              f"LongMem's memory is a bank of the {n_memory:,} memory demonstrations (as the app writes one, K/V "
-             f"stored in bfloat16), read at chunk size {size.csz}; MemTRM's is in RAM. Found demonstrations come "
-             f"from that bank ({', '.join(size.finders)}; the backbone's by BM25 from the same bank), never the test "
-             "sentence itself, closest last; the full-context backbone reads as many memory demonstrations as fit "
+             f"stored in bfloat16), read at chunk size {size.chunk_size}; MemTRM's is in RAM. Found demonstrations "
+             f"come from that bank ({', '.join(size.finders)}; the backbone's by BM25 from the same bank), never the "
+             "test sentence itself, closest last; the full-context backbone reads as many memory demonstrations as fit "
              "before its k-shot prompt.",
              f"Units (set x seed): {len(tasks)}, made at {', '.join(units.commits())}; "
              f"{seconds / 60:.1f} min of work in all, {timer.seconds / 60:.1f} min in this run."]

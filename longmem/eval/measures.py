@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from longmem.model.lm import SegmentLM
-from longmem.memory.memory import Memory
 from longmem.eval.datasets.recall import RecallItem
+from longmem.memory.memory import Memory
+from longmem.model.lm import SegmentLM
 
 
 @torch.no_grad()

@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from longmem.model.backbone import cache_root
+from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, table, versus
 from longmem.eval.datasets.books import book_split, tokenize_files
 from longmem.eval.datasets.recall import recall_documents
-from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, table, versus
 from longmem.eval.measures import recall_record, recalled
+from longmem.model.backbone import cache_root
 
 
 @dataclass

@@ -17,8 +17,8 @@ from typing import Sequence
 
 import torch
 
-from longmem.model.lm import SegmentLM, Window, _as_ids
 from longmem.memory.memory import Memory
+from longmem.model.lm import SegmentLM, Window, _as_ids
 
 
 @dataclass

@@ -12,13 +12,30 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from longmem.model.lm import SegmentLM
-from longmem.memory.memory import Memory
-from longmem.eval.core import (WITH_MEMORY, EvalContext, Entrant, SuiteResult, Timer, mean_std, memory_empty, table,
-                               versus)
+from longmem.eval.core import (
+    WITH_MEMORY,
+    Entrant,
+    EvalContext,
+    SuiteResult,
+    Timer,
+    mean_std,
+    memory_empty,
+    table,
+    versus,
+)
+from longmem.eval.datasets.squad import (
+    QA,
+    answer_from_generation,
+    exact_match,
+    f1,
+    format_demo,
+    format_prompt,
+    read_squad,
+    split_squad,
+)
 from longmem.eval.scoring import Prefix
-from longmem.eval.datasets.squad import (QA, answer_from_generation, exact_match, f1, format_demo, format_prompt,
-                                         read_squad, split_squad)
+from longmem.memory.memory import Memory
+from longmem.model.lm import SegmentLM
 
 SEPARATOR = "\n"  # between demonstrations, and before the test passage
 
@@ -27,7 +44,7 @@ SEPARATOR = "\n"  # between demonstrations, and before the test passage
 class Size:
     n_context: int = 3  # demonstrations in the prompt
     n_memory: int = 200  # demonstrations in LongMem's memory
-    csz: int = 2  # memory chunk size for demonstrations
+    chunk_size: int = 2  # memory chunk size for demonstrations
     test: int = 300  # test questions per seed
     seeds: int = 1
     max_new_tokens: int = 24  # longest answer generated
@@ -104,7 +121,7 @@ def run(ctx: EvalContext) -> SuiteResult:
         for e in ctx.entrants + empty:
             bank = None
             if e.lm.uses_memory:
-                bank = e.lm.new_memory(capacity=None, csz=size.csz)
+                bank = e.lm.new_memory(capacity=None, chunk_size=size.chunk_size)
                 if e.fills_memory:
                     e.lm.memorize(demos_ids(ctx.tokenizer, split.memory), bank)
             r = run_entrant(e, split.context, split.memory, split.test, size, bank, stops, ctx.log)
@@ -117,7 +134,7 @@ def run(ctx: EvalContext) -> SuiteResult:
         rows.append([e.label, fmt(summary[e.key]["em"]), fmt(summary[e.key]["f1"])])
     scores = {k: {"EM": v["em"][0], "F1": v["f1"][0]} for k, v in summary.items()}
     notes = [versus(scores, lambda v: v, False) + f" Every model reads the same {size.n_context} demonstrations; "
-             f"the models with memory hold {size.n_memory} more there (chunk size {size.csz})."]
+             f"the models with memory hold {size.n_memory} more there (chunk size {size.chunk_size})."]
     for e in empty:
         m = e.empty_of
         em = {k: summary[k]["em"][0] for k in ("backbone_1k", e.key, m)}

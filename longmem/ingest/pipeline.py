@@ -23,14 +23,14 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from longmem.model.lm import SegmentLM
 from longmem.ingest import readers
 from longmem.ingest.limits import ExtractLimits
 from longmem.ingest.readers import Block, DemoFormat, Source, open_source
+from longmem.model.lm import SegmentLM
 from longmem.storage.bank import Bank
 from longmem.storage.records import BankError, Document
-from longmem.text.passages import PassageCutter
 from longmem.text.io import InputError
+from longmem.text.passages import PassageCutter
 
 log = logging.getLogger(__name__)
 
@@ -91,19 +91,20 @@ class _Buffer:
         self.text = self.text[self.cur_char:] + text[first_char:]
         self.cur = self.cur_char = 0
 
-    def take(self, n: int, csz: int) -> Segment:
+    def take(self, n: int, chunk_size: int) -> Segment:
         s, e = self.cur, self.cur + n
         cum = np.concatenate([[0], np.cumsum(self.lens[s:e])])
-        n_chunks = n // csz
+        n_chunks = n // chunk_size
         seg = Segment(ids=torch.from_numpy(self.ids[s:e].copy()),
                       text=self.text[self.cur_char:self.cur_char + int(cum[-1])],
-                      chunk_chars=cum[: n_chunks * csz + 1: csz].astype(np.int32),
+                      chunk_chars=cum[: n_chunks * chunk_size + 1: chunk_size].astype(np.int32),
                       resume=(int(self.res_off[e - 1]), int(self.res_skip[e - 1])), position=int(self.pos[e - 1]))
         self.cur, self.cur_char = e, self.cur_char + int(cum[-1])
         return seg
 
 
-def cut_segments(tokenizer, blocks: Iterable[Block], segment_len: int, csz: int, skip: int = 0) -> Iterator[Segment]:
+def cut_segments(tokenizer, blocks: Iterable[Block], segment_len: int, chunk_size: int,
+                 skip: int = 0) -> Iterator[Segment]:
     """Tokenise blocks one by one and yield segments of ``segment_len`` tokens (the last one may be shorter). The
     first ``skip`` tokens of the first block are left out (they were stored before an interruption)."""
     buf = _Buffer()
@@ -117,21 +118,22 @@ def cut_segments(tokenizer, blocks: Iterable[Block], segment_len: int, csz: int,
             buf.push(block, ids, [o[0] for o in enc["offset_mapping"]], skip)
         skip = 0
         while len(buf) >= segment_len:
-            yield buf.take(segment_len, csz)
+            yield buf.take(segment_len, chunk_size)
     if len(buf):
-        yield buf.take(len(buf), csz)
+        yield buf.take(len(buf), chunk_size)
 
 
 def store_segment(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: Segment,
                   cutter: PassageCutter) -> tuple[int, torch.Tensor, torch.Tensor]:
     """Encode one segment's whole chunks and commit it with the passages its text completes (one transaction).
-    Returns the document id and the keys/values stored (Hkv, n_chunks * csz, d)."""
+    Returns the document id and the keys/values stored (Hkv, n_chunks * chunk_size, d)."""
     info = bank.info_cached
     n_full = len(seg.chunk_chars) - 1
     if n_full:
-        k, v = model.encode_memory(seg.ids[None, : n_full * info.csz].to(model.backbone.device))  # (1, Hkv, T, d)
+        ids = seg.ids[None, : n_full * info.chunk_size].to(model.backbone.device)
+        k, v = model.encode_memory(ids)  # (1, Hkv, T, d)
         k, v = k[0], v[0]
-    else:  # a document's last few tokens (< csz): stored as text, not searchable
+    else:  # a document's last few tokens (< chunk_size): stored as text, not searchable
         k = v = torch.empty(info.n_kv_heads, 0, info.head_dim)
     passages = cutter.feed(seg.text, seg.ids.numel())
     doc_id = bank.add_segment(ref, seq, seg.ids, seg.text, seg.chunk_chars, k, v, seg.resume, passages)
@@ -180,7 +182,7 @@ def _ingest(bank: Bank, model: SegmentLM, source: Source, path: str | Path, demo
         added, held = 0, []  # held: leading whitespace-only segments, stored once real text follows
         cutter = bank.passage_cutter(doc.id if doc is not None else None, demonstrations=source.kind == "demos")
         try:
-            for seg in cut_segments(tokenizer, source.blocks(start), info.segment_len, info.csz, skip):
+            for seg in cut_segments(tokenizer, source.blocks(start), info.segment_len, info.chunk_size, skip):
                 if isinstance(ref, dict) and not seg.text.strip():
                     held.append(seg)  # a whitespace-only file must leave nothing behind
                     continue

@@ -1,10 +1,10 @@
 """The in-RAM memory (the paper's cached memory bank): head-wise key/value chunks of past text, searched with faiss.
 
 One memory holds ``batch_size`` independent rows (each row of a batch is its own document stream). Per row and per
-key/value head, tokens are grouped into chunks of ``csz`` consecutive tokens; a chunk is keyed by its mean-pooled
-key in an exact inner-product faiss index. ``search`` returns, for every query token and query head, the tokens of
-the top ``n_chunks`` chunks (flattened to K = n_chunks * csz key/value pairs) and a validity mask. Query heads map
-to key/value heads as in grouped-query attention (query head h reads KV head h // (Hq / Hkv)). ``select`` finds the
+key/value head, tokens are grouped into chunks of C = ``chunk_size`` consecutive tokens; a chunk is keyed by its
+mean-pooled key in an exact inner-product faiss index. ``search`` returns, for every query token and query head, the
+tokens of the top ``n_chunks`` chunks (flattened to K = n_chunks * C key/value pairs) and a validity mask. Query heads
+map to key/value heads as in grouped-query attention (query head h reads KV head h // (Hq / Hkv)). ``select`` finds the
 same chunks and returns them as a mask over every stored token instead, for masked dense attention over the whole
 memory: one matrix product, where the per-query gather moves K key/value pairs for each query token and head.
 
@@ -31,7 +31,7 @@ MAX_SINKS = 0  # default: sink chunks a query may retrieve (see the module doc f
 
 @dataclass
 class Retrieved:
-    keys: torch.Tensor  # (B, Hq, T, K, d), K = n_chunks * csz
+    keys: torch.Tensor  # (B, Hq, T, K, d), K = n_chunks * C
     values: torch.Tensor  # (B, Hq, T, K, d)
     mask: torch.Tensor  # (B, Hq, T, K) bool, False where nothing was found
     chunk_ids: torch.Tensor  # (B, Hq, T, n_chunks) int64 serial number of the chunk since the last clear, -1 if none
@@ -51,7 +51,7 @@ class Selected:
 class MemoryView:
     """A read-through view of a memory bank, passed into forward in its place: it counts which chunks were
     retrieved (to show a reader the passages behind an answer) and can set how many chunks each query gets.
-    Everything else (``add``, ``csz``, ``len``...) is the bank's."""
+    Everything else (``add``, ``chunk_size``, ``len``...) is the bank's."""
 
     def __init__(self, memory: "Memory", n_chunks: int | None = None):
         self.memory = memory
@@ -83,7 +83,7 @@ class MemoryView:
 
 
 def chunk_keys(k: torch.Tensor) -> np.ndarray:
-    """Mean-pooled chunk keys (Hkv, n, d) float32, C-contiguous, from chunk keys (Hkv, n, csz, d): the index entries."""
+    """Mean-pooled chunk keys (Hkv, n, d) float32, C-contiguous, from chunk keys (Hkv, n, C, d): the index entries."""
     return np.ascontiguousarray(k.float().mean(dim=2).numpy())
 
 
@@ -96,17 +96,17 @@ def _gpu_resources():
 class _Row:
     """Memory of one stream: per KV head a faiss index plus the chunk key/value tensors, aligned by position."""
 
-    def __init__(self, n_kv_heads: int, head_dim: int, csz: int, dtype: torch.dtype, gpu_res):
-        self.hkv, self.d, self.csz, self.dtype = n_kv_heads, head_dim, csz, dtype
+    def __init__(self, n_kv_heads: int, head_dim: int, chunk_size: int, dtype: torch.dtype, gpu_res):
+        self.hkv, self.d, self.chunk_size, self.dtype = n_kv_heads, head_dim, chunk_size, dtype
         self.gpu_res = gpu_res
         self.indexes = [self._new_index() for _ in range(n_kv_heads)]
-        self.k = torch.empty(n_kv_heads, 0, csz, head_dim, dtype=dtype)  # (Hkv, capacity, csz, d)
+        self.k = torch.empty(n_kv_heads, 0, chunk_size, head_dim, dtype=dtype)  # (Hkv, capacity, C, d)
         self.v = torch.empty_like(self.k)
-        self.tokens = torch.empty(0, csz, dtype=torch.int64)  # (capacity, csz), -1 when unknown
-        self.starts = torch.empty(0, csz, dtype=torch.bool)  # (capacity, csz) token began a forward pass (a sink)
+        self.tokens = torch.empty(0, chunk_size, dtype=torch.int64)  # (capacity, C), -1 when unknown
+        self.starts = torch.empty(0, chunk_size, dtype=torch.bool)  # (capacity, C) token began a forward pass (a sink)
         self.n = 0  # chunks stored
         self.evicted = 0  # chunks evicted since the last clear (chunk serial = evicted + position)
-        self.pend_k = torch.empty(n_kv_heads, 0, head_dim, dtype=dtype)  # (Hkv, <csz, d) partial chunk
+        self.pend_k = torch.empty(n_kv_heads, 0, head_dim, dtype=dtype)  # (Hkv, <C, d) partial chunk
         self.pend_v = torch.empty_like(self.pend_k)
         self.pend_t = torch.empty(0, dtype=torch.int64)
         self.pend_s = torch.empty(0, dtype=torch.bool)
@@ -122,12 +122,12 @@ class _Row:
         if n_total <= cap:
             return
         new = max(n_total, cap + cap // 4, 64)  # grow by 1/4: a restored bank may already hold GBs
-        k = self.k.new_empty(self.hkv, new, self.csz, self.d)
-        v = self.v.new_empty(self.hkv, new, self.csz, self.d)
+        k = self.k.new_empty(self.hkv, new, self.chunk_size, self.d)
+        v = self.v.new_empty(self.hkv, new, self.chunk_size, self.d)
         k[:, :cap], v[:, :cap] = self.k, self.v
-        tok = self.tokens.new_full((new, self.csz), -1)
+        tok = self.tokens.new_full((new, self.chunk_size), -1)
         tok[:cap] = self.tokens
-        starts = self.starts.new_zeros(new, self.csz)
+        starts = self.starts.new_zeros(new, self.chunk_size)
         starts[:cap] = self.starts
         self.k, self.v, self.tokens, self.starts = k, v, tok, starts
 
@@ -137,19 +137,19 @@ class _Row:
         v = torch.cat([self.pend_v, v.to("cpu", self.dtype)], dim=1)
         tokens = torch.cat([self.pend_t, tokens.to("cpu", torch.int64)])
         starts = torch.cat([self.pend_s, starts.to("cpu", torch.bool)])
-        full = (k.shape[1] // self.csz) * self.csz
+        full = (k.shape[1] // self.chunk_size) * self.chunk_size
         self.pend_k, self.pend_v, self.pend_t = k[:, full:].clone(), v[:, full:].clone(), tokens[full:].clone()
         self.pend_s = starts[full:].clone()
-        nc = full // self.csz
+        nc = full // self.chunk_size
         if nc == 0:
             return
-        ck = k[:, :full].reshape(self.hkv, nc, self.csz, self.d)
-        cv = v[:, :full].reshape(self.hkv, nc, self.csz, self.d)
+        ck = k[:, :full].reshape(self.hkv, nc, self.chunk_size, self.d)
+        cv = v[:, :full].reshape(self.hkv, nc, self.chunk_size, self.d)
         self._reserve(self.n + nc)
         self.k[:, self.n:self.n + nc] = ck
         self.v[:, self.n:self.n + nc] = cv
-        self.tokens[self.n:self.n + nc] = tokens[:full].view(nc, self.csz)
-        self.starts[self.n:self.n + nc] = starts[:full].view(nc, self.csz)
+        self.tokens[self.n:self.n + nc] = tokens[:full].view(nc, self.chunk_size)
+        self.starts[self.n:self.n + nc] = starts[:full].view(nc, self.chunk_size)
         keys = chunk_keys(ck)  # (Hkv, nc, d)
         for j, index in enumerate(self.indexes):
             index.add(keys[j])
@@ -201,7 +201,7 @@ class _Row:
         """q (Hq, T, d) -> mask (Hq, T, K), ids (Hq, T, n_chunks); the chunks' keys and values are gathered into
         ``keys``, ``values``: contiguous (Hq, T, K, d) tensors of this row's dtype (a batch's slices, no copy)."""
         hq, T, d = q.shape
-        K = n_chunks * self.csz
+        K = n_chunks * self.chunk_size
         ids_t = self.top_chunks(q, n_chunks, group, max_sinks)
         valid = ids_t >= 0  # (Hq, T, n)
         if self.n > 0:  # per KV head, its query heads' chunks in one index_select (self.k may be a strided view)
@@ -209,27 +209,27 @@ class _Row:
             for j in range(self.hkv):
                 heads = slice(j * group, (j + 1) * group)
                 pos = safe[heads].reshape(-1)  # (group * T * n,)
-                torch.index_select(self.k[j], 0, pos, out=keys[heads].view(-1, self.csz, d))
-                torch.index_select(self.v[j], 0, pos, out=values[heads].view(-1, self.csz, d))
+                torch.index_select(self.k[j], 0, pos, out=keys[heads].view(-1, self.chunk_size, d))
+                torch.index_select(self.v[j], 0, pos, out=values[heads].view(-1, self.chunk_size, d))
         else:
             keys.zero_()
             values.zero_()
-        mask = valid[..., None].expand(hq, T, n_chunks, self.csz).reshape(hq, T, K)
+        mask = valid[..., None].expand(hq, T, n_chunks, self.chunk_size).reshape(hq, T, K)
         return mask, self.serials(ids_t)
 
     def select(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None, n_max: int):
-        """q (Hq, T, d) -> keys, values (Hkv, n_max * csz, d) (views when n_max is this row's size), token mask
-        (Hq, T, n_max * csz), ids (Hq, T, n_chunks)."""
+        """q (Hq, T, d) -> keys, values (Hkv, n_max * chunk_size, d) (views when n_max is this row's size), token mask
+        (Hq, T, n_max * chunk_size), ids (Hq, T, n_chunks)."""
         hq, T, _ = q.shape
         ids = self.top_chunks(q, n_chunks, group, max_sinks)
         chosen = torch.zeros(hq, T, n_max + 1, dtype=torch.bool)  # the last column takes the -1s
         chosen.scatter_(2, torch.where(ids >= 0, ids, n_max), True)
-        mask = chosen[..., :n_max, None].expand(hq, T, n_max, self.csz).reshape(hq, T, n_max * self.csz)
-        keys, values = self.k[:, :self.n], self.v[:, :self.n]  # (Hkv, n, csz, d)
+        mask = chosen[..., :n_max, None].expand(hq, T, n_max, self.chunk_size).reshape(hq, T, n_max * self.chunk_size)
+        keys, values = self.k[:, :self.n], self.v[:, :self.n]  # (Hkv, n, C, d)
         if n_max > self.n:  # a fuller row in the same batch: pad with never-selected zeros
-            keys = torch.cat([keys, keys.new_zeros(self.hkv, n_max - self.n, self.csz, self.d)], dim=1)
-            values = torch.cat([values, values.new_zeros(self.hkv, n_max - self.n, self.csz, self.d)], dim=1)
-        tokens = n_max * self.csz
+            keys = torch.cat([keys, keys.new_zeros(self.hkv, n_max - self.n, self.chunk_size, self.d)], dim=1)
+            values = torch.cat([values, values.new_zeros(self.hkv, n_max - self.n, self.chunk_size, self.d)], dim=1)
+        tokens = n_max * self.chunk_size
         return keys.reshape(self.hkv, tokens, self.d), values.reshape(self.hkv, tokens, self.d), mask, \
             self.serials(ids)
 
@@ -247,14 +247,14 @@ class Memory:
     """The narrow memory interface passed into forward: ``add``, ``search`` (or ``select``), ``clear`` (plus a few
     read-outs)."""
 
-    def __init__(self, n_kv_heads: int, head_dim: int, *, csz: int = 4, capacity: int | None = 65536,
+    def __init__(self, n_kv_heads: int, head_dim: int, *, chunk_size: int = 4, capacity: int | None = 65536,
                  batch_size: int = 1, dtype: torch.dtype = torch.bfloat16, use_gpu: bool | None = None,
                  max_sinks: int | None = MAX_SINKS):
-        if csz < 1:
-            raise ValueError(f"chunk size must be >= 1, got {csz}")
-        if capacity is not None and capacity < csz:
-            raise ValueError(f"capacity ({capacity} tokens) must hold at least one chunk of {csz}")
-        self.n_kv_heads, self.head_dim, self.csz = n_kv_heads, head_dim, csz
+        if chunk_size < 1:
+            raise ValueError(f"chunk size must be >= 1, got {chunk_size}")
+        if capacity is not None and capacity < chunk_size:
+            raise ValueError(f"capacity ({capacity} tokens) must hold at least one chunk of {chunk_size}")
+        self.n_kv_heads, self.head_dim, self.chunk_size = n_kv_heads, head_dim, chunk_size
         if max_sinks is not None and max_sinks < 0:
             raise ValueError(f"max_sinks must be >= 0 or None, got {max_sinks}")
         self.capacity = capacity
@@ -270,19 +270,20 @@ class Memory:
                     n: int | None = None, first_serial: int = 0, capacity: int | None = None,
                     use_gpu: bool | None = None, starts: torch.Tensor | None = None,
                     max_sinks: int | None = MAX_SINKS) -> "Memory":
-        """A one-row bank that adopts memory already cut into chunks, without copying it: k, v (Hkv, N, csz, d) and
-        tokens (N, csz) of which the first ``n`` (default N) are filled (the rest is room to grow), and optionally
+        """A one-row bank that adopts memory already cut into chunks, without copying it: k, v (Hkv, N, C, d) and
+        tokens (N, C) of which the first ``n`` (default N) are filled (the rest is room to grow), and optionally
         one faiss index per KV head holding the n mean-pooled chunk keys (built here when None) and which tokens
-        began a forward pass, (N, csz) bool (the sinks, see the module doc; None = none). Chunk serial numbers start at
+        began a forward pass, (N, C) bool (the sinks, see the module doc; None = none). Chunk serial numbers start at
         ``first_serial``. This is how a persistent bank is restored without the backbone."""
-        hkv, room, csz, d = k.shape
+        hkv, room, chunk_size, d = k.shape
         n = room if n is None else n
-        starts = torch.zeros(room, csz, dtype=torch.bool) if starts is None else starts.to(torch.bool)
-        if (v.shape != k.shape or v.dtype != k.dtype or tuple(tokens.shape) != (room, csz) or not 0 <= n <= room
-                or tuple(starts.shape) != (room, csz)):
+        starts = torch.zeros(room, chunk_size, dtype=torch.bool) if starts is None else starts.to(torch.bool)
+        if (v.shape != k.shape or v.dtype != k.dtype or tuple(tokens.shape) != (room, chunk_size) or not 0 <= n <= room
+                or tuple(starts.shape) != (room, chunk_size)):
             raise ValueError(f"chunks do not line up: k {tuple(k.shape)}, v {tuple(v.shape)}, "
                              f"tokens {tuple(tokens.shape)}, starts {tuple(starts.shape)}")
-        bank = cls(hkv, d, csz=csz, capacity=None, batch_size=1, dtype=k.dtype, use_gpu=use_gpu, max_sinks=max_sinks)
+        bank = cls(hkv, d, chunk_size=chunk_size, capacity=None, batch_size=1, dtype=k.dtype, use_gpu=use_gpu,
+                   max_sinks=max_sinks)
         row = bank.rows[0]
         if indexes is None:
             for s in range(0, n, INDEX_BLOCK):  # in blocks: the float32 mean of all keys at once could be large
@@ -298,12 +299,12 @@ class Memory:
             row.indexes = list(indexes)
         row.k, row.v, row.tokens, row.starts, row.n, row.evicted = k, v, tokens.to(torch.int64), starts, n, first_serial
         bank.capacity = capacity
-        if capacity is not None and n * csz > capacity:
-            row.evict(n - capacity // csz)
+        if capacity is not None and n * chunk_size > capacity:
+            row.evict(n - capacity // chunk_size)
         return bank
 
     def _row(self) -> _Row:
-        return _Row(self.n_kv_heads, self.head_dim, self.csz, self.dtype, self.gpu_res)
+        return _Row(self.n_kv_heads, self.head_dim, self.chunk_size, self.dtype, self.gpu_res)
 
     @property
     def batch_size(self) -> int:
@@ -311,11 +312,11 @@ class Memory:
 
     def __len__(self) -> int:
         """Tokens searchable in row 0 (all rows of a single-document bank)."""
-        return self.rows[0].n * self.csz
+        return self.rows[0].n * self.chunk_size
 
     def sizes(self) -> list[int]:
         """Searchable tokens per row."""
-        return [r.n * self.csz for r in self.rows]
+        return [r.n * self.chunk_size for r in self.rows]
 
     def add(self, keys: torch.Tensor, values: torch.Tensor, tokens: torch.Tensor | None = None,
             starts: torch.Tensor | None = None) -> None:
@@ -331,8 +332,8 @@ class Memory:
             starts = torch.zeros(B, T, dtype=torch.bool)
         for b, row in enumerate(self.rows):
             row.add(keys[b], values[b], tokens[b], starts[b])
-            if self.capacity is not None and row.n * self.csz > self.capacity:
-                row.evict(row.n - self.capacity // self.csz)
+            if self.capacity is not None and row.n * self.chunk_size > self.capacity:
+                row.evict(row.n - self.capacity // self.chunk_size)
 
     def _group(self, queries: torch.Tensor) -> int:
         B, hq, T, d = queries.shape
@@ -353,7 +354,7 @@ class Memory:
         group = self._group(queries)
         B, hq, T, d = queries.shape
         # gathered straight into the batch's tensors: stacking per-row results copied every K/V twice
-        keys, values = (torch.empty(B, hq, T, n_chunks * self.csz, d, dtype=self.dtype) for _ in range(2))
+        keys, values = (torch.empty(B, hq, T, n_chunks * self.chunk_size, d, dtype=self.dtype) for _ in range(2))
         parts = [row.search(queries[b], n_chunks, group, self.max_sinks, keys[b], values[b])
                  for b, row in enumerate(self.rows)]
         mask, ids = self._join(parts, queries.device)
@@ -373,9 +374,9 @@ class Memory:
         undoes later ``add`` calls, e.g. a text added for one question only. No-op when it holds no more."""
         if self.batch_size != 1:
             raise ValueError("only a one-row memory can be truncated")
-        if n_tokens % self.csz:
-            raise ValueError(f"{n_tokens} tokens is not a whole number of {self.csz}-token chunks")
-        r, keep = self.rows[0], n_tokens // self.csz
+        if n_tokens % self.chunk_size:
+            raise ValueError(f"{n_tokens} tokens is not a whole number of {self.chunk_size}-token chunks")
+        r, keep = self.rows[0], n_tokens // self.chunk_size
         if keep < r.n:
             for j, index in enumerate(r.indexes):
                 if self.gpu_res is None:
@@ -392,22 +393,22 @@ class Memory:
         for b in range(self.batch_size) if rows is None else rows:
             self.rows[b] = self._row()
 
-    def rechunk(self, csz: int) -> "Memory":
-        """The same one-row memory cut into smaller chunks (``csz`` divides this bank's chunk size): the K/V are
+    def rechunk(self, chunk_size: int) -> "Memory":
+        """The same one-row memory cut into smaller chunks (``chunk_size`` divides this bank's chunk size): the K/V are
         shared, not copied; only the chunk keys are re-pooled and indexed. Finer chunks retrieve more precisely
-        (the paper uses csz 2 for classification demonstrations with a model trained at csz 4). Chunk serial s
-        here is serial ``s // (self.csz // csz)`` of this bank."""
+        (the paper uses chunk size 2 for classification demonstrations with a model trained at 4). Chunk serial s
+        here is serial ``s // (self.chunk_size // chunk_size)`` of this bank."""
         if self.batch_size != 1:
             raise ValueError("only a one-row memory can be re-chunked")
-        if csz < 1 or self.csz % csz:
-            raise ValueError(f"chunk size {csz} must divide this memory's chunk size {self.csz}")
-        if csz == self.csz:
+        if chunk_size < 1 or self.chunk_size % chunk_size:
+            raise ValueError(f"chunk size {chunk_size} must divide this memory's chunk size {self.chunk_size}")
+        if chunk_size == self.chunk_size:
             return self
-        r, f = self.rows[0], self.csz // csz
-        k = r.k[:, : r.n].reshape(self.n_kv_heads, r.n * f, csz, self.head_dim)  # a view: (Hkv, n*f, csz', d)
-        v = r.v[:, : r.n].reshape(self.n_kv_heads, r.n * f, csz, self.head_dim)
-        tokens = r.tokens[: r.n].reshape(r.n * f, csz)
-        starts = r.starts[: r.n].reshape(r.n * f, csz)
+        r, f = self.rows[0], self.chunk_size // chunk_size
+        k = r.k[:, : r.n].reshape(self.n_kv_heads, r.n * f, chunk_size, self.head_dim)  # a view: (Hkv, n*f, C', d)
+        v = r.v[:, : r.n].reshape(self.n_kv_heads, r.n * f, chunk_size, self.head_dim)
+        tokens = r.tokens[: r.n].reshape(r.n * f, chunk_size)
+        starts = r.starts[: r.n].reshape(r.n * f, chunk_size)
         use_gpu = self.gpu_res is not None
         out = Memory.from_chunks(k, v, tokens, first_serial=r.evicted * f, capacity=self.capacity,
                                      use_gpu=use_gpu, starts=starts, max_sinks=self.max_sinks)
@@ -419,12 +420,12 @@ class Memory:
         """The last ``n`` token ids stored in ``row`` (its chunks' tokens in order, then the unfinished chunk), as
         (T,) with T <= n; ids that were not given (-1) are left out."""
         r = self.rows[row]
-        take = -(-n // self.csz)
+        take = -(-n // self.chunk_size)
         ids = torch.cat([r.tokens[max(0, r.n - take): r.n].reshape(-1), r.pend_t])
         return ids[ids >= 0][-n:]
 
     def chunk_tokens(self, row: int, serial: int) -> torch.Tensor:
-        """Token ids (csz,) of a stored chunk by its serial number (-1 entries when ids were not given)."""
+        """Token ids (chunk_size,) of a stored chunk by its serial number (-1 entries when ids were not given)."""
         r = self.rows[row]
         pos = serial - r.evicted
         if not 0 <= pos < r.n:

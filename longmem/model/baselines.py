@@ -21,16 +21,17 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from longmem.model.backbone import Backbone, load_backbone, resolve_dtype
-from longmem.util.files import atomic_directory
-from longmem.model.lm import SegmentLM, Step, Window
 from longmem.memory.memory import Memory
+from longmem.model.backbone import Backbone, load_backbone, resolve_dtype
+from longmem.model.lm import SegmentLM, Step, Window
 from longmem.model.longmem import CHECKPOINT_FORMAT, CheckpointError
 from longmem.model.sidenet import LayerCache, MemoryAugmentedLayer
+from longmem.util.files import atomic_directory
+from longmem.util.names import current_names
 
 MEMTRM_WEIGHTS = "memtrm.safetensors"
 SCALE = ".int8_scale"  # suffix of a matrix's per-row scales in an int8 checkpoint (``int8_rows``)
-MEMTRM_SETTINGS = ("cached_layer", "csz", "topk", "capacity", "segment_len", "gate_init")  # its constructor's
+MEMTRM_SETTINGS = ("cached_layer", "chunk_size", "topk", "capacity", "segment_len", "gate_init")  # its constructor's
 
 
 class BackboneLM(SegmentLM):
@@ -77,7 +78,7 @@ def from_int8_rows(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 class MemTRM(SegmentLM):
     """Frozen backbone whose layer m is a trainable memory-augmented layer (Wu et al., 2022)."""
 
-    def __init__(self, backbone: Backbone, *, cached_layer: int | None = None, csz: int = 4, topk: int = 64,
+    def __init__(self, backbone: Backbone, *, cached_layer: int | None = None, chunk_size: int = 4, topk: int = 64,
                  capacity: int | None = 65536, segment_len: int = 1024, gate_init: float = 0.0):
         super().__init__()
         spec = backbone.spec
@@ -85,10 +86,10 @@ class MemTRM(SegmentLM):
         self.cached_layer = cached_layer if cached_layer is not None else round(0.75 * spec.n_layers) - 1
         if not 0 <= self.cached_layer < spec.n_layers:
             raise ValueError(f"cached layer {self.cached_layer} outside the backbone's {spec.n_layers} layers")
-        self.csz, self.capacity, self.segment_len = csz, capacity, segment_len
+        self.chunk_size, self.capacity, self.segment_len = chunk_size, capacity, segment_len
         block = copy.deepcopy(backbone.layers[self.cached_layer])
-        self.memory_layer = MemoryAugmentedLayer(block, backbone.ops, rezero=False, n_heads=spec.n_heads, csz=csz,
-                                                 topk=topk, gate_init=gate_init)
+        self.memory_layer = MemoryAugmentedLayer(block, backbone.ops, rezero=False, n_heads=spec.n_heads,
+                                                 chunk_size=chunk_size, topk=topk, gate_init=gate_init)
         for p in self.memory_layer.parameters():
             p.requires_grad_(True)
         self.topk, self.gate_init = topk, gate_init
@@ -143,7 +144,8 @@ class MemTRM(SegmentLM):
         if meta["backbone"]["sha256"] != backbone.fingerprint():
             raise CheckpointError(f"{path} was trained for backbone {meta['backbone']['name']!r}, not "
                                   f"{backbone.name!r}")
-        model = cls(backbone, **{k: meta["config"][k] for k in MEMTRM_SETTINGS})
+        config = current_names(meta["config"])
+        model = cls(backbone, **{k: config[k] for k in MEMTRM_SETTINGS})
         state = from_int8_rows(load_file(str(path / MEMTRM_WEIGHTS)))
         if set(state) != set(model.trainable_state()):
             raise CheckpointError(f"{path}: weights do not match the MemTRM layer")

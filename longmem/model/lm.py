@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longmem.model.backbone import Backbone
 from longmem.memory.memory import MAX_SINKS, Memory
+from longmem.model.backbone import Backbone
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens total)
 LOGIT_CHUNK = 1024  # positions per LM-head call when scoring long inputs (bounds the (T, V) logits in memory)
@@ -81,7 +81,7 @@ class SegmentLM(nn.Module):
 
     backbone: Backbone
     segment_len: int
-    csz: int = 4
+    chunk_size: int = 4
     capacity: int | None = 65536
     max_sinks: int | None = MAX_SINKS  # sink chunks a query may retrieve (see longmem.memory.memory); None = no limit
     cached_layer: int | None = None  # backbone layer whose K/V go into memory; None = model has no memory
@@ -96,15 +96,15 @@ class SegmentLM(nn.Module):
         return self.cached_layer is not None
 
     def new_memory(self, batch_size: int = 1, capacity: int | None | str = "config",
-                   csz: int | None = None) -> Memory:
-        """An empty memory bank shaped for this model (``capacity=None`` for unbounded; ``csz`` another chunk size
-        than the model's: its memory layer then reads K / csz chunks of it)."""
+                   chunk_size: int | None = None) -> Memory:
+        """An empty memory bank shaped for this model (``capacity=None`` for unbounded; ``chunk_size`` another chunk
+        size than the model's: its memory layer then reads K / chunk_size chunks of it)."""
         if not self.uses_memory:
             raise ValueError(f"{type(self).__name__} has no memory")
         spec = self.backbone.spec
         cap = self.capacity if capacity == "config" else capacity
-        return Memory(spec.n_kv_heads, spec.head_dim, csz=csz or self.csz, capacity=cap, batch_size=batch_size,
-                          dtype=self.backbone.dtype, max_sinks=self.max_sinks)
+        return Memory(spec.n_kv_heads, spec.head_dim, chunk_size=chunk_size or self.chunk_size, capacity=cap,
+                      batch_size=batch_size, dtype=self.backbone.dtype, max_sinks=self.max_sinks)
 
     def memory_kv(self, hidden_m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-RoPE K/V (B, Hkv, T, d) to store for tokens whose cached-layer input is ``hidden_m`` (B, T, E)."""
@@ -214,7 +214,7 @@ class SegmentLM(nn.Module):
         if ids.shape[1] == 0:
             raise ValueError("generate needs a prompt of at least one token")
         gen = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
-        keep = max(self.csz, (self.segment_len // 2) // self.csz * self.csz)
+        keep = max(self.chunk_size, (self.segment_len // 2) // self.chunk_size * self.chunk_size)
         if ids.shape[1] > self.segment_len:  # the prompt's head goes to memory (or is dropped without one)
             head = ids.shape[1] - keep
             if memory is not None and self.uses_memory:

@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from longmem.model.backbone import DEFAULT_BACKBONE, DTYPES, Backbone, BackboneSpec, load_backbone, resolve_dtype
-from longmem.util.files import atomic_directory
-from longmem.model.lora import add_lora
-from longmem.model.lm import SegmentLM, Step, Window
 from longmem.memory.memory import MAX_SINKS, Memory
+from longmem.model.backbone import DEFAULT_BACKBONE, DTYPES, Backbone, BackboneSpec, load_backbone, resolve_dtype
+from longmem.model.lm import SegmentLM, Step, Window
+from longmem.model.lora import add_lora
 from longmem.model.sidenet import LayerCache, SideNet
+from longmem.util.files import atomic_directory
+from longmem.util.names import current_names
 
 CHECKPOINT_FORMAT = 1
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "checkpoints"  # longmem/checkpoints: what ships with the package
@@ -65,8 +66,8 @@ class LongMemConfig:
     cached_layer: int | None = None  # backbone layer m (0-based) cached in memory; None = r * memory_layer, the
     #                                  layer whose input H_llm[r*l] the memory layer reads at init, so its queries
     #                                  are exactly that layer's (see ``training.probe`` for why this matters)
-    csz: int = 4  # tokens per memory chunk
-    topk: int | None = None  # K: memory tokens each query token attends to (K/csz chunks per head); None = the
+    chunk_size: int = 4  # tokens per memory chunk
+    topk: int | None = None  # K: memory tokens each query token attends to (K/chunk_size chunks per head); None = the
     #                          loaded checkpoint's (what it was trained or shipped with), else DEFAULT_TOPK
     capacity: int | None = 65536  # M: memory tokens per stream (FIFO beyond); None = unbounded
     max_sinks: int | None = MAX_SINKS  # segment-start (attention sink) chunks a query may retrieve; None = no limit
@@ -101,7 +102,7 @@ class LongMemConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "LongMemConfig":
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return cls(**{k: v for k, v in current_names(d).items() if k in known})
 
 
 class LongMemModel(SegmentLM):
@@ -112,10 +113,11 @@ class LongMemModel(SegmentLM):
         self.backbone = backbone
         self.config = (config or LongMemConfig()).resolved(backbone.spec)
         c = self.config
-        self.segment_len, self.csz, self.capacity, self.cached_layer = c.segment_len, c.csz, c.capacity, c.cached_layer
+        self.segment_len, self.chunk_size, self.capacity = c.segment_len, c.chunk_size, c.capacity
+        self.cached_layer = c.cached_layer
         self.max_sinks = c.max_sinks
         self.sidenet = SideNet(backbone, reduction=c.reduction, memory_layer=c.memory_layer,
-                               cached_layer=c.cached_layer, csz=c.csz, topk=c.topk, side_init=c.side_init,
+                               cached_layer=c.cached_layer, chunk_size=c.chunk_size, topk=c.topk, side_init=c.side_init,
                                gate_init=c.gate_init)
         if c.train_scope == "compact":
             self._make_compact(c.lora_rank)

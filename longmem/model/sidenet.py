@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from longmem.memory.memory import Memory
 from longmem.model.backbone import Backbone, LayerOps
 from longmem.model.lora import compute_dtype
-from longmem.memory.memory import Memory
 
 RETRIEVAL_BLOCK = 256  # query tokens per memory search + memory attention (bounds the (B, H, T, K, d) gather)
 # Memory attention reads the whole memory, masked to each query's top chunks, while memory holds at most this many
@@ -138,12 +138,12 @@ class SideLayer(nn.Module):
 class MemoryAugmentedLayer(SideLayer):
     """Joint attention over the local context and the top-K tokens retrieved from memory, mixed by a gate."""
 
-    def __init__(self, block: nn.Module, ops: LayerOps, rezero: bool, *, n_heads: int, csz: int, topk: int,
+    def __init__(self, block: nn.Module, ops: LayerOps, rezero: bool, *, n_heads: int, chunk_size: int, topk: int,
                  gate_init: float = 0.0):
         super().__init__(block, ops, rezero)
-        if topk % csz:
-            raise ValueError(f"top-K ({topk}) must be a multiple of the chunk size ({csz})")
-        self.topk = topk  # memory tokens per query token: topk // csz chunks of the memory's own chunk size
+        if topk % chunk_size:
+            raise ValueError(f"top-K ({topk}) must be a multiple of the chunk size ({chunk_size})")
+        self.topk = topk  # memory tokens per query token: topk // chunk_size chunks of the memory's own chunk size
         self.gate = nn.Parameter(torch.full((n_heads,), float(gate_init)))
 
     def _attend(self, q, k, v, q_raw, memory, trace):
@@ -151,8 +151,8 @@ class MemoryAugmentedLayer(SideLayer):
         if memory is None:
             return a
         m, found, ids = [], [], []
-        n_chunks = max(1, self.topk // memory.csz)
-        dense = max(memory.sizes()) <= DENSE_MEMORY_RATIO * n_chunks * memory.csz
+        n_chunks = max(1, self.topk // memory.chunk_size)
+        dense = max(memory.sizes()) <= DENSE_MEMORY_RATIO * n_chunks * memory.chunk_size
         for s in range(0, q_raw.shape[2], RETRIEVAL_BLOCK):  # bounded (T, K, d) temporaries for long segments
             qb = q_raw[:, :, s:s + RETRIEVAL_BLOCK]
             if dense:
@@ -175,7 +175,7 @@ class MemoryAugmentedLayer(SideLayer):
 class SideNet(nn.Module):
     """L'/r side layers; one of them memory-augmented. Holds copies of backbone layers, not the backbone."""
 
-    def __init__(self, backbone: Backbone, *, reduction: int, memory_layer: int, cached_layer: int, csz: int,
+    def __init__(self, backbone: Backbone, *, reduction: int, memory_layer: int, cached_layer: int, chunk_size: int,
                  topk: int, side_init: str = "rezero", gate_init: float = 0.0):
         super().__init__()
         n_back = backbone.spec.n_layers
@@ -195,7 +195,7 @@ class SideNet(nn.Module):
             if i == memory_layer:  # starts as the layer whose K/V are cached, so query and key spaces match
                 block = copy.deepcopy(backbone.layers[cached_layer])
                 layers.append(MemoryAugmentedLayer(block, backbone.ops, rezero, n_heads=backbone.spec.n_heads,
-                                                   csz=csz, topk=topk, gate_init=gate_init))
+                                                   chunk_size=chunk_size, topk=topk, gate_init=gate_init))
             else:
                 block = copy.deepcopy(backbone.layers[self.boundaries[i + 1] - 1])
                 layers.append(SideLayer(block, backbone.ops, rezero))

@@ -18,17 +18,18 @@ import os
 from pathlib import Path
 from typing import Callable, Protocol
 
-from longmem.storage.bank import Bank
-from longmem.tasks.classify import ClassifierSpec, classify_rows, write_predictions_csv
-from longmem.tasks.examples import Example, format_demo, read_examples, read_texts, split_examples
-from longmem.tasks.measure import accuracy_vs_memory, default_sizes, majority_accuracy, plot_confusion, plot_curve
-from longmem.tasks.measure import evaluate as evaluate_classifier
-from longmem.tasks.demos import Choice, DemoFinder, accuracy_vs_bank, jsonl_format, write_demos
 from longmem.ingest.readers import DemoFormat
 from longmem.model.longmem import LongMemModel
 from longmem.service.jobs import JobManager
 from longmem.storage import BankDirectory
+from longmem.storage.bank import Bank
+from longmem.tasks.classify import ClassifierSpec, classify_rows, write_predictions_csv
+from longmem.tasks.demos import Choice, DemoFinder, accuracy_vs_bank, jsonl_format, write_demos
+from longmem.tasks.examples import Example, format_demo, read_examples, read_texts, split_examples
+from longmem.tasks.measure import accuracy_vs_memory, default_sizes, majority_accuracy, plot_confusion, plot_curve
+from longmem.tasks.measure import evaluate as evaluate_classifier
 from longmem.text.io import InputError
+
 
 class BuilderHost(Protocol):
     """What the builder needs from the workspace that owns it (``Workspace`` is one): its model, its banks and its
@@ -37,7 +38,7 @@ class BuilderHost(Protocol):
     one call at a time."""
 
     model: LongMemModel
-    store: BankDirectory
+    directory: BankDirectory
     jobs: JobManager
     max_upload_bytes: int
 
@@ -45,7 +46,7 @@ class BuilderHost(Protocol):
     def create_bank(self, name: str) -> None: ...
     def ingest_work(self, name: str, paths: list[Path], titles: list[str], demos: DemoFormat | None,
                     then: Callable[[Bank], str] | None = None) -> Callable: ...
-    def session(self, name: str, csz: int | None = None): ...
+    def session(self, name: str, chunk_size: int | None = None): ...
     def scratch_dir(self) -> Path: ...
     def run_locked(self, fn: Callable[[], object]): ...
 
@@ -57,7 +58,7 @@ class ClassifierBuilder:
         self.host = host
 
     def build(self, name: str, classifier: str, path: str | os.PathLike, fmt: DemoFormat, n_context: int,
-              n_memory: int | None, n_test: int, seed: int = 0, csz: int | None = None, create: bool = True,
+              n_memory: int | None, n_test: int, seed: int = 0, chunk_size: int | None = None, create: bool = True,
               finder: str = "none", balance: bool = False, calibrate: bool = False) -> str:
         """Split a labelled file into in-context demonstrations, in-memory demonstrations (ingested into bank
         ``name`` by a job) and a held-out test set; the classifier is saved with the bank when the job is done.
@@ -74,13 +75,13 @@ class ClassifierBuilder:
                               context=[format_demo(fmt.template, e) for e in split.context], source=Path(path).name,
                               n_memory=len(split.memory), n_test=len(split.test), seed=seed, test=split.test,
                               finder=finder, shots=n_context, balance=balance, calibrate=calibrate)
-        saved = {"spec": spec.to_dict(), "csz": csz or self.host.model.csz,
+        saved = {"spec": spec.to_dict(), "chunk_size": chunk_size or self.host.model.chunk_size,
                  "memory_examples": [{"text": e.text, "label": e.label} for e in split.memory]}
-        if not self.host.store.exists(name):
+        if not self.host.directory.exists(name):
             if not create:
-                self.host.store.open(name)
+                self.host.directory.open(name)
             self.host.create_bank(name)
-        with self.host.store.open(name) as bank:
+        with self.host.directory.open(name) as bank:
             bank.check(self.host.model)
 
         def save(bank: Bank) -> str:
@@ -89,7 +90,8 @@ class ClassifierBuilder:
                    f"{len(split.test)} held out)"
 
         if not split.memory:  # in-context only: nothing to ingest
-            return self.host.jobs.submit("classifier", name, spec.name, lambda ctx: save(self.host.store.open(name)))
+            return self.host.jobs.submit("classifier", name, spec.name,
+                                         lambda ctx: save(self.host.directory.open(name)))
         demo_file = write_demos(self.host.scratch_dir() / f"{name}-{spec.name}-{seed}-demos.jsonl", split.memory)
         demos = jsonl_format(fmt.template)
         title = f"{spec.name} demonstrations ({len(split.memory):,} from {Path(path).name}).jsonl"
@@ -97,12 +99,12 @@ class ClassifierBuilder:
         return self.host.jobs.submit("ingest", name, title, work)
 
     def names(self, name: str) -> list[str]:
-        with self.host.store.open(name) as bank:
+        with self.host.directory.open(name) as bank:
             return list(bank.classifiers())
 
     def _spec(self, name: str, classifier: str, settings: dict | None = None) -> tuple[ClassifierSpec, dict]:
         """The saved classifier, with ``settings`` (finder, shots, balance, calibrate) changed for this call."""
-        with self.host.store.open(name) as bank:
+        with self.host.directory.open(name) as bank:
             saved = bank.classifiers().get(classifier)
         if saved is None:
             raise KeyError(f"bank {name!r} has no classifier {classifier!r}")
@@ -115,9 +117,9 @@ class ClassifierBuilder:
             Choice(spec.finder, spec.shots, spec.balance)  # checks them
         return spec, saved
 
-    def _classifier(self, name: str, spec: ClassifierSpec, csz: int | None):
+    def _classifier(self, name: str, spec: ClassifierSpec, chunk_size: int | None):
         """The classifier over the bank's loaded memory (callers hold the model lock)."""
-        s = self.host.session(name, csz)
+        s = self.host.session(name, chunk_size)
         demos = DemoFinder(s.bank, self.host.model, s.memory, spec.template, spec.labels) if spec.finder != "none" \
             else None
         return spec.classifier(self.host.model, s.memory, demos)
@@ -132,30 +134,31 @@ class ClassifierBuilder:
         if not spec.test:
             raise ValueError(f"classifier {classifier!r} has no held-out examples to evaluate on")
         mem_examples = [Example(e["text"], e["label"]) for e in saved.get("memory_examples", [])]
-        csz = saved.get("csz")
+        chunk_size = saved.get("chunk_size")
         sizes = default_sizes(len(mem_examples))
         n_curve = (len(spec.test) * len(sizes) + len(mem_examples)) if curve else 0
         total = len(spec.test) + n_curve
         report = (lambda base: (lambda d, _t: progress(base + d, total))) if progress else (lambda base: None)
 
         def run():
-            result = evaluate_classifier(self._classifier(name, spec, csz), spec.test, report(0))
+            result = evaluate_classifier(self._classifier(name, spec, chunk_size), spec.test, report(0))
             if not curve:
                 return result, []
             if spec.finder == "none":
                 points = accuracy_vs_memory(self.host.model, spec.template, spec.labels, spec.context, mem_examples,
-                                            spec.test, sizes, progress=report(len(spec.test)), csz=csz,
+                                            spec.test, sizes, progress=report(len(spec.test)), chunk_size=chunk_size,
                                             calibrate=spec.calibrate)
             else:
                 points = accuracy_vs_bank(self.host.model, spec.template, spec.labels, spec.context, mem_examples,
                                           spec.test, Choice(spec.finder, spec.shots, spec.balance),
-                                          self.host.scratch_dir(), sizes, spec.calibrate, csz, report(len(spec.test)))
+                                          self.host.scratch_dir(), sizes, spec.calibrate, chunk_size,
+                                          report(len(spec.test)))
             return result, points
 
         result, points = self.host.run_locked(run)
         out_dir = self.host.scratch_dir()
         stem = f"{name}-{classifier}".replace("/", "_")
-        with self.host.store.open(name) as bank:
+        with self.host.directory.open(name) as bank:
             saved["spec"]["last_eval"] = result.to_dict()
             bank.save_classifier(classifier, saved)
         how = "fixed demonstrations" if spec.finder == "none" else f"{spec.shots} found by {spec.finder}"
@@ -176,7 +179,7 @@ class ClassifierBuilder:
         if not texts:
             raise InputError("nothing to classify: the text is empty")
         spec, saved = self._spec(name, classifier, settings)
-        return self.host.run_locked(lambda: classify_rows(self._classifier(name, spec, saved.get("csz")), texts,
+        return self.host.run_locked(lambda: classify_rows(self._classifier(name, spec, saved.get("chunk_size")), texts,
                                                         progress))
 
     def classify_file(self, name: str, classifier: str, path: str | os.PathLike, text_column: str = "text",

@@ -33,18 +33,18 @@ from typing import Callable, Iterator
 
 import torch
 
+from longmem.ingest.limits import ExtractLimits
+from longmem.ingest.pipeline import ingest as ingest_file
+from longmem.ingest.readers import BOOK_SUFFIXES, SUPPORTED, DemoFormat, check_source
+from longmem.memory.memory import Memory, MemoryView
+from longmem.model.lm import Sampling
+from longmem.service.classifier_builder import ClassifierBuilder
+from longmem.service.jobs import JobContext, JobManager, JobState
+from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.records import BankBusy, BankError, BankExists
-from longmem.service.classifier_builder import ClassifierBuilder
-from longmem.ingest.pipeline import ingest as ingest_file
-from longmem.service.jobs import JobContext, JobManager, JobState
-from longmem.model.lm import Sampling
-from longmem.memory.memory import Memory, MemoryView
-from longmem.ingest.limits import ExtractLimits
-from longmem.tasks.reading import Citation, Found, PassageFinder, Reading, citations, find_for_chat, reading_prompt
-from longmem.ingest.readers import BOOK_SUFFIXES, SUPPORTED, DemoFormat, check_source
-from longmem.storage import BankDirectory
 from longmem.tasks.chat import Chat
+from longmem.tasks.reading import Citation, Found, PassageFinder, Reading, citations, find_for_chat, reading_prompt
 from longmem.text.io import InputError, stream_text
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,8 @@ class Settings:
     max_new_tokens: int = 200  # tokens to generate at most
     temperature: float = 0.7  # 0 = greedy
     top_p: float = 0.9  # nucleus sampling mass
-    chunks: int | None = None  # memory chunks each query token retrieves per head; None = the model's top-K / csz
-    csz: int | None = None  # chunk size used for retrieval, a divisor of the bank's; None = the bank's own
+    chunks: int | None = None  # memory chunks each query token retrieves per head; None = the model's K / chunk size
+    chunk_size: int | None = None  # chunk size used for retrieval, a divisor of the bank's; None = the bank's own
     seed: int | None = None  # for reproducible sampling
     reading: str = "fused"  # passages a chat reads before answering: found by "fused", "memory" or "lexical"
     #                         ranking (``longmem.tasks.reading``), or "none" (the paper's memory fusion alone)
@@ -93,7 +93,7 @@ class BankSummary:
     tokens: int
     disk_bytes: int
     backbone: str  # the backbone the bank was built with
-    csz: int
+    chunk_size: int
     matches_model: bool  # whether the loaded model can use it
     busy: bool  # a job is writing it
     updated: str
@@ -155,15 +155,15 @@ class _Session:
     bank: Bank
     version: tuple[int, int]  # (epoch, chunks) of the bank when loaded
     stored: Memory  # the bank's memory at its own chunk size
-    csz: int  # chunk size of ``memory``
-    memory: Memory  # ``stored`` re-chunked to ``csz`` (same K/V), plus what the chat moved into it
+    chunk_size: int  # chunk size of ``memory``
+    memory: Memory  # ``stored`` re-chunked to ``chunk_size`` (same K/V), plus what the chat moved into it
     bank_chunks: int  # chunks of ``stored`` that come from the bank (what a chat adds comes after them)
     chat: Chat | None = None
     finder: PassageFinder | None = None  # ranks the bank's passages for questions (made on first use)
 
 
 class Workspace:
-    def __init__(self, model, store: BankDirectory, max_upload_bytes: int = MAX_UPLOAD_BYTES,
+    def __init__(self, model, directory: BankDirectory, max_upload_bytes: int = MAX_UPLOAD_BYTES,
                  checkpoint: str | None = None, work_dir: str | os.PathLike | None = None,
                  limits: ExtractLimits | None = None, dtype: str = "auto"):
         self.model = model
@@ -171,7 +171,7 @@ class Workspace:
         self.dtype = dtype  # the dtype asked for ("auto" or a name); ``load_model`` uses it unless told another
         self.work_dir = Path(work_dir) if work_dir is not None else None
         self._own_work_dir = False  # a temporary work dir made here is removed by close()
-        self.store = store
+        self.directory = directory
         self.jobs = JobManager()
         self.max_upload_bytes = max_upload_bytes
         self.checkpoint = checkpoint  # where the SideNet came from (None = shipped default or untrained)
@@ -200,7 +200,7 @@ class Workspace:
             "sidenet_params": sum(p.numel() for p in m.sidenet.parameters()),
             "sidenet": self.checkpoint or ("shipped default" if trained else "untrained (reproduces the backbone)"),
             "provenance": m.provenance,
-            "memory_layer": m.config.memory_layer, "cached_layer": m.cached_layer, "csz": m.csz,
+            "memory_layer": m.config.memory_layer, "cached_layer": m.cached_layer, "chunk_size": m.chunk_size,
             "topk": m.config.topk, "segment_len": m.segment_len,
             "loaded_banks": list(self._sessions), "bank_memory_bytes": self.memory_bytes(),
             "process_rss_bytes": psutil.Process().memory_info().rss,
@@ -239,13 +239,13 @@ class Workspace:
     # -- banks ----------------------------------------------------------------------------------------------------
     def banks(self) -> list[BankSummary]:
         out = []
-        for name in self.store.names():
+        for name in self.directory.names():
             try:
-                with self.store.open(name) as bank:
+                with self.directory.open(name) as bank:
                     info, stats = bank.info, bank.stats()
                     out.append(BankSummary(
                         name=name, documents=stats["documents"], tokens=stats["tokens"],
-                        disk_bytes=stats["disk_bytes"], backbone=info.backbone_name, csz=info.csz,
+                        disk_bytes=stats["disk_bytes"], backbone=info.backbone_name, chunk_size=info.chunk_size,
                         matches_model=self._matches(bank), busy=self.jobs.busy(name), updated=info.updated))
             except BankError as e:  # one damaged bank must not hide the others
                 log.warning("bank %s: %s", name, e)
@@ -260,27 +260,27 @@ class Workspace:
 
     def create_bank(self, name: str) -> None:
         """A new empty bank for the loaded model (its backbone, cached layer and chunk size)."""
-        self.store.create(name, self.model).close()
+        self.directory.create(name, self.model).close()
 
     def rename_bank(self, old: str, new: str) -> None:
         self._idle(old)
         with self._lock:
             self._drop(old)
-            self.store.rename(old, new)
+            self.directory.rename(old, new)
 
     def delete_bank(self, name: str) -> None:
         self._idle(name)
         with self._lock:
             self._drop(name)
-            self.store.delete(name)
+            self.directory.delete(name)
 
     def documents(self, name: str) -> list:
-        with self.store.open(name) as bank:
+        with self.directory.open(name) as bank:
             return bank.documents()
 
     def delete_document(self, name: str, doc_id: int):
         self._idle(name)
-        with self.store.open(name) as bank:
+        with self.directory.open(name) as bank:
             return bank.delete_document(doc_id)
 
     def _idle(self, name: str) -> None:
@@ -311,11 +311,11 @@ class Workspace:
             raise InputError("no file to ingest")
         for p in paths:
             self.check_upload(p, demos)
-        if not self.store.exists(name):
+        if not self.directory.exists(name):
             if not create:
-                self.store.open(name)  # raises UnknownBank with the list of banks
+                self.directory.open(name)  # raises UnknownBank with the list of banks
             self.create_bank(name)
-        with self.store.open(name) as bank:
+        with self.directory.open(name) as bank:
             bank.check(self.model)
         paths = [Path(p) for p in paths]
         return self._submit_ingest(name, paths, titles or [p.name for p in paths], demos)
@@ -335,7 +335,7 @@ class Workspace:
                              "(.csv, .tsv, .jsonl) build a classifier instead")
         self.check_upload(path)
         for _ in range(100):  # another process may take the free name first
-            name = self.store.free_name(Path(title).stem)
+            name = self.directory.free_name(Path(title).stem)
             try:
                 self.create_bank(name)
                 break
@@ -356,7 +356,7 @@ class Workspace:
 
         def work(ctx: JobContext) -> str:
             done, lines = 0, []
-            with self.store.open(name) as bank:
+            with self.directory.open(name) as bank:
                 for i, (path, title) in enumerate(zip(paths, titles)):
                     ctx.new_file(f"{title} ({i + 1}/{len(paths)})")
                     base = done
@@ -380,7 +380,7 @@ class Workspace:
         if s is not None:
             s.bank.close()
 
-    def session(self, name: str, csz: int | None = None) -> _Session:
+    def session(self, name: str, chunk_size: int | None = None) -> _Session:
         """The loaded memory of a bank, (re)loaded when the bank changed; callers hold the lock."""
         s = self._sessions.get(name)
         if s is not None:
@@ -388,19 +388,20 @@ class Workspace:
                 version = s.bank.version()
             except BankError:  # renamed or deleted behind our back
                 version = None
-            if version != s.version or (csz is not None and csz != s.csz):  # changed, or other chunks asked for
+            # the bank changed, or other chunks are asked for
+            if version != s.version or (chunk_size is not None and chunk_size != s.chunk_size):
                 self._drop(name)
                 s = None
         if s is None:
-            bank = self.store.open(name)
+            bank = self.directory.open(name)
             try:
                 version = bank.version()
                 stored = bank.load_memory(self.model)
             except BaseException:
                 bank.close()
                 raise
-            memory = stored.rechunk(csz) if csz is not None else stored  # shares the keys/values
-            s = _Session(bank=bank, version=version, stored=stored, csz=memory.csz, memory=memory,
+            memory = stored.rechunk(chunk_size) if chunk_size is not None else stored  # shares the keys/values
+            s = _Session(bank=bank, version=version, stored=stored, chunk_size=memory.chunk_size, memory=memory,
                          bank_chunks=stored.rows[0].n)
             self._sessions[name] = s
             while len(self._sessions) > LOADED_BANKS:
@@ -420,7 +421,7 @@ class Workspace:
     def chat_history(self, name: str) -> list[dict]:
         """The bank's stored conversation, oldest first: {"role", "content", "passages": [PassageHit], "citations":
         [Citation]} per turn (what memory retrieved, what the answer read)."""
-        with self.store.open(name) as bank:
+        with self.directory.open(name) as bank:
             turns = bank.chat_turns(passages=True)
         out = []
         for t in turns:
@@ -432,7 +433,7 @@ class Workspace:
     def clear_chat(self, name: str) -> None:
         with self._lock:
             self._drop(name)  # turns moved into memory leave with it
-            with self.store.open(name) as bank:
+            with self.directory.open(name) as bank:
                 bank.clear_chat()
 
     def chat(self, name: str, question: str, settings: Settings | None = None) -> Reply:
@@ -440,10 +441,10 @@ class Workspace:
         settings = settings or Settings()
         if not question or not question.strip():
             raise InputError("the question is empty")
-        self.store.open(name).close()  # an unknown bank fails here, in the caller
+        self.directory.open(name).close()  # an unknown bank fails here, in the caller
 
         def run(reply: Reply) -> None:
-            s = self.session(name, settings.csz)
+            s = self.session(name, settings.chunk_size)
             if s.chat is None:
                 s.chat = Chat(self.model, s.memory, history=s.bank.chat_turns())
             chat = s.chat
@@ -486,7 +487,7 @@ class Workspace:
         settings = settings or Settings()
         if prompt is not None and not prompt.strip():
             raise InputError("the passage to continue is empty")
-        self.store.open(name).close()
+        self.directory.open(name).close()
         model, tok = self.model, self.model.backbone.tokenizer
         room = model.segment_len - settings.max_new_tokens
         if room < 16:
@@ -494,7 +495,7 @@ class Workspace:
                              f"{model.segment_len}-token window")
 
         def run(reply: Reply) -> None:
-            s = self.session(name, settings.csz)
+            s = self.session(name, settings.chunk_size)
             if prompt is None:
                 ids = s.stored.tail_tokens(min(room, model.segment_len // 2))
                 if ids.numel() == 0:
@@ -558,15 +559,15 @@ class Workspace:
         with self._lock, torch.inference_mode():
             return fn()
 
-    def loaded_memory(self, name: str, csz: int | None = None) -> Memory:
+    def loaded_memory(self, name: str, chunk_size: int | None = None) -> Memory:
         """A bank's memory as used by requests (load it if needed); call under ``run_locked``."""
-        return self.session(name, csz).memory
+        return self.session(name, chunk_size).memory
 
     def _passages(self, s: _Session, view: MemoryView) -> list[PassageHit]:
         """The passages behind an answer: the most retrieved chunks, one per neighbourhood. A segment's first chunk
         is left out: every segment is encoded from position 0, and the keys of its first tokens (the attention
         sink) match almost any query, whatever they say."""
-        f = s.stored.csz // s.csz
+        f = s.stored.chunk_size // s.chunk_size
         n_stored = s.bank_chunks * f  # serials below this are the bank's; above, the chat's
         tok = self.model.backbone.tokenizer
         out, taken = [], []

@@ -5,9 +5,19 @@ code above them.
 """
 
 from longmem.storage.bank import DB_NAME, KV_DTYPES, LOCK_NAME, Bank
-from longmem.storage.records import (BankBusy, BankCorrupt, BankError, BankExists, BankInfo, BankMismatch, Document,
-                                     Passage, UnknownBank, VerifyReport)
 from longmem.storage.directory import BankDirectory
+from longmem.storage.records import (
+                                     BankBusy,
+                                     BankCorrupt,
+                                     BankError,
+                                     BankExists,
+                                     BankInfo,
+                                     BankMismatch,
+                                     Document,
+                                     Passage,
+                                     UnknownBank,
+                                     VerifyReport,
+)
 
 __all__ = ["DB_NAME", "KV_DTYPES", "LOCK_NAME", "Bank", "BankBusy", "BankCorrupt", "BankError", "BankExists",
            "BankInfo", "BankMismatch", "Document", "Passage", "BankDirectory", "UnknownBank", "VerifyReport"]

@@ -8,6 +8,7 @@ import json
 
 from longmem.storage.records import BankError
 from longmem.storage.schema import now
+from longmem.util.names import current_names
 
 
 class AppRecords:
@@ -44,9 +45,9 @@ class AppRecords:
                                            "created": old[0]["created"] if old else now()}, pk="name")
 
     def classifiers(self) -> dict[str, dict]:
-        """Saved classifiers by name."""
-        return {r["name"]: json.loads(r["spec"]) for r in self.db.query("SELECT name, spec FROM classifiers "
-                                                                         "ORDER BY name")}
+        """Saved classifiers by name (settings renamed since they were saved under their current names)."""
+        rows = self.db.query("SELECT name, spec FROM classifiers ORDER BY name")
+        return {r["name"]: current_names(json.loads(r["spec"])) for r in rows}
 
     def delete_classifier(self, name: str) -> None:
         with self.db.atomic():

@@ -8,11 +8,11 @@
     <bank dir>/write.lock                         held by the one process allowed to write
 
 A bank stores the keys/values of one backbone layer m, one row per segment of ``segment_len`` tokens (each segment
-encoded on its own, as ``SegmentLM.memorize`` does); only whole chunks of ``csz`` tokens are searchable. Every write
-is one transaction (``db.atomic()``) in WAL mode, so readers see whole segments while a writer ingests, and a crash
-loses at most the segment in flight. Chunks are ordered by segment id; ``epoch`` goes up whenever chunks are removed,
-which is how an index file knows it no longer describes a prefix of the bank. Banks are named and found through
-``storage.BankDirectory``.
+encoded on its own, as ``SegmentLM.memorize`` does); only whole chunks of ``chunk_size`` tokens are searchable.
+Every write is one transaction (``db.atomic()``) in WAL mode, so readers see whole segments while a writer ingests, and
+a crash loses at most the segment in flight. Chunks are ordered by segment id; ``epoch`` goes up whenever chunks are
+removed, which is how an index file knows it no longer describes a prefix of the bank. Banks are named and found
+through ``storage.BankDirectory``.
 """
 
 from __future__ import annotations
@@ -30,22 +30,33 @@ import numpy as np
 import sqlite_utils
 import torch
 
+from longmem.memory.memory import INDEX_BLOCK, MAX_SINKS, Memory, chunk_keys
 from longmem.storage import passages as bank_passages
-from longmem.storage.passages import ChunkPlaces, PassageRef
 from longmem.storage.app_records import AppRecords
-from longmem.storage.records import (BankBusy, BankCorrupt, BankError, BankInfo, BankMismatch, Document, Passage,
-                                     VerifyReport, crc32, tensor_bytes, tensor_from_bytes)
+from longmem.storage.indexfiles import IndexRecord, read_index, write_index
+from longmem.storage.passages import ChunkPlaces, PassageRef
+from longmem.storage.records import (
+    BankBusy,
+    BankCorrupt,
+    BankError,
+    BankInfo,
+    BankMismatch,
+    Document,
+    Passage,
+    VerifyReport,
+    crc32,
+    tensor_bytes,
+    tensor_from_bytes,
+)
 from longmem.storage.schema import SchemaTooNew, migrate, now, pending_migrations
 from longmem.text.passages import PassageCutter, Span
-from longmem.storage.indexfiles import IndexRecord, read_index, write_index
-from longmem.memory.memory import INDEX_BLOCK, MAX_SINKS, Memory, chunk_keys
 
 log = logging.getLogger(__name__)
 
 DB_NAME = "bank.db"
 LOCK_NAME = "write.lock"
 KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-HEADROOM_CHUNKS = 2048  # room left in a restored memory for what a chat adds (8k tokens at csz 4)
+HEADROOM_CHUNKS = 2048  # room left in a restored memory for what a chat adds (8k tokens at chunk_size 4)
 
 def _file_id(path: Path) -> tuple[int, int] | None:
     try:
@@ -138,13 +149,14 @@ class Bank(AppRecords):
     def check(self, model) -> None:
         """Refuse a model whose backbone, cached layer, chunk size or head layout differs from the bank's."""
         info, bb = self.info_cached, model.backbone
-        mine = (info.backbone_sha256, info.cached_layer, info.csz, info.n_kv_heads, info.head_dim)
-        theirs = (bb.fingerprint(), model.cached_layer, model.csz, bb.spec.n_kv_heads, bb.spec.head_dim)
+        mine = (info.backbone_sha256, info.cached_layer, info.chunk_size, info.n_kv_heads, info.head_dim)
+        theirs = (bb.fingerprint(), model.cached_layer, model.chunk_size, bb.spec.n_kv_heads, bb.spec.head_dim)
         if mine != theirs:
             raise BankMismatch(
                 f"bank {self.name!r} was built with backbone {info.backbone_name!r} (sha256 {info.backbone_sha256[:12]}"
-                f"…), layer {info.cached_layer}, csz {info.csz}; this model has {bb.name!r} (sha256 "
-                f"{bb.fingerprint()[:12]}…), layer {model.cached_layer}, csz {model.csz}. Make a new bank for it.")
+                f"…), layer {info.cached_layer}, chunk size {info.chunk_size}; this model has {bb.name!r} (sha256 "
+                f"{bb.fingerprint()[:12]}…), layer {model.cached_layer}, chunk size {model.chunk_size}. Make a new "
+                "bank for it.")
 
     def documents(self) -> list[Document]:
         return [Document.from_row(r) for r in self.db.query("SELECT * FROM documents ORDER BY id")]
@@ -174,7 +186,7 @@ class Bank(AppRecords):
             with contextlib.suppress(FileNotFoundError):  # a temporary file may be renamed meanwhile
                 disk += f.stat().st_size if f.is_file() else 0
         info = self.info_cached
-        kv = row["chunks"] * info.csz * info.n_kv_heads * info.head_dim * 2 * self.dtype.itemsize
+        kv = row["chunks"] * info.chunk_size * info.n_kv_heads * info.head_dim * 2 * self.dtype.itemsize
         n_docs = self.db.execute("SELECT count(*) FROM documents").fetchone()[0]
         return {**row, "documents": n_docs, "kv_bytes": kv, "disk_bytes": disk}
 
@@ -226,16 +238,16 @@ class Bank(AppRecords):
                     k: torch.Tensor, v: torch.Tensor, resume: tuple[int, int], passages: list[Span] = ()) -> int:
         """Commit one segment in one transaction and return its document id. ``document`` is an existing id, or
         the new document's row (title, source, kind, sha256, options, meta) to create with this first segment.
-        tokens (T,); chunk_chars (n_chunks + 1,) chunk boundaries in ``text``; k, v (Hkv, n_chunks * csz, d) for
+        tokens (T,); chunk_chars (n_chunks + 1,) chunk boundaries in ``text``; k, v (Hkv, n_chunks * chunk_size, d) for
         the segment's whole chunks; ``resume`` = where the next segment of the document starts in its source;
         ``passages``: the passages this segment's text completed (``passage_cutter``), written in the same
         transaction, with their full-text index."""
         self._require_lock()
         info = self.info_cached
-        n_chunks = tokens.numel() // info.csz
+        n_chunks = tokens.numel() // info.chunk_size
         hkv, t, d = k.shape
-        if (hkv, t, d) != (info.n_kv_heads, n_chunks * info.csz, info.head_dim) or v.shape != k.shape:
-            raise ValueError(f"k/v {tuple(k.shape)} do not fit {n_chunks} chunks of {info.csz} tokens with "
+        if (hkv, t, d) != (info.n_kv_heads, n_chunks * info.chunk_size, info.head_dim) or v.shape != k.shape:
+            raise ValueError(f"k/v {tuple(k.shape)} do not fit {n_chunks} chunks of {info.chunk_size} tokens with "
                              f"{info.n_kv_heads} heads of {info.head_dim}")
         if len(chunk_chars) != n_chunks + 1:
             raise ValueError(f"chunk_chars has {len(chunk_chars)} entries for {n_chunks} chunks")
@@ -311,7 +323,7 @@ class Bank(AppRecords):
     # -- index files ----------------------------------------------------------------------------------------------
     def _check_blob(self, segment: int, blob: bytes, n_chunks: int) -> None:
         info = self.info_cached
-        want = info.n_kv_heads * n_chunks * info.csz * info.head_dim * KV_DTYPES[info.kv_dtype].itemsize
+        want = info.n_kv_heads * n_chunks * info.chunk_size * info.head_dim * KV_DTYPES[info.kv_dtype].itemsize
         if len(blob) != want:
             raise BankCorrupt(f"bank {self.name!r}: segment {segment} holds {len(blob)} bytes of keys/values, "
                               f"expected {want}; run `longmem bank verify {self.name}`")
@@ -388,7 +400,7 @@ class Bank(AppRecords):
                                                  "kv.segment_id = s.id WHERE s.id >= ? ORDER BY s.id", [from_id]):
                 if nc:
                     self._check_blob(sid, blob, nc)
-                    k = tensor_from_bytes(blob, dtype).view(info.n_kv_heads, nc, info.csz, info.head_dim)
+                    k = tensor_from_bytes(blob, dtype).view(info.n_kv_heads, nc, info.chunk_size, info.head_dim)
                     keys = chunk_keys(k)
                     for h, index in enumerate(indexes):
                         lo = max(starts[h] - pos, 0)
@@ -411,17 +423,17 @@ class Bank(AppRecords):
         if model is not None:
             self.check(model)
         info, dtype = self.info_cached, self.dtype
-        hkv, csz, d = info.n_kv_heads, info.csz, info.head_dim
+        hkv, chunk_size, d = info.n_kv_heads, info.chunk_size, info.head_dim
         with self.db.atomic():  # a read transaction: one consistent snapshot while a writer may be ingesting
             epoch = self.info.epoch
             seg_ids, seg_chunks = self._segments()
             total = int(seg_chunks.sum())
-            first = 0 if capacity is None else max(0, total - capacity // csz)  # older chunks would be evicted
+            first = 0 if capacity is None else max(0, total - capacity // chunk_size)  # older chunks would be evicted
             room = total - first + HEADROOM_CHUNKS  # what chat adds later fits without a reallocation
-            k = torch.empty(hkv, room, csz, d, dtype=dtype)
+            k = torch.empty(hkv, room, chunk_size, d, dtype=dtype)
             v = torch.empty_like(k)
-            tokens = torch.full((room, csz), -1, dtype=torch.int64)
-            starts = torch.zeros(room, csz, dtype=torch.bool)  # each segment was encoded alone: its first token
+            tokens = torch.full((room, chunk_size), -1, dtype=torch.int64)
+            starts = torch.zeros(room, chunk_size, dtype=torch.bool)  # each segment was encoded alone: its first token
             pos, skipped = 0, 0
             rows = self.db.execute("SELECT s.id, s.n_chunks, s.tokens, kv.k, kv.v FROM segments s JOIN kv ON "
                                    "kv.segment_id = s.id ORDER BY s.id")
@@ -432,15 +444,16 @@ class Bank(AppRecords):
                 if nc:
                     self._check_blob(sid, k_blob, nc)
                     self._check_blob(sid, v_blob, nc)
-                    if len(tok_blob) < 4 * nc * csz:
+                    if len(tok_blob) < 4 * nc * chunk_size:
                         raise BankCorrupt(f"bank {self.name!r}: segment {sid} has {len(tok_blob) // 4} token ids for "
                                           f"{nc} chunks; run `longmem bank verify {self.name}`")
                     drop = max(0, first - skipped)  # the part of a segment that is older than the capacity keeps
                     skipped += drop
                     take = nc - drop
-                    k[:, pos:pos + take] = tensor_from_bytes(k_blob, dtype).view(hkv, nc, csz, d)[:, drop:]
-                    v[:, pos:pos + take] = tensor_from_bytes(v_blob, dtype).view(hkv, nc, csz, d)[:, drop:]
-                    tokens[pos:pos + take] = tensor_from_bytes(tok_blob, torch.int32)[: nc * csz].view(nc, csz)[drop:]
+                    k[:, pos:pos + take] = tensor_from_bytes(k_blob, dtype).view(hkv, nc, chunk_size, d)[:, drop:]
+                    v[:, pos:pos + take] = tensor_from_bytes(v_blob, dtype).view(hkv, nc, chunk_size, d)[:, drop:]
+                    toks = tensor_from_bytes(tok_blob, torch.int32)[: nc * chunk_size]
+                    tokens[pos:pos + take] = toks.view(nc, chunk_size)[drop:]
                     starts[pos, 0] = drop == 0  # is an attention sink (see longmem.memory.memory)
                     pos += take
                 if progress is not None:
@@ -523,7 +536,7 @@ class Bank(AppRecords):
         if result != ["ok"]:
             report.problem("SQLite integrity check: " + "; ".join(result[:5]))
             return report
-        per_chunk = info.n_kv_heads * info.csz * info.head_dim * self.dtype.itemsize
+        per_chunk = info.n_kv_heads * info.chunk_size * info.head_dim * self.dtype.itemsize
         with self.db.atomic():
             for sid, doc, nt, nc, tok_len, chars_len, k_len, v_len in self.db.execute(
                     "SELECT s.id, s.document_id, s.n_tokens, s.n_chunks, length(s.tokens), length(s.chunk_chars), "
@@ -533,7 +546,7 @@ class Bank(AppRecords):
                 elif (k_len, v_len) != (nc * per_chunk, nc * per_chunk):
                     report.problem(f"segment {sid} (document {doc}): K/V of {k_len}/{v_len} bytes, expected "
                                    f"{nc * per_chunk}")
-                if tok_len != 4 * nt or nc != nt // info.csz or chars_len != 4 * (nc + 1):
+                if tok_len != 4 * nt or nc != nt // info.chunk_size or chars_len != 4 * (nc + 1):
                     report.problem(f"segment {sid} (document {doc}): token/chunk sizes do not agree")
             totals = {r[0]: (r[1], r[2]) for r in self.db.execute(
                 "SELECT document_id, count(*), sum(n_tokens) FROM segments GROUP BY document_id")}

@@ -93,7 +93,8 @@ class BankDirectory:
         raise BankError(f"no free bank name left for {title!r}")
 
     def create(self, name: str, model, kv_dtype: str = "bfloat16") -> "Bank":
-        """A new, empty bank for ``model`` (a ``SegmentLM`` with memory): its backbone, layer m, csz, segment length."""
+        """A new, empty bank for ``model`` (a ``SegmentLM`` with memory): its backbone, layer m, chunk size, segment
+        length."""
         path = self.path(name)
         if path.exists():
             raise BankExists(f"bank {name!r} already exists ({path})")
@@ -117,9 +118,9 @@ class BankDirectory:
             with db.atomic():
                 db["bank"].insert({"id": 1, "name": name, "backbone_name": bb.name,
                                    "backbone_sha256": bb.fingerprint(), "cached_layer": model.cached_layer,
-                                   "csz": model.csz, "n_kv_heads": spec.n_kv_heads, "head_dim": spec.head_dim,
-                                   "segment_len": model.segment_len, "kv_dtype": kv_dtype, "epoch": 0,
-                                   "created": now(), "updated": now()})
+                                   "chunk_size": model.chunk_size, "n_kv_heads": spec.n_kv_heads,
+                                   "head_dim": spec.head_dim, "segment_len": model.segment_len, "kv_dtype": kv_dtype,
+                                   "epoch": 0, "created": now(), "updated": now()})
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             conn.close()
             (tmp / LOCK_NAME).touch()

@@ -59,7 +59,7 @@ class BankInfo:
     backbone_name: str
     backbone_sha256: str
     cached_layer: int  # backbone layer m whose keys/values are stored
-    csz: int  # tokens per chunk
+    chunk_size: int  # tokens per chunk
     n_kv_heads: int
     head_dim: int
     segment_len: int  # tokens per stored segment (each encoded on its own)

@@ -6,7 +6,8 @@ by a newer LongMem (more migrations than this one knows) is refused rather than 
 Passages (migration 3) are the documents' text cut into sentence-bounded spans (``longmem.text.passages``), each written
 in the transaction of the segment that completed it; ``passages_fts`` is an FTS5 full-text index over their text,
 kept in step by triggers inside the same transactions. A bank made before migration 3 gets its passages cut from
-the text it already stores when it is first opened for writing (``Bank.rebuild_passages``).
+the text it already stores when it is first opened for writing (``Bank.rebuild_passages``). Migration 4 renames the
+bank row's ``csz`` to ``chunk_size``, the name the code uses.
 """
 
 from __future__ import annotations
@@ -131,6 +132,9 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX passages_place ON passages(document_id, char_start);
         CREATE INDEX passages_segment ON passages(segment_id);
     """ + FTS_SQL),
+    ("0004 chunk_size spelled out", """
+        ALTER TABLE bank RENAME COLUMN csz TO chunk_size;
+    """),
 ]
 
 

@@ -10,8 +10,8 @@ from typing import Iterator
 
 import torch
 
-from longmem.model.lm import Sampling, SegmentLM
 from longmem.memory.memory import Memory
+from longmem.model.lm import Sampling, SegmentLM
 from longmem.text.io import stream_text
 
 

@@ -1,7 +1,7 @@
 """Demonstrations memory finds: a many-shot classifier's in-context demonstrations chosen for each input from the
 bank that holds all of them, the rest staying in memory for the paper's fusion.
 
-    finder = DemoFinder(bank, model, memory, template, labels)   # memory: the bank's, as loaded (csz 2 is the paper's)
+    finder = DemoFinder(bank, model, memory, template, labels)  # memory: the bank's (chunk size 2: the paper's)
     demos = finder.find("a gorgeous film", Choice(finder="fused", shots=20))
     classifier = Classifier(model, memory, template, labels, choose=finder.chooser(Choice()), calibrate=True)
 
@@ -34,10 +34,10 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from longmem.ingest.readers import DemoFormat
+from longmem.memory.memory import Memory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces
-from longmem.memory.memory import Memory
-from longmem.ingest.readers import DemoFormat
 from longmem.tasks.reading import PassageFinder
 
 DEMO_FINDERS = ("fused", "memory", "lexical", "none")
@@ -186,15 +186,15 @@ def grow_bank(bank: Bank, model, examples: Sequence, sizes: Sequence[int], templ
 
 def accuracy_vs_bank(model, template: str, labels: Sequence[str], context: Sequence[str], memory_examples: Sequence,
                      test: Sequence, choice: Choice, work_dir: Path, sizes: Sequence[int] | None = None,
-                     calibrate: bool = False, csz: int | None = None,
+                     calibrate: bool = False, chunk_size: int | None = None,
                      progress: Callable[[int, int], None] | None = None) -> list:
     """``measure.accuracy_vs_memory`` for a classifier that finds its prompt's demonstrations in its bank: the
     first ``size`` memory examples are written into a temporary bank under ``work_dir`` (``grow_bank``) and the test
-    set is scored with ``choice``'s demonstrations from it and the bank's memory (re-chunked to ``csz``), for each
-    size. Size 0 has no bank to find in: the fixed ``context`` is read, memory empty. Returns ``CurvePoint``s."""
-    from longmem.tasks.measure import CurvePoint, default_sizes, evaluate
+    set is scored with ``choice``'s demonstrations from it and the bank's memory (re-chunked to ``chunk_size``), for
+    each size. Size 0 has no bank to find in: the fixed ``context`` is read, memory empty. Returns ``CurvePoint``s."""
     from longmem.storage import BankDirectory
     from longmem.tasks.classify import Classifier
+    from longmem.tasks.measure import CurvePoint, default_sizes, evaluate
 
     sizes = default_sizes(len(memory_examples)) if sizes is None else sorted(set(sizes))
     if not test:
@@ -208,7 +208,8 @@ def accuracy_vs_bank(model, template: str, labels: Sequence[str], context: Seque
                                   lambda d, _t: report(d + len(points) * len(test))):
                 done = size
                 memory = bank.load_memory(model) if size else model.new_memory(capacity=None)
-                memory = memory.rechunk(csz) if csz is not None and csz != memory.csz else memory
+                if chunk_size is not None and chunk_size != memory.chunk_size:
+                    memory = memory.rechunk(chunk_size)
                 choose = DemoFinder(bank, model, memory, template, labels).chooser(choice) if size else None
                 classifier = Classifier(model, memory, template, list(labels), list(context), choose=choose,
                                         calibrate=calibrate)

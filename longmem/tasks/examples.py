@@ -24,7 +24,6 @@ from longmem.ingest import readers
 from longmem.ingest.readers import DemoFormat
 from longmem.text.io import InputError, read_text
 
-
 log = logging.getLogger(__name__)
 
 PEEK_ROWS = 5  # rows shown by peek_columns

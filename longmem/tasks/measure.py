@@ -11,11 +11,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from longmem.util.plots import agg_figure
 from longmem.model.lm import SegmentLM
 from longmem.tasks.classify import Classifier, Progress
 from longmem.tasks.examples import Example, demo_stream
-
+from longmem.util.plots import agg_figure
 
 # -----------------------------------------------------------------------------
 # evaluation
@@ -126,11 +125,11 @@ def default_sizes(n: int) -> list[int]:
 def accuracy_vs_memory(model: SegmentLM, template: str, labels: Sequence[str], context: Sequence[str],
                        memory_examples: Sequence[Example], test: Sequence[Example], sizes: Sequence[int] | None = None,
                        separator: str = "\n\n", progress: Progress | None = None,
-                       context_separator: str = "\n", csz: int | None = None,
+                       context_separator: str = "\n", chunk_size: int | None = None,
                        calibrate: bool = False) -> list[CurvePoint]:
     """Test accuracy with the first ``size`` memory examples in an in-RAM memory, for each size (ascending; 0 =
     empty memory, in-context demonstrations only). The memory grows incrementally: each demonstration is encoded
-    once. ``csz`` retrieves with finer chunks than the model's (``Memory.rechunk``), as a bank's classifier
+    once. ``chunk_size`` retrieves with finer chunks than the model's (``Memory.rechunk``), as a bank's classifier
     may; ``calibrate`` scores as ``classify.Classifier`` does with it. ``progress(done, total)`` counts examples
     memorized plus texts predicted."""
     sizes = default_sizes(len(memory_examples)) if sizes is None else sorted(set(sizes))
@@ -154,8 +153,8 @@ def accuracy_vs_memory(model: SegmentLM, template: str, labels: Sequence[str], c
             batch = size - have
             model.memorize(ids, memory, lambda d, t, base=done: report(base + batch * d // t))  # tokens -> examples
             done, have = done + batch, size
-        if memory is not None and csz is not None:
-            classifier.memory = memory.rechunk(csz)  # shares the keys/values; only the chunk index is rebuilt
+        if memory is not None and chunk_size is not None:
+            classifier.memory = memory.rechunk(chunk_size)  # shares the keys/values; only the chunk index is rebuilt
         result = evaluate(classifier, test, lambda d, _t, base=done: report(base + d))
         done += len(test)
         points.append(CurvePoint(size, result.accuracy, len(memory) if memory is not None else 0, len(test)))

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from longmem.memory.memory import Memory, MemoryView
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, PassageRef
-from longmem.memory.memory import Memory, MemoryView
 
 FINDERS = ("fused", "memory", "lexical", "none")
 RRF_K = 60  # reciprocal rank fusion's constant (the paper's)
@@ -102,7 +102,8 @@ class PassageFinder:
     def __init__(self, bank: Bank, model, memory: Memory, places: ChunkPlaces | None = None):
         self.bank, self.model, self.memory = bank, model, memory
         self.places = places if places is not None else bank.chunk_places()
-        self.fine = self.bank.info_cached.csz // memory.csz  # memory chunk serial // fine = the bank's own serial
+        # memory chunk serial // fine = the bank's own serial
+        self.fine = self.bank.info_cached.chunk_size // memory.chunk_size
 
     def rank(self, question: str, finder: str, depth: int, question_ids: torch.Tensor | None = None) -> list[Found]:
         """The ``depth`` best passages for ``question`` by ``finder`` ("none": []); ``question_ids`` (1, T): the

@@ -16,9 +16,9 @@ import torch
 from tiny import small_config, tiny_llama, tiny_model
 
 from longmem.ingest.pipeline import cut_segments, ingest
-from longmem.model.longmem import LongMemModel
 from longmem.ingest.readers import Block
-from longmem.storage import BankBusy, BankCorrupt, BankError, BankExists, BankMismatch, BankDirectory, UnknownBank
+from longmem.model.longmem import LongMemModel
+from longmem.storage import BankBusy, BankCorrupt, BankDirectory, BankError, BankExists, BankMismatch, UnknownBank
 from longmem.text.io import InputError
 
 TESTS = Path(__file__).parent
@@ -42,7 +42,7 @@ def model() -> LongMemModel:
 
 
 @pytest.fixture
-def store(tmp_path) -> BankDirectory:
+def directory(tmp_path) -> BankDirectory:
     return BankDirectory(tmp_path / "banks")
 
 
@@ -90,42 +90,42 @@ def passage_table(bank):
 
 # -- names and the banks directory ---------------------------------------------------------------------------------
 
-def test_create_list_rename_delete(store, model):
-    store.create("novel", model).close()
-    assert store.names() == ["novel"]
+def test_create_list_rename_delete(directory, model):
+    directory.create("novel", model).close()
+    assert directory.names() == ["novel"]
     with pytest.raises(BankExists):
-        store.create("novel", model)
-    store.rename("novel", "gatsby")
-    assert store.names() == ["gatsby"]
-    with store.open("gatsby") as bank:
+        directory.create("novel", model)
+    directory.rename("novel", "gatsby")
+    assert directory.names() == ["gatsby"]
+    with directory.open("gatsby") as bank:
         assert bank.info.name == "gatsby" and bank.info.cached_layer == model.cached_layer
-    store.delete("gatsby")
-    assert store.names() == []
+    directory.delete("gatsby")
+    assert directory.names() == []
     with pytest.raises(UnknownBank, match="no bank named 'gatsby'"):
-        store.open("gatsby")
+        directory.open("gatsby")
 
 
 @pytest.mark.parametrize("name", ["../escape", "a/b", "", ".hidden", "x" * 65, "..", "a\\b", "/abs", "sp ace"])
-def test_bank_names_cannot_escape_the_banks_directory(store, model, name):
+def test_bank_names_cannot_escape_the_banks_directory(directory, model, name):
     with pytest.raises(BankError, match="invalid bank name"):
-        store.create(name, model)
-    assert not any(store.root.parent.glob("escape*"))
+        directory.create(name, model)
+    assert not any(directory.root.parent.glob("escape*"))
 
 
 @pytest.mark.parametrize("title, name", [
     ("The Great Gatsby", "the-great-gatsby"), ("Moby-Dick; or, The Whale", "moby-dick-or-the-whale"),
     ("../../etc/passwd", "etc-passwd"), ("a...b", "a.b"), ("Война и мир", "book"), ("", "book"),
     ("  .hidden ", "hidden"), ("x" * 200, "x" * 56)])
-def test_a_free_name_is_made_from_a_title(store, title, name):
-    assert store.free_name(title) == name
-    store.path(name)  # valid: it raises for a name that could leave the banks directory
+def test_a_free_name_is_made_from_a_title(directory, title, name):
+    assert directory.free_name(title) == name
+    directory.path(name)  # valid: it raises for a name that could leave the banks directory
 
 
-def test_a_taken_name_gets_a_number(store, model):
-    store.create("gatsby", model).close()
-    assert store.free_name("Gatsby") == "gatsby-2"
-    store.create("gatsby-2", model).close()
-    assert store.free_name("GATSBY") == "gatsby-3"
+def test_a_taken_name_gets_a_number(directory, model):
+    directory.create("gatsby", model).close()
+    assert directory.free_name("Gatsby") == "gatsby-2"
+    directory.create("gatsby-2", model).close()
+    assert directory.free_name("GATSBY") == "gatsby-3"
 
 
 def test_banks_dir_from_environment(tmp_path, monkeypatch):
@@ -135,8 +135,8 @@ def test_banks_dir_from_environment(tmp_path, monkeypatch):
 
 # -- ingestion -----------------------------------------------------------------------------------------------------
 
-def test_ingest_stores_tokens_text_and_kv_of_the_whole_file(store, model, text_file):
-    bank = store.create("b", model, kv_dtype="float32")
+def test_ingest_stores_tokens_text_and_kv_of_the_whole_file(directory, model, text_file):
+    bank = directory.create("b", model, kv_dtype="float32")
     res = ingest(bank, model, text_file)
     text = text_file.read_text()
     ids = model.backbone.tokenizer(text, add_special_tokens=False).input_ids
@@ -157,14 +157,14 @@ def test_ingest_stores_tokens_text_and_kv_of_the_whole_file(store, model, text_f
     bank.close()
 
 
-def test_round_trip_reopen_gives_identical_retrieval(store, model, text_file):
-    bank = store.create("b", model)
+def test_round_trip_reopen_gives_identical_retrieval(directory, model, text_file):
+    bank = directory.create("b", model)
     ingest(bank, model, text_file)
     q = queries(model)
     before = search_all(bank.load_memory(), q)
     passage = bank.passage(int(before[3][0, 0, 0, 0]))
     bank.close()
-    with BankDirectory(store.root).open("b") as again:
+    with BankDirectory(directory.root).open("b") as again:
         mem = again.load_memory()
         after = search_all(mem, q)
         assert mem.dtype == torch.bfloat16
@@ -174,8 +174,8 @@ def test_round_trip_reopen_gives_identical_retrieval(store, model, text_file):
         assert passage.text and passage.text in text_file.read_text() and passage.document == "book"
 
 
-def test_same_file_twice_is_skipped(store, model, text_file, tmp_path):
-    bank = store.create("b", model)
+def test_same_file_twice_is_skipped(directory, model, text_file, tmp_path):
+    bank = directory.create("b", model)
     ingest(bank, model, text_file)
     copy = tmp_path / "copy.txt"
     copy.write_bytes(text_file.read_bytes())
@@ -183,10 +183,10 @@ def test_same_file_twice_is_skipped(store, model, text_file, tmp_path):
     assert len(bank.documents()) == 1
 
 
-def test_delete_document_removes_its_memory(store, model, text_file, tmp_path):
+def test_delete_document_removes_its_memory(directory, model, text_file, tmp_path):
     other = tmp_path / "other.txt"
     other.write_text(book(1000, seed=7))
-    bank = store.create("b", model)
+    bank = directory.create("b", model)
     a = ingest(bank, model, text_file).document
     b = ingest(bank, model, other).document
     n_b = len(bank.load_memory())
@@ -198,10 +198,10 @@ def test_delete_document_removes_its_memory(store, model, text_file, tmp_path):
     assert all(bank.passage(i).document_id == b.id for i in range(0, len(mem) // 2, 7))
 
 
-def test_interrupted_ingest_resumes_to_the_same_state(store, model, text_file):
-    whole = store.create("whole", model)
+def test_interrupted_ingest_resumes_to_the_same_state(directory, model, text_file):
+    whole = directory.create("whole", model)
     ingest(whole, model, text_file)
-    part = store.create("part", model)
+    part = directory.create("part", model)
     with pytest.raises(KeyboardInterrupt):
         ingest(part, model, text_file, progress=interrupt_after(3))
     (doc,) = part.documents()
@@ -237,8 +237,8 @@ def test_resume_point_survives_block_boundaries(model):
 
 @pytest.mark.parametrize("content,message", [(b"", "empty"), (b"\x00\x01binary\x00", "binary"),
                                              (b"   \n\n\t  \n", "only whitespace")])
-def test_bad_files_store_nothing(store, model, text_file, tmp_path, content, message):
-    bank = store.create("b", model)
+def test_bad_files_store_nothing(directory, model, text_file, tmp_path, content, message):
+    bank = directory.create("b", model)
     ingest(bank, model, text_file)
     before = table(bank)
     bad = tmp_path / "bad.txt"
@@ -248,19 +248,19 @@ def test_bad_files_store_nothing(store, model, text_file, tmp_path, content, mes
     assert table(bank) == before and len(bank.documents()) == 1 and bank.verify().ok
 
 
-def test_invalid_utf8_is_decoded_with_a_warning(store, model, tmp_path, caplog):
+def test_invalid_utf8_is_decoded_with_a_warning(directory, model, tmp_path, caplog):
     p = tmp_path / "latin1.txt"
     p.write_bytes(("Caf\xe9 " * 40).encode("latin-1"))
     with caplog.at_level(logging.WARNING):
-        res = ingest(store.create("b", model), model, p)
+        res = ingest(directory.create("b", model), model, p)
     assert res.document.status == "complete" and "not valid UTF-8" in caplog.text
 
 
-def test_bank_of_another_backbone_or_layout_is_refused(store, model, text_file):
-    bank = store.create("b", model)
+def test_bank_of_another_backbone_or_layout_is_refused(directory, model, text_file):
+    bank = directory.create("b", model)
     ingest(bank, model, text_file)
     for other in (LongMemModel(tiny_llama(seed=1), small_config(segment_len=32)),
-                  tiny_model("llama", segment_len=32, csz=4)):
+                  tiny_model("llama", segment_len=32, chunk_size=4)):
         with pytest.raises(BankMismatch, match="Make a new bank"):
             ingest(bank, other, text_file)
         with pytest.raises(BankMismatch):
@@ -268,23 +268,23 @@ def test_bank_of_another_backbone_or_layout_is_refused(store, model, text_file):
     assert len(bank.documents()) == 1
 
 
-def test_one_writer_at_a_time(store, model, text_file):
-    store.create("b", model).close()
-    first, second = store.open("b"), store.open("b")
+def test_one_writer_at_a_time(directory, model, text_file):
+    directory.create("b", model).close()
+    first, second = directory.open("b"), directory.open("b")
     with first.writing():
         with pytest.raises(BankBusy, match="another process"):
             ingest(second, model, text_file)
     assert ingest(second, model, text_file).action == "ingested"
 
 
-def test_huge_text_file_streams_with_bounded_memory(store, model, tmp_path):
+def test_huge_text_file_streams_with_bounded_memory(directory, model, tmp_path):
     psutil = pytest.importorskip("psutil")
     big = tmp_path / "huge.txt"
     line = (book(2000) + "\n").encode()
     with open(big, "wb") as f:
         for _ in range(200 * 2**20 // len(line)):
             f.write(line)
-    bank = store.create("b", model)
+    bank = directory.create("b", model)
     rss = psutil.Process().memory_info().rss
     seen = []
     with pytest.raises(KeyboardInterrupt):
@@ -297,13 +297,13 @@ def test_huge_text_file_streams_with_bounded_memory(store, model, tmp_path):
 # -- corruption ----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("damage", ["truncate", "garble", "delete"])
-def test_damaged_index_file_is_detected_and_rebuilt(store, model, text_file, damage, caplog):
-    bank = store.create("b", model)
+def test_damaged_index_file_is_detected_and_rebuilt(directory, model, text_file, damage, caplog):
+    bank = directory.create("b", model)
     ingest(bank, model, text_file)
     q = queries(model)
     before = search_all(bank.load_memory(), q)
     bank.close()
-    (f,) = store.path("b").glob("keys-1-*.faiss")
+    (f,) = directory.path("b").glob("keys-1-*.faiss")
     data = f.read_bytes()
     if damage == "truncate":
         f.write_bytes(data[: len(data) // 2])
@@ -311,7 +311,7 @@ def test_damaged_index_file_is_detected_and_rebuilt(store, model, text_file, dam
         f.write_bytes(data[:100] + bytes(200) + data[300:])
     else:
         f.unlink()
-    with caplog.at_level(logging.WARNING), store.open("b") as bank:
+    with caplog.at_level(logging.WARNING), directory.open("b") as bank:
         after = search_all(bank.load_memory(), q)
         assert f.name in caplog.text and "rebuilding" in caplog.text
         assert f.read_bytes() == data  # rewritten, identical to the original
@@ -319,30 +319,33 @@ def test_damaged_index_file_is_detected_and_rebuilt(store, model, text_file, dam
             assert torch.equal(a, b)
 
 
-def test_corrupt_sqlite_is_reported_not_recreated(store, model, text_file):
-    bank = store.create("b", model)
+def test_corrupt_sqlite_is_reported_not_recreated(directory, model, text_file):
+    bank = directory.create("b", model)
     ingest(bank, model, text_file)
     bank.close()
-    db = store.path("b") / "bank.db"
+    db = directory.path("b") / "bank.db"
     garbage = b"this is not a database" * 500
     db.write_bytes(garbage)
     with pytest.raises(BankCorrupt, match="not a readable LongMem bank"):
-        store.open("b")
+        directory.open("b")
     assert db.read_bytes() == garbage
 
 
-def test_schemas_migrate_forward_and_a_newer_one_is_refused(store, model, text_file):
-    """A bank written before passages existed (schema 2) gets them, cut from its stored text, when first opened."""
+def test_schemas_migrate_forward_and_a_newer_one_is_refused(directory, model, text_file):
+    """A bank written before passages existed (schema 2) gets them, cut from its stored text, when first opened, and
+    its ``csz`` column renamed ``chunk_size``."""
     from longmem.storage.schema import MIGRATIONS
 
-    with store.create("b", model) as bank:
+    with directory.create("b", model) as bank:
         ingest(bank, model, text_file)
         want = [(r["char_start"], r["char_end"], r["text"]) for r in bank.db.query("SELECT * FROM passages")]
-    db = store.path("b") / "bank.db"
-    with sqlite3.connect(db) as conn:  # as if written before the last migration: opening applies it
-        conn.execute("DELETE FROM migrations WHERE id = ?", [len(MIGRATIONS)])
-        conn.executescript("DROP TABLE passages_fts; DROP TABLE passages")
-    with store.open("b") as bank:
+    db = directory.path("b") / "bank.db"
+    with sqlite3.connect(db) as conn:  # as if written at schema 2: opening applies migrations 3 and on
+        conn.execute("DELETE FROM migrations WHERE id > 2")
+        conn.executescript("DROP TABLE passages_fts; DROP TABLE passages; "
+                           "ALTER TABLE bank RENAME COLUMN chunk_size TO csz")
+    with directory.open("b") as bank:
+        assert bank.info.chunk_size == model.chunk_size
         assert [r[0] for r in bank.db.execute("SELECT id FROM migrations")] == list(range(1, len(MIGRATIONS) + 1))
         got = [(r["char_start"], r["char_end"], r["text"]) for r in bank.db.query("SELECT * FROM passages")]
         assert got == want and len(got) > 3  # the same passages as ingestion cut
@@ -350,11 +353,11 @@ def test_schemas_migrate_forward_and_a_newer_one_is_refused(store, model, text_f
     with sqlite3.connect(db) as conn:  # a later LongMem added a migration this one does not know
         conn.execute("INSERT INTO migrations VALUES (?, 'from the future', 'later')", [len(MIGRATIONS) + 1])
     with pytest.raises(BankError, match="newer LongMem .*upgrade longmem"):
-        store.open("b")
+        directory.open("b")
 
 
-def test_damaged_blob_fails_verification_and_loading(store, model, text_file):
-    bank = store.create("b", model)
+def test_damaged_blob_fails_verification_and_loading(directory, model, text_file):
+    bank = directory.create("b", model)
     ingest(bank, model, text_file)
     with bank.db.atomic():
         bank.db.execute("UPDATE kv SET k = substr(k, 1, 10) WHERE segment_id = 2")
@@ -364,8 +367,8 @@ def test_damaged_blob_fails_verification_and_loading(store, model, text_file):
         bank.load_memory()
 
 
-def test_damaged_contents_of_the_right_size_fail_verification(store, model, text_file):
-    bank = store.create("b", model)
+def test_damaged_contents_of_the_right_size_fail_verification(directory, model, text_file):
+    bank = directory.create("b", model)
     ingest(bank, model, text_file)
     with bank.db.atomic():  # flip one byte of the keys, and one character of a segment's text
         k = bytearray(bank.db.execute("SELECT k FROM kv WHERE segment_id = 3").fetchone()[0])
@@ -378,18 +381,18 @@ def test_damaged_contents_of_the_right_size_fail_verification(store, model, text
     assert any("segment 4 (document 1): token ids or text damaged" in p for p in report.problems)
 
 
-def test_a_handle_opened_before_a_rename_cannot_write(store, model, text_file):
-    store.create("x", model).close()
-    stale = store.open("x")
-    store.rename("x", "y")
-    store.create("x", model).close()  # a new bank under the old name
+def test_a_handle_opened_before_a_rename_cannot_write(directory, model, text_file):
+    directory.create("x", model).close()
+    stale = directory.open("x")
+    directory.rename("x", "y")
+    directory.create("x", model).close()  # a new bank under the old name
     with pytest.raises(BankError, match="renamed or deleted since it was opened"):
         ingest(stale, model, text_file)
-    assert store.open("x").documents() == [] and store.open("y").documents() == []
+    assert directory.open("x").documents() == [] and directory.open("y").documents() == []
 
 
-def test_capacity_loads_only_the_newest_chunks_and_quotes_them(store, model, text_file):
-    bank = store.create("b", model)
+def test_capacity_loads_only_the_newest_chunks_and_quotes_them(directory, model, text_file):
+    bank = directory.create("b", model)
     ingest(bank, model, text_file)
     full = bank.load_memory()
     part = bank.load_memory(capacity=200)
@@ -399,20 +402,20 @@ def test_capacity_loads_only_the_newest_chunks_and_quotes_them(store, model, tex
     assert serial >= full.rows[0].n - 100 and bank.passage(serial).text
 
 
-def test_passages_of_a_memory_loaded_before_a_deletion_are_refused(store, model, text_file):
-    bank = store.create("b", model)
+def test_passages_of_a_memory_loaded_before_a_deletion_are_refused(directory, model, text_file):
+    bank = directory.create("b", model)
     doc = ingest(bank, model, text_file).document
     bank.load_memory()
-    store.open("b").delete_document(doc.id)
+    directory.open("b").delete_document(doc.id)
     with pytest.raises(KeyError, match="load it again"):
         bank.passage(0)
 
 
-def test_leftovers_of_killed_processes_are_swept(store, model):
-    store.create("a", model).close()
-    dead = store.root / ".old.deleting-999999999"
+def test_leftovers_of_killed_processes_are_swept(directory, model):
+    directory.create("a", model).close()
+    dead = directory.root / ".old.deleting-999999999"
     dead.mkdir()
-    store.delete("a")
+    directory.delete("a")
     assert not dead.exists()
 
 
@@ -430,14 +433,14 @@ print("done")
 """
 
 
-def start_worker(store, name, path) -> subprocess.Popen:
+def start_worker(directory, name, path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
-    return subprocess.Popen([sys.executable, "-c", WORKER, str(store.root), name, str(path)], env=env,
+    return subprocess.Popen([sys.executable, "-c", WORKER, str(directory.root), name, str(path)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_segments(store, name, n, proc, timeout=120.0) -> int:
-    con = sqlite3.connect(f"file:{store.path(name) / 'bank.db'}?mode=ro", uri=True)
+def wait_for_segments(directory, name, n, proc, timeout=120.0) -> int:
+    con = sqlite3.connect(f"file:{directory.path(name) / 'bank.db'}?mode=ro", uri=True)
     deadline = time.time() + timeout
     try:
         while time.time() < deadline:
@@ -451,15 +454,15 @@ def wait_for_segments(store, name, n, proc, timeout=120.0) -> int:
     raise TimeoutError
 
 
-def test_kill_9_mid_ingest_leaves_a_bank_that_opens_verifies_and_resumes(store, model, tmp_path):
+def test_kill_9_mid_ingest_leaves_a_bank_that_opens_verifies_and_resumes(directory, model, tmp_path):
     p = tmp_path / "long.txt"
     p.write_text(book(24000))
-    store.create("crash", model).close()
-    proc = start_worker(store, "crash", p)
-    wait_for_segments(store, "crash", 40, proc)
+    directory.create("crash", model).close()
+    proc = start_worker(directory, "crash", p)
+    wait_for_segments(directory, "crash", 40, proc)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    with store.open("crash") as bank:
+    with directory.open("crash") as bank:
         (doc,) = bank.documents()
         assert doc.status == "ingesting" and 40 <= doc.n_segments < 24000 // 32
         report = bank.verify()
@@ -468,7 +471,7 @@ def test_kill_9_mid_ingest_leaves_a_bank_that_opens_verifies_and_resumes(store, 
         cut = passage_table(bank)  # what the committed segments completed, indexed
         assert cut and cut[-1][0] < doc.n_segments and cut[-1][2] <= sum(len(r[3]) for r in table(bank))
         assert ingest(bank, model, p).action == "resumed"
-        whole = store.create("whole", model)
+        whole = directory.create("whole", model)
         ingest(whole, model, p)
         assert table(bank) == table(whole)
         assert passage_table(bank) == passage_table(whole) and passage_table(bank)[:len(cut)] == cut
@@ -477,15 +480,15 @@ def test_kill_9_mid_ingest_leaves_a_bank_that_opens_verifies_and_resumes(store, 
             assert torch.equal(a, b)
 
 
-def test_readers_see_consistent_memory_while_a_writer_ingests(store, model, tmp_path):
+def test_readers_see_consistent_memory_while_a_writer_ingests(directory, model, tmp_path):
     p = tmp_path / "long.txt"
     p.write_text(book(16000, seed=5))
-    store.create("live", model).close()
-    proc = start_worker(store, "live", p)
-    wait_for_segments(store, "live", 5, proc)
+    directory.create("live", model).close()
+    proc = start_worker(directory, "live", p)
+    wait_for_segments(directory, "live", 5, proc)
     sizes, during = [], 0
     while proc.poll() is None:
-        with store.open("live") as bank:
+        with directory.open("live") as bank:
             assert bank.verify(repair_index=False).ok  # one snapshot: a commit meanwhile is not damage
             mem = bank.load_memory()
             n = len(mem)
@@ -496,15 +499,15 @@ def test_readers_see_consistent_memory_while_a_writer_ingests(store, model, tmp_
     out, err = proc.communicate()
     assert proc.returncode == 0 and "done" in out, err
     assert during >= 2 and sizes == sorted(sizes)
-    with store.open("live") as bank:
+    with directory.open("live") as bank:
         assert bank.verify().ok and bank.documents()[0].status == "complete"
-        whole = store.create("whole", model)
+        whole = directory.create("whole", model)
         ingest(whole, model, p)
         assert table(bank) == table(whole)
 
 
-def test_resume_under_other_reading_conditions_is_refused(store, model, text_file, monkeypatch):
-    bank = store.create("b", model)
+def test_resume_under_other_reading_conditions_is_refused(directory, model, text_file, monkeypatch):
+    bank = directory.create("b", model)
     with pytest.raises(KeyboardInterrupt):
         ingest(bank, model, text_file, progress=interrupt_after(2))
     monkeypatch.setattr("longmem.ingest.readers.BLOCK_BYTES", 1024)
@@ -528,9 +531,16 @@ def test_a_bank_written_by_the_flat_layout_opens_unchanged(tmp_path):
         assert report.ok, report.problems
         [doc] = bank.documents()
         assert (doc.title, doc.status, doc.n_segments) == ("An old book", "complete", 7)
+        assert bank.info.chunk_size == m.chunk_size == 2  # its csz column, renamed by migration 4
         bank.check(m)
         memory = bank.load_memory(m)
-        assert len(memory) == bank.stats()["chunks"] * m.csz == 108 * 2
+        assert len(memory) == bank.stats()["chunks"] * m.chunk_size == 108 * 2
         best = bank.passages([bank.search_passages("lighthouse keeper", 1)[0][0]])[0]
         assert "Ezra Vale" in best.text and best.document == "An old book"
         assert [t["content"] for t in bank.chat_turns()] == ["Who kept the lighthouse?", "Ezra Vale."]
+
+
+def test_a_classifier_saved_under_the_old_chunk_size_name_reads_under_the_new_one(directory, model):
+    with directory.create("cls", model) as bank:
+        bank.save_classifier("signs", {"spec": {"name": "signs"}, "csz": 2})
+        assert bank.classifiers()["signs"] == {"spec": {"name": "signs"}, "chunk_size": 2}
