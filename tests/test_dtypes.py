@@ -247,7 +247,8 @@ def test_every_eval_suite_runs_in_both_dtypes(dtype, tmp_path, capsys):
     LlamaForCausalLM(cfg).save_pretrained(tmp_path / "bb")
     tok.save_pretrained(tmp_path / "bb")
     cut = ["chapterbreak.suffix_tokens=16", "squad.test=2", "icl.test=4", "books.opening_tokens=1100",
-           "books.arxiv_tokens=1100", "efficiency.documents=1100", "ablations.test=4", "ablations.book_tokens=1100"]
+           "books.arxiv_tokens=1100", "efficiency.documents=1100", "ablations.test=4", "ablations.book_tokens=1100",
+           "bookqa.block=1"]
     argv = ["all", "--quick", "--backbone", str(tmp_path / "bb"), "--untrained", "--dtype", dtype,
             "--out", str(tmp_path / "out"), "--threads", "2"] + [f"--set={c}" for c in cut]
     assert main(argv) == 0
@@ -257,7 +258,17 @@ def test_every_eval_suite_runs_in_both_dtypes(dtype, tmp_path, capsys):
     capsys.readouterr()
     # --resume: a second run of a suite reuses the units the first one recorded, and gives the same record
     first = {name: json.loads((tmp_path / "out" / f"{name}.json").read_text())["data"] for name in ("icl", "bookqa")}
-    for name in first:
+    for name, n_units in (("icl", 1), ("bookqa", 2)):  # bookqa: a unit per question here (bookqa.block=1)
         assert main([name] + argv[1:] + ["--resume"]) == 0
-        assert "resuming: 1 finished units" in capsys.readouterr().err
+        assert f"resuming: {n_units} finished units" in capsys.readouterr().err
         assert json.loads((tmp_path / "out" / f"{name}.json").read_text())["data"] == first[name]
+    # a run cut off after bookqa's first block answers only the second one again, and the record is the same
+    units = tmp_path / "out" / "bookqa.tasks.jsonl"
+    units.write_text(units.read_text().splitlines(keepends=True)[0])
+    assert main(["bookqa"] + argv[1:] + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "resuming: 1 finished units" in err and "question 1/1 to run" in err and "question 2/" not in err
+    data = json.loads((tmp_path / "out" / "bookqa.json").read_text())["data"]
+    for k, by_d in first["bookqa"]["results"].items():  # the answers; the timings differ
+        for d, r in by_d.items():
+            assert [x["answer"] for x in data["results"][k][d]["items"]] == [x["answer"] for x in r["items"]]

@@ -6,6 +6,8 @@ the item's paragraph in front, so the question comes D tokens after it. The fill
 under the output folder (kept and reused by later runs) and its memory loaded once. An item adds its paragraph as
 one more document, inside a savepoint of the bank's SQLite, and to the loaded memory; both are rolled back after the
 item. Segments are encoded independently, so this is exactly the bank a user would have after ingesting the text.
+Each block of ``block`` questions at one distance is a recorded work unit (``--resume``), so a run of hours can stop
+and go on; the filler's bank, memory and embeddings are loaded once per distance for the blocks still to run.
 
 Entrants, each answering greedily in the chat template, up to ``new_tokens`` tokens, with up to ``passages``
 passages read (what fits the window after the question and the answer):
@@ -77,6 +79,7 @@ class Size:
     passages: int = 4  # passages an answer reads at most
     new_tokens: int = 24  # tokens generated per answer at most
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
+    block: int = 10  # questions per recorded work unit (--resume goes on from the last finished block)
 
 
 QUICK = Size(distances=[4096], questions=2)
@@ -188,21 +191,23 @@ def run(ctx: EvalContext) -> SuiteResult:
     qas = items(ctx, size.questions)
     stream, borrowed = filler(ctx, max(size.distances))
     embedder = Embedder.load() if "rag_embed" in size.entrants else None
-    units = ctx.task_log("bookqa", size, selects=("distances",))  # a unit: one distance (--resume)
+    if size.block < 1:
+        raise ValueError(f"bookqa.block must be >= 1, got {size.block}")
+    units = ctx.task_log("bookqa", size, selects=("distances",))  # a unit: a block of questions at one distance
     results: dict = {k: {} for k in size.entrants}
     gold_read: dict = {f: {} for f in finders(size.entrants)}
     seconds = 0.0  # of every distance, those reused from an earlier run included
     for d in size.distances:
-        unit = units.get(str(d))
-        if unit is None:
-            t0 = time.perf_counter()
-            scores, reads = _at_distance(ctx, size, d, qas, stream, embedder, backbone, full, timer)
-            unit = {"scores": scores, "reads": reads, "seconds": time.perf_counter() - t0}
-            units.put(str(d), unit)
-        seconds += unit["seconds"]
+        blocks = [(f"{d}/{b}", qas[b:b + size.block]) for b in range(0, len(qas), size.block)]
+        todo = [(key, block) for key, block in blocks if units.get(key) is None]
+        if todo:
+            _at_distance(ctx, size, d, todo, stream, embedder, backbone, full, timer, units.put)
+        done = [units.get(key) for key, _ in blocks]
+        seconds += sum(u["seconds"] for u in done)
         for k in size.entrants:
-            results[k][str(d)] = _summary(unit["scores"][k])
-        for f, r in unit["reads"].items():
+            results[k][str(d)] = _summary([r for u in done for r in u["scores"][k]])
+        for f in gold_read:
+            r = [x for u in done for x in u["reads"][f]]
             gold_read[f][str(d)] = float(np.mean(r)) if r else float("nan")
     return _result(ctx, size, qas, results, gold_read, borrowed, seconds, units.commits())
 
@@ -216,15 +221,16 @@ def finders(entrants: list[str]) -> list[str]:
     return out + ["embed"] * ("rag_embed" in entrants)
 
 
-def _at_distance(ctx: EvalContext, size: Size, d: int, qas: list[QA], stream: np.ndarray, embedder, backbone, full,
-                 timer: Timer) -> tuple[dict, dict]:
-    """Every entrant's answer to every question with its paragraph ``d`` tokens before it: (entrant -> per-question
-    scores, finder -> per-question whether the gold paragraph was read)."""
+def _at_distance(ctx: EvalContext, size: Size, d: int, blocks: list[tuple[str, list[QA]]], stream: np.ndarray,
+                 embedder, backbone, full, timer: Timer, put) -> None:
+    """Every entrant's answer to each block's questions with their paragraph ``d`` tokens before them; each block is
+    recorded by ``put(key, unit)`` as it finishes, unit = {"scores": entrant -> per-question scores, "reads": finder ->
+    per-question whether the gold paragraph was read, "seconds"}. The filler's bank, memory and embedding index are
+    loaded once for all the blocks."""
     from longmem.model.embedder import EmbeddingIndex
 
     model, want = ctx.model, set(size.entrants)
-    scores: dict = {k: [] for k in size.entrants}
-    reads: dict = {f: [] for f in finders(size.entrants)}
+    n = sum(len(block) for _, block in blocks)
     with filler_bank(ctx, stream[:d]) as bank:
         memory = bank.load_memory(model)
         filler_passages = bank.db.execute("SELECT id, text FROM passages ORDER BY id").fetchall()
@@ -232,18 +238,24 @@ def _at_distance(ctx: EvalContext, size: Size, d: int, qas: list[QA], stream: np
         if "rag_embed" in want:
             index = EmbeddingIndex(embedder)
             index.add([t for _, t in filler_passages])
-        for i, qa in enumerate(qas):
-            with spliced(bank, model, memory, qa) as (doc_id, places):
-                got = _answers(ctx, size, want, qa, doc_id, places, bank, memory, index, filler_passages, embedder,
-                               backbone, full, stream[:d], reads)
-            for k in size.entrants:
-                scores[k].append({"id": qa.id, "answer": got[k], "contains": contains(got[k], qa.answers),
-                                  "em": exact_match(got[k], qa.answers), "f1": f1(got[k], qa.answers)})
-            fused = f"fused read the gold paragraph: {reads['fused'][-1]}; " if "fused" in reads else ""
-            ctx.log(f"bookqa at {d:,} tokens, question {i + 1}/{len(qas)}: {fused}answered: "
-                    + ", ".join(f"{k} {scores[k][-1]['contains']:.0f}" for k in size.entrants)
-                    + f" ({timer.seconds / 60:.1f} min)")
-    return scores, reads
+        i = 0
+        for key, block in blocks:
+            t0 = time.perf_counter()
+            scores: dict = {k: [] for k in size.entrants}
+            reads: dict = {f: [] for f in finders(size.entrants)}
+            for qa in block:
+                i += 1
+                with spliced(bank, model, memory, qa) as (doc_id, places):
+                    got = _answers(ctx, size, want, qa, doc_id, places, bank, memory, index, filler_passages,
+                                   embedder, backbone, full, stream[:d], reads)
+                for k in size.entrants:
+                    scores[k].append({"id": qa.id, "answer": got[k], "contains": contains(got[k], qa.answers),
+                                      "em": exact_match(got[k], qa.answers), "f1": f1(got[k], qa.answers)})
+                fused = f"fused read the gold paragraph: {reads['fused'][-1]}; " if "fused" in reads else ""
+                ctx.log(f"bookqa at {d:,} tokens, question {i}/{n} to run: {fused}answered: "
+                        + ", ".join(f"{k} {scores[k][-1]['contains']:.0f}" for k in size.entrants)
+                        + f" ({timer.seconds / 60:.1f} min)")
+            put(key, {"scores": scores, "reads": reads, "seconds": time.perf_counter() - t0})
 
 
 def _answers(ctx: EvalContext, size: Size, want: set[str], qa: QA, doc_id: int, places, bank: Bank, memory: Memory,
