@@ -182,8 +182,11 @@ def run(ctx: EvalContext) -> SuiteResult:
 
     size: Size = ctx.size("bookqa", QUICK, FULL)
     unknown = sorted(set(size.entrants) - set(LABELS))
-    if unknown or not size.entrants:
-        raise ValueError(f"bookqa.entrants: unknown {unknown}; choose among {', '.join(LABELS)}")
+    if unknown or not size.entrants or len(set(size.entrants)) < len(size.entrants):
+        raise ValueError(f"bookqa.entrants: {', '.join(size.entrants) or 'none'} (unknown: {unknown}); give each "
+                         f"once, among {', '.join(LABELS)}")
+    if size.block < 1:
+        raise ValueError(f"bookqa.block must be >= 1, got {size.block}")
     timer = Timer()
     model, bb = ctx.model, ctx.model.backbone
     backbone = BackboneLM(bb, model.segment_len)
@@ -191,8 +194,6 @@ def run(ctx: EvalContext) -> SuiteResult:
     qas = items(ctx, size.questions)
     stream, borrowed = filler(ctx, max(size.distances))
     embedder = Embedder.load() if "rag_embed" in size.entrants else None
-    if size.block < 1:
-        raise ValueError(f"bookqa.block must be >= 1, got {size.block}")
     units = ctx.task_log("bookqa", size, selects=("distances",))  # a unit: a block of questions at one distance
     results: dict = {k: {} for k in size.entrants}
     gold_read: dict = {f: {} for f in finders(size.entrants)}
