@@ -4,6 +4,7 @@ bank and memory is found, read and cited like any document, and afterwards both 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from test_passages import story
 from tiny import chat_model
@@ -65,3 +66,15 @@ def test_a_subset_of_entrants_records_the_finders_it_reads_with():
     assert finders(["oracle"]) == []
     assert finders(["rag_bm25", "longmem_fused"]) == ["fused", "lexical"]  # BM25-RAG reads the lexical finder's
     assert finders(["rag_embed"]) == ["embed"]
+
+
+@pytest.mark.parametrize("setting, message", [({"entrants": "oracle,nobody"}, "unknown: \\['nobody'\\]"),
+                                              ({"entrants": "oracle,oracle"}, "give each once"),
+                                              ({"block": "0"}, "bookqa.block must be >= 1")])
+def test_bad_bookqa_settings_are_refused_before_any_work(tmp_path, setting, message):
+    from longmem.eval.bookqa import run
+    from longmem.eval.core import EvalContext
+
+    ctx = EvalContext(None, [], tmp_path, tmp_path, overrides={"bookqa": setting})  # no model: nothing may load
+    with pytest.raises(ValueError, match=message):
+        run(ctx)
