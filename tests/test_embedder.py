@@ -148,3 +148,31 @@ def test_search_gives_at_most_len_hits_with_insertion_order_ids(index):
     assert hits[0][0] == 13 and hits[0][1] == pytest.approx(1.0, abs=1e-5)
     with pytest.raises(ValueError):
         index.search("anything", 0)
+
+
+def test_vectors_added_as_embedded_search_like_texts_added(embedder):
+    by_text, by_vector = EmbeddingIndex(embedder), EmbeddingIndex(embedder)
+    by_text.add(PASSAGES)
+    by_vector.add_vectors(embedder.encode(PASSAGES))
+    query = "Who kept the lighthouse light?"
+    assert [i for i, _ in by_vector.search(query, 3)] == [i for i, _ in by_text.search(query, 3)]
+    with pytest.raises(ValueError, match="vectors must be"):
+        by_vector.add_vectors(np.zeros((2, 5), dtype=np.float32))
+
+
+def test_a_filler_s_embeddings_are_kept_and_reused_only_for_the_same_texts(embedder, tmp_path):
+    """bookqa keeps the filler's passage embeddings beside its bank (a 1M-token filler takes minutes to embed)."""
+    from tiny import tiny_model
+
+    from longmem.eval.bookqa import filler_embeddings
+    from longmem.storage import BankDirectory
+
+    with BankDirectory(tmp_path / "banks").create("filler", tiny_model("llama")) as bank:
+        first = filler_embeddings(bank, embedder, PASSAGES[:5])
+        kept = tmp_path / "banks" / "filler.embeddings.npz"
+        assert kept.exists() and np.allclose(first, embedder.encode(PASSAGES[:5]), atol=1e-5)
+        kept_at = kept.stat().st_mtime_ns
+        assert np.array_equal(filler_embeddings(bank, embedder, PASSAGES[:5]), first)
+        assert kept.stat().st_mtime_ns == kept_at  # reused, not written again
+        other = filler_embeddings(bank, embedder, PASSAGES[5:9])  # other texts: embedded afresh
+        assert np.allclose(other, embedder.encode(PASSAGES[5:9]), atol=1e-5)

@@ -137,7 +137,16 @@ class EmbeddingIndex:
     def add(self, texts: list[str], batch_size: int = 32, progress: Progress | None = None) -> None:
         """Embed ``texts`` and append them; they get ids len(self), len(self) + 1, ... in order."""
         if texts:
-            self.index.add(self.embedder.encode(texts, batch_size=batch_size, progress=progress))
+            self.add_vectors(self.embedder.encode(texts, batch_size=batch_size, progress=progress))
+
+    def add_vectors(self, vectors: np.ndarray) -> None:
+        """Append texts already embedded by this index's embedder (e.g. kept from an earlier run): (n, dim)
+        float32 rows of unit norm, ids continuing as in ``add``."""
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self.embedder.dim:
+            raise ValueError(f"vectors must be (n, {self.embedder.dim}), got {vectors.shape}")
+        if len(vectors):
+            self.index.add(vectors)
 
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
         """The ``min(k, len(self))`` texts closest to ``query`` as (id, cosine similarity), best first."""
