@@ -415,3 +415,15 @@ def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path,
     assert main(["report", "--out", str(out), "--docs", str(docs)]) == 0
     assert "Title of recall" not in docs.read_text() and not (kept / "recall.json").exists()
     assert main(["report", "--out", str(out)]) == 2  # report needs --docs
+
+
+def test_a_result_written_before_csz_was_renamed_reads_and_reports_its_chunk_size():
+    from longmem.cli.eval import results_document
+    from longmem.eval.core import SuiteResult
+
+    old = {"suite": "squad", "title": "SQuAD", "tables": [], "data": {}, "size": {"test": 20, "csz": 2},
+           "plots": [], "notes": [], "seconds": 60.0,
+           "provenance": {"sidenet": "shipped", "topk": 1024, "csz": 4, "command": "longmem eval squad"}}
+    result = SuiteResult.from_json(old)
+    assert result.size == {"test": 20, "chunk_size": 2} and result.provenance["chunk_size"] == 4
+    assert "chunks of 4" in results_document([result], "results")

@@ -262,8 +262,13 @@ class SuiteResult:
 
     @classmethod
     def from_json(cls, d: dict) -> "SuiteResult":
+        """A result as ``to_json`` wrote it, settings renamed since under their current names (size, provenance)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        kw = {k: v for k, v in d.items() if k in known}
+        for k in ("size", "provenance"):
+            if isinstance(kw.get(k), dict):
+                kw[k] = current_names(kw[k])
+        return cls(**kw)
 
 
 class Timer:
