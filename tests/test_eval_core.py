@@ -208,6 +208,20 @@ def test_a_unit_recorded_under_a_setting_s_old_name_resumes(tmp_path):
     assert TaskLog(path, other, resume=True, log=lambda m: None).get("SST-2/0") is None
 
 
+def test_a_unit_recorded_before_a_setting_joined_the_signature_counts_as_made_at_its_default(tmp_path):
+    """The committed ICL units predate ``segment_len`` in the signature (every run then used 1024) and bookqa's
+    ``budget`` size field: a run at the defaults reuses them; a run at another window or budget does not."""
+    from longmem.eval.core import TaskLog
+
+    path = tmp_path / "bookqa.tasks.jsonl"
+    TaskLog(path, {"size": {"questions": 8}, "seed": 0}, resume=False).put("4096/0", {"scores": 1})
+    defaults = {"size": {"questions": 100, "budget": 640}, "segment_len": 1024}
+    today = {"size": {"questions": 8, "budget": 640}, "seed": 0, "segment_len": 1024}
+    assert TaskLog(path, today, resume=True, log=lambda m: None, defaults=defaults).get("4096/0") == {"scores": 1}
+    for other in ({**today, "segment_len": 2048}, {**today, "size": {"questions": 8, "budget": 1500}}):
+        assert TaskLog(path, other, resume=True, log=lambda m: None, defaults=defaults).get("4096/0") is None
+
+
 def test_a_run_asking_for_fewer_or_more_units_reuses_those_it_shares(tmp_path):
     ctx = EvalContext(None, [], tmp_path, tmp_path, resume=True, log=lambda m: None, provenance={"commit": "abc"})
     selects = ("sets", "seeds")

@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--untrained", action="store_true", help="evaluate the untrained SideNet")
     p.add_argument("--memtrm", default=None, metavar="CKPT",
                    help="a trained MemTRM baseline checkpoint (python -m training --model memtrm) to compare too")
+    p.add_argument("--segment-len", type=int, default=None, metavar="TOKENS",
+                   help="LongMem's local window, and the same-window backbone's (default: the checkpoint's, 1024); "
+                        "a chat reads its passages into it")
     p.add_argument("--full-context", type=int, default=None,
                    help="context of the full-attention backbone row (default: the backbone's native context)")
     p.add_argument("--set", action="append", default=[], metavar="SUITE.FIELD=VALUE",
@@ -79,9 +82,10 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, str]]:
 def load_model(args: argparse.Namespace):
     from longmem.model.longmem import LongMemConfig, LongMemModel
 
+    window = {"segment_len": args.segment_len} if args.segment_len else {}
     if args.checkpoint:
-        return LongMemModel.load(args.checkpoint, runtime={"dtype": args.dtype}).eval()
-    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype),
+        return LongMemModel.load(args.checkpoint, runtime={"dtype": args.dtype, **window}).eval()
+    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype, **window),
                                     pretrained=not args.untrained).eval()
 
 
@@ -118,7 +122,7 @@ def provenance(model, argv: list[str], sidenet: str, memtrm: str | None, dtype: 
             "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine,
             "platform": platform.platform(), "backbone": model.backbone.name,
             "sidenet": sidenet, "sidenet_sha256": sidenet_sha256, "topk": model.config.topk,
-            "chunk_size": model.config.chunk_size, "memtrm": memtrm}
+            "chunk_size": model.config.chunk_size, "segment_len": model.segment_len, "memtrm": memtrm}
 
 
 def reduced_from_full(result: SuiteResult) -> dict[str, tuple]:

@@ -79,6 +79,7 @@ class Size:
     distances: list[int] = field(default_factory=lambda: [4096, 16384, 65536, 262144, 1048576])  # D, in tokens
     questions: int = 100  # SQuAD dev questions, one per paragraph, the same at every distance
     passages: int = 4  # passages an answer reads at most
+    budget: int = 640  # tokens of passages an answer reads at most (what fits the window is the other bound)
     new_tokens: int = 24  # tokens generated per answer at most
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
     block: int = 10  # questions per recorded work unit (--resume goes on from the last finished block)
@@ -292,7 +293,8 @@ def _answers(ctx: EvalContext, size: Size, want: set[str], qa: QA, doc_id: int, 
     for key, how in FINDER_ENTRANTS.items():
         if how not in reads:
             continue
-        found = find_for_chat(finder, chat, qa.question, Reading(finder=how, passages=size.passages))
+        found = find_for_chat(finder, chat, qa.question, Reading(finder=how, passages=size.passages,
+                                                                 budget=size.budget))
         reads[how].append(any(f.passage.document_id == doc_id for f in found))
         if key in want:
             got[key] = answer(model, memory, qa.question, reading_prompt(qa.question, found), size)
@@ -325,7 +327,7 @@ def _embedded(bank: Bank, index, filler_passages: list, embedder, qa: QA, doc_id
     ranked = sorted(ranked, key=lambda x: -x[1])[: size.passages]
     refs = {r.id: r for r in bank.passages([p for p, _ in ranked])}
     found = [Found(refs[p], s, {"embed": i}) for i, (p, s) in enumerate(ranked, 1) if p in refs]
-    budget = min(Reading().budget, chat.model.segment_len - size.new_tokens
+    budget = min(size.budget, chat.model.segment_len - size.new_tokens
                  - chat.prompt_ids(qa.question, history=False).shape[1] - 16)
     return fit(found, chat.model.backbone.tokenizer, budget)
 

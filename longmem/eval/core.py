@@ -149,21 +149,32 @@ class EvalContext:
         machine = self.provenance.get("machine", {})
         made = {k: v for k, v in asdict(size).items() if k not in selects}
         signature = json.loads(json.dumps({"size": made, "seed": self.seed, "dtype": machine.get("dtype"), **same}))
+        defaults = {k: v for k, v in asdict(type(size)()).items() if k not in selects}  # the size class's defaults
+        defaults = json.loads(json.dumps({"size": defaults, **ADDED_LATER}))
         return TaskLog(self.out_dir / f"{suite}.tasks.jsonl", signature, self.resume, self.log,
-                       made_at=f"{self.provenance.get('commit', 'unknown')} on {machine.get('cpu', 'unknown')}")
+                       made_at=f"{self.provenance.get('commit', 'unknown')} on {machine.get('cpu', 'unknown')}",
+                       defaults=defaults)
 
 
 # what a resumed unit shares with the run, beside its size, seed and dtype
-SAME_RUN = ("backbone", "sidenet_sha256", "topk", "chunk_size", "memtrm")  # the SideNet by its weights, not its path
+SAME_RUN = ("backbone", "sidenet_sha256", "topk", "chunk_size", "segment_len", "memtrm")  # the SideNet by its weights
+# signature keys added after units were recorded without them, and the value every such unit was made with
+ADDED_LATER = {"segment_len": 1024}
 
 
-def upgraded(signature: dict | None) -> dict | None:
-    """A recorded unit's signature with renamed settings (here and in its size) under their current names."""
+def upgraded(signature: dict | None, defaults: dict | None = None) -> dict | None:
+    """A recorded unit's signature as a run would write it today: renamed settings (here and in its size) under
+    their current names, and keys added since (``defaults``: a signature at every default, its size included)
+    at their defaults, which is what a unit recorded before a key existed was made with."""
     if not isinstance(signature, dict):
         return signature
     out = current_names(signature)
     if isinstance(out.get("size"), dict):
         out["size"] = current_names(out["size"])
+    if defaults:
+        out = {**{k: v for k, v in defaults.items() if k != "size"}, **out}
+        if isinstance(out.get("size"), dict) and isinstance(defaults.get("size"), dict):
+            out["size"] = {**defaults["size"], **out["size"]}
     return out
 
 
@@ -171,12 +182,15 @@ class TaskLog:
     """A long suite's finished work units (e.g. one ICL set under one seed), appended to a JSON-lines file as each
     finishes, so that a run cut off (a session's end) goes on where it stopped: with ``resume``, the units the file
     holds under the same ``signature`` (size, seed, models, dtype) are reused and those of other signatures are kept
-    for the runs they belong to; without it the file starts afresh.
+    for the runs they belong to; without it the file starts afresh. A unit recorded before a setting was renamed or
+    added to the signature is read as today's runs write it (``upgraded``; ``defaults``: the signature at every
+    default).
     Each unit records the commit and CPU that made it (``made_at``, "<commit> on <cpu>"): a result names them all
     (``commits``); thread counts and machines may differ between the runs that share a record. Each line is written
     whole and flushed to disk before the next unit starts."""
 
-    def __init__(self, path: Path, signature: dict, resume: bool, log: Log = print, made_at: str = "unknown"):
+    def __init__(self, path: Path, signature: dict, resume: bool, log: Log = print, made_at: str = "unknown",
+                 defaults: dict | None = None):
         self.path, self.signature, self.made_at = Path(path), signature, made_at
         self.units: dict[str, object] = {}
         self.made: dict[str, str] = {}  # unit -> commit
@@ -188,7 +202,7 @@ class TaskLog:
                 except json.JSONDecodeError:  # a line cut off by a kill: that unit runs again
                     continue
                 kept.append(line + "\n")  # other runs' units stay: a run in another dtype or size loses nothing
-                if upgraded(row.get("signature")) == signature:
+                if upgraded(row.get("signature"), defaults) == signature:
                     self.units[row["key"]] = row["value"]
                     self.made[row["key"]] = row.get("commit", "unknown")
             write_file_atomic(self.path, "".join(kept).encode())  # whole lines only: the next unit starts its own
