@@ -224,6 +224,8 @@ def cmd_bench(args, rest: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from longmem.tasks.reading import DEFAULT_FINDER, FINDERS
+
     parser = argparse.ArgumentParser(prog="longmem", description="A language model with a long-term memory.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -232,9 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        "each question and cite them")
     chat.add_argument("--file", help="a book to read for this run (txt, md, html, epub, pdf)")
     chat.add_argument("--ask", help="ask this one question and exit (non-interactive)")
-    chat.add_argument("--reading", default="fused", choices=["fused", "memory", "lexical", "none"],
-                      help="how the passages an answer reads are found: LongMem's memory retrieval and BM25 fused, "
-                           "one of them, or none (the paper's memory fusion alone)")
+    chat.add_argument("--reading", default=DEFAULT_FINDER, choices=list(FINDERS),
+                      help="how the passages an answer reads are found: BM25 over the bank's passages (lexical), "
+                           "LongMem's memory retrieval and BM25 fused, memory retrieval alone, or none (the paper's "
+                           "memory fusion alone)")
     chat.add_argument("--passages", type=int, default=4, help="passages an answer reads at most")
     _model_args(chat)
     _sampling_args(chat)

@@ -12,4 +12,5 @@ SUITES = {  # name -> module (imported when the suite runs)
     "ablations": "longmem.eval.ablations",  # 6. chunk size and memory size (figure 4)
     "recall": "longmem.eval.recall",  # 7. long-range recall by distance (beyond the paper)
     "bookqa": "longmem.eval.bookqa",  # 8. questions about a long text, read and cited (beyond the paper)
+    "natural": "longmem.eval.natural",  # 9. natural questions about whole books (beyond the paper)
 }

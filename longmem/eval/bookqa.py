@@ -9,32 +9,15 @@ item. Segments are encoded independently, so this is exactly the bank a user wou
 Each block of ``block`` questions at one distance is a recorded work unit (``--resume``), so a run of hours can stop
 and go on; the filler's bank, memory and embeddings are loaded once per distance for the blocks still to run.
 
-Entrants, each answering greedily in the chat template, up to ``new_tokens`` tokens, with up to ``passages``
-passages read (what fits the window after the question and the answer):
-
-- ``longmem``: LongMem with the haystack in memory, reading nothing (the paper's memory fusion alone);
-- ``longmem_memory``, ``longmem_lexical``, ``longmem_fused``: LongMem reading the passages that finder found
-  (``longmem.tasks.reading``), memory attached;
-- ``rag_bm25``: the backbone (same window, no memory) reading the best BM25 passages;
-- ``rag_embed``: the backbone reading the passages closest to the question under all-MiniLM-L6-v2
-  (``longmem.model.embedder``), what a document-chat app would use;
-- ``backbone_full``: the backbone reading the last tokens of the haystack that fit its native context (8k), then
-  the question (the paragraph is in view only when D is short);
-- ``oracle`` and ``oracle_backbone``: LongMem and the backbone reading the gold paragraph alone: what reading can
-  give at best with each model. The targets compare LongMem to its own oracle.
-
-Scores. A chat model answers in sentences ("The V&A co-owns Canova's The Three Graces."), so the headline is the
-rule of the project's ``bookqa/natural-dev.jsonl``: an answer counts when it contains a gold answer (both under
-SQuAD's normalisation). SQuAD EM and F1 of the same answer are reported beside it (EM is near 0 for every entrant
-for that reason). The answer is the whole generation (``new_tokens`` at most), lines joined. Per finder, also the
-share of questions whose gold paragraph was among the passages read.
+Entrants and scores: ``longmem.eval.answering`` (LongMem reading nothing, reading each finder's passages; BM25-RAG and
+embedding RAG with the same backbone and window; the 8k backbone on the haystack's tail; the oracles reading the
+item's paragraph alone). Per finder, also the share of questions whose gold paragraph was among the passages read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,35 +26,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, legend_below, mean_std, table
-from longmem.eval.datasets.squad import QA, exact_match, f1, normalize_answer, read_squad
+from longmem.eval.answering import (LABELS, Asked, Haystack, Reader, check_entrants, finders, indexed_haystack, scored,
+                                    summary, text_bank, versus_notes)
+from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, legend_below, table
+from longmem.eval.datasets.squad import QA, read_squad
 from longmem.eval.recall import borrowed_note, distance_label, filler
-from longmem.ingest.pipeline import cut_segments, ingest, store_segment
+from longmem.ingest.pipeline import cut_segments, store_segment
 from longmem.ingest.readers import Block
 from longmem.memory.memory import Memory
 from longmem.model.baselines import BackboneLM
-from longmem.model.lm import Sampling
-from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, PassageRef
-from longmem.tasks.chat import Chat
-from longmem.tasks.reading import Found, PassageFinder, Reading, find_for_chat, fit, reading_prompt
+from longmem.tasks.reading import Found
 from longmem.text.passages import PassageCutter
-from longmem.util.files import write_file_atomic
-
-FINDER_ENTRANTS = {"longmem_memory": "memory", "longmem_lexical": "lexical", "longmem_fused": "fused"}
-LABELS = {
-    "longmem": "LongMem, memory fusion alone (reads nothing)",
-    "longmem_memory": "LongMem reading what its memory retrieval finds",
-    "longmem_lexical": "LongMem reading what BM25 finds",
-    "longmem_fused": "LongMem reading both, fused (the app's default)",
-    "rag_bm25": "BM25-RAG: the backbone reading what BM25 finds",
-    "rag_embed": "embedding RAG: the backbone reading what all-MiniLM-L6-v2 finds",
-    "backbone_full": "the backbone, native context (8k) of the haystack",
-    "oracle": "oracle: LongMem reading the gold paragraph",
-    "oracle_backbone": "oracle: the backbone reading the gold paragraph",
-}
-TEXT_PROMPT = "Answer the question from this text.\n\n{text}\n\nQuestion: {question}"
 
 
 @dataclass
@@ -100,37 +67,7 @@ def items(ctx: EvalContext, n: int) -> list[QA]:
 
 def filler_bank(ctx: EvalContext, tokens: np.ndarray) -> Bank:
     """The bank of the filler text (ingested once; a later run with the same text and backbone reuses it)."""
-    tok, model = ctx.tokenizer, ctx.model
-    text = tok.decode(tokens.tolist())
-    digest = hashlib.sha256(text.encode() + model.backbone.fingerprint().encode()).hexdigest()[:12]
-    root = ctx.out_dir / "bookqa-banks"
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / f"filler-{len(tokens)}-{digest}.txt"
-    if not path.exists():
-        path.write_text(text, encoding="utf-8")
-    directory = BankDirectory(root)
-    name = path.stem
-    bank = directory.open(name) if directory.exists(name) else directory.create(name, model)
-    res = ingest(bank, model, path, title="filler")
-    ctx.log(f"bookqa filler of {len(tokens):,} tokens: {res.action} ({res.tokens:,} tokens, {res.seconds:.0f} s)")
-    return bank
-
-
-def filler_embeddings(bank: Bank, embedder, texts: list[str]) -> np.ndarray:
-    """The embeddings of the filler's passage ``texts`` (n, dim), kept beside its bank and reused while the texts
-    are the same (embedding a 1M-token filler takes ~12 minutes on a 2-core CPU)."""
-    path = bank.path.parent / f"{bank.name}.embeddings.npz"
-    made_by = f"{embedder.model.config.name_or_path}|{embedder.max_length}"
-    digest = hashlib.sha256("\x00".join([made_by, *texts]).encode()).hexdigest()
-    if path.exists():
-        with np.load(path) as kept:
-            if str(kept["digest"]) == digest and kept["vectors"].shape == (len(texts), embedder.dim):
-                return kept["vectors"]
-    vectors = embedder.encode(texts)
-    buf = io.BytesIO()
-    np.savez(buf, vectors=vectors, digest=np.array(digest))
-    write_file_atomic(path, buf.getvalue())
-    return vectors
+    return text_bank(ctx, "bookqa-banks", f"filler-{len(tokens)}", ctx.tokenizer.decode(tokens.tolist()), "filler")
 
 
 @contextlib.contextmanager
@@ -168,29 +105,6 @@ def _starts(n: int) -> torch.Tensor:
     return starts
 
 
-def answer(lm, memory, question: str, reading: str | None, size: Size) -> str:
-    """The entrant's greedy answer to ``question`` (reading ``reading`` in its place), its lines joined."""
-    tok = lm.backbone.tokenizer
-    stop = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
-    chat = Chat(lm, memory, Sampling(max_new_tokens=size.new_tokens, temperature=0, stop_ids=stop))
-    return " ".join("".join(chat.ask(question, reading)).split())
-
-
-def contains(answer: str, golds) -> float:
-    """1.0 when the normalised answer contains a normalised gold answer as whole words, else 0.0."""
-    text = f" {normalize_answer(answer)} "
-    return float(any(f" {g} " in text for g in map(normalize_answer, golds) if g))
-
-
-def window_text(lm, question: str, haystack: np.ndarray, size: Size) -> str:
-    """The backbone's full-context prompt: the haystack's last tokens that fit with the question and the answer."""
-    tok = lm.backbone.tokenizer
-    chat = Chat(lm, None, Sampling(max_new_tokens=size.new_tokens))
-    room = lm.segment_len - size.new_tokens - chat.prompt_ids(TEXT_PROMPT.format(text="", question=question),
-                                                              history=False).shape[1] - 8
-    return TEXT_PROMPT.format(text=tok.decode(haystack[-room:].tolist()), question=question)
-
-
 def gold_found(qa: QA, doc_id: int) -> Found:
     ref = PassageRef(id=-1, document_id=doc_id, document=qa.title, chapter=None, char_start=0,
                      char_end=len(qa.passage), document_chars=len(qa.passage), text=qa.passage)
@@ -201,19 +115,16 @@ def run(ctx: EvalContext) -> SuiteResult:
     from longmem.model.embedder import Embedder
 
     size: Size = ctx.size("bookqa", QUICK, FULL)
-    unknown = sorted(set(size.entrants) - set(LABELS))
-    if unknown or not size.entrants or len(set(size.entrants)) < len(size.entrants):
-        raise ValueError(f"bookqa.entrants: {', '.join(size.entrants) or 'none'} (unknown: {unknown}); give each "
-                         f"once, among {', '.join(LABELS)}")
+    check_entrants("bookqa", size.entrants)
     if size.block < 1:
         raise ValueError(f"bookqa.block must be >= 1, got {size.block}")
     timer = Timer()
     model, bb = ctx.model, ctx.model.backbone
-    backbone = BackboneLM(bb, model.segment_len)
-    full = BackboneLM(bb, bb.spec.max_positions)
+    reader = Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions),
+                    Embedder.load() if "rag_embed" in size.entrants else None, size.passages, size.budget,
+                    size.new_tokens)
     qas = items(ctx, size.questions)
     stream, borrowed = filler(ctx, max(size.distances))
-    embedder = Embedder.load() if "rag_embed" in size.entrants else None
     units = ctx.task_log("bookqa", size, selects=("distances",))  # a unit: a block of questions at one distance
     results: dict = {k: {} for k in size.entrants}
     gold_read: dict = {f: {} for f in finders(size.entrants)}
@@ -222,43 +133,27 @@ def run(ctx: EvalContext) -> SuiteResult:
         blocks = [(f"{d}/{b}", qas[b:b + size.block]) for b in range(0, len(qas), size.block)]
         todo = [(key, block) for key, block in blocks if units.get(key) is None]
         if todo:
-            _at_distance(ctx, size, d, todo, stream, embedder, backbone, full, timer, units.put)
+            _at_distance(ctx, size, d, todo, stream, reader, timer, units.put)
         done = [units.get(key) for key, _ in blocks]
         seconds += sum(u["seconds"] for u in done)
         for k in size.entrants:
-            results[k][str(d)] = _summary([r for u in done for r in u["scores"][k]])
+            results[k][str(d)] = summary([r for u in done for r in u["scores"][k]])
         for f in gold_read:
             r = [x for u in done for x in u["reads"][f]]
             gold_read[f][str(d)] = float(np.mean(r)) if r else float("nan")
     return _result(ctx, size, qas, results, gold_read, borrowed, seconds, units.commits())
 
 
-def finders(entrants: list[str]) -> list[str]:
-    """The finders whose gold-paragraph reads ``entrants`` record: one per reading LongMem entrant, and the
-    embedder's for embedding RAG (BM25-RAG reads what the lexical finder found)."""
-    out = [f for k, f in FINDER_ENTRANTS.items() if k in entrants]
-    if "rag_bm25" in entrants and "lexical" not in out:
-        out.append("lexical")
-    return out + ["embed"] * ("rag_embed" in entrants)
-
-
 def _at_distance(ctx: EvalContext, size: Size, d: int, blocks: list[tuple[str, list[QA]]], stream: np.ndarray,
-                 embedder, backbone, full, timer: Timer, put) -> None:
+                 reader: Reader, timer: Timer, put) -> None:
     """Every entrant's answer to each block's questions with their paragraph ``d`` tokens before them; each block is
     recorded by ``put(key, unit)`` as it finishes, unit = {"scores": entrant -> per-question scores, "reads": finder ->
     per-question whether the gold paragraph was read, "seconds"}. The filler's bank, memory and embedding index are
     loaded once for all the blocks."""
-    from longmem.model.embedder import EmbeddingIndex
-
     model, want = ctx.model, set(size.entrants)
     n = sum(len(block) for _, block in blocks)
     with filler_bank(ctx, stream[:d]) as bank:
-        memory = bank.load_memory(model)
-        filler_passages = bank.db.execute("SELECT id, text FROM passages ORDER BY id").fetchall()
-        index = None
-        if "rag_embed" in want:
-            index = EmbeddingIndex(embedder)
-            index.add_vectors(filler_embeddings(bank, embedder, [t for _, t in filler_passages]))
+        hay = indexed_haystack(bank, bank.load_memory(model), stream[:d], reader.embedder)
         i = 0
         for key, block in blocks:
             t0 = time.perf_counter()
@@ -266,12 +161,10 @@ def _at_distance(ctx: EvalContext, size: Size, d: int, blocks: list[tuple[str, l
             reads: dict = {f: [] for f in finders(size.entrants)}
             for qa in block:
                 i += 1
-                with spliced(bank, model, memory, qa) as (doc_id, places):
-                    got = _answers(ctx, size, want, qa, doc_id, places, bank, memory, index, filler_passages,
-                                   embedder, backbone, full, stream[:d], reads)
+                with spliced(bank, model, hay.memory, qa) as (doc_id, places):
+                    got = reader.answers(want, _asked(bank, qa, doc_id), _with_paragraph(ctx, hay, qa, places), reads)
                 for k in size.entrants:
-                    scores[k].append({"id": qa.id, "answer": got[k], "contains": contains(got[k], qa.answers),
-                                      "em": exact_match(got[k], qa.answers), "f1": f1(got[k], qa.answers)})
+                    scores[k].append({"id": qa.id, **scored(got[k], qa.answers)})
                 fused = f"fused read the gold paragraph: {reads['fused'][-1]}; " if "fused" in reads else ""
                 ctx.log(f"bookqa at {d:,} tokens, question {i}/{n} to run: {fused}answered: "
                         + ", ".join(f"{k} {scores[k][-1]['contains']:.0f}" for k in size.entrants)
@@ -279,64 +172,17 @@ def _at_distance(ctx: EvalContext, size: Size, d: int, blocks: list[tuple[str, l
             put(key, {"scores": scores, "reads": reads, "seconds": time.perf_counter() - t0})
 
 
-def _answers(ctx: EvalContext, size: Size, want: set[str], qa: QA, doc_id: int, places, bank: Bank, memory: Memory,
-             index, filler_passages: list, embedder, backbone, full, filler_tokens: np.ndarray,
-             reads: dict) -> dict[str, str]:
-    """The wanted entrants' answers to one spliced item (entrant -> answer); appends to ``reads`` whether each
-    finder read the gold paragraph."""
-    model = ctx.model
-    finder = PassageFinder(bank, model, memory, places)
-    chat = Chat(model, memory, Sampling(max_new_tokens=size.new_tokens))
-    got = {}
-    if "longmem" in want:
-        got["longmem"] = answer(model, memory, qa.question, None, size)
-    for key, how in FINDER_ENTRANTS.items():
-        if how not in reads:
-            continue
-        found = find_for_chat(finder, chat, qa.question, Reading(finder=how, passages=size.passages,
-                                                                 budget=size.budget))
-        reads[how].append(any(f.passage.document_id == doc_id for f in found))
-        if key in want:
-            got[key] = answer(model, memory, qa.question, reading_prompt(qa.question, found), size)
-        if how == "lexical" and "rag_bm25" in want:
-            got["rag_bm25"] = answer(backbone, None, qa.question, reading_prompt(qa.question, found), size)
-    if "rag_embed" in want:
-        found = _embedded(bank, index, filler_passages, embedder, qa, doc_id, chat, size)
-        reads["embed"].append(any(f.passage.document_id == doc_id for f in found))
-        got["rag_embed"] = answer(backbone, None, qa.question, reading_prompt(qa.question, found), size)
-    if "backbone_full" in want:
-        paragraph = np.asarray(ctx.tokenizer(qa.passage, add_special_tokens=False).input_ids)
-        haystack = np.concatenate([paragraph, filler_tokens])
-        got["backbone_full"] = answer(full, None, qa.question, window_text(full, qa.question, haystack, size), size)
-    gold = reading_prompt(qa.question, [gold_found(qa, doc_id)])
-    if "oracle" in want:
-        got["oracle"] = answer(model, memory, qa.question, gold, size)
-    if "oracle_backbone" in want:
-        got["oracle_backbone"] = answer(backbone, None, qa.question, gold, size)
-    return got
+def _asked(bank: Bank, qa: QA, doc_id: int) -> Asked:
+    """The item as the entrants meet it: the gold is the spliced paragraph's document."""
+    own = [(int(p), t) for p, t in bank.db.execute("SELECT id, text FROM passages WHERE document_id = ? ORDER BY id",
+                                                   [doc_id]).fetchall()]
+    return Asked(qa.question, qa.answers, [gold_found(qa, doc_id)], lambda f: f.passage.document_id == doc_id, own)
 
 
-def _embedded(bank: Bank, index, filler_passages: list, embedder, qa: QA, doc_id: int, chat: Chat,
-              size: Size) -> list[Found]:
-    """The passages closest to the question under the embedder: the filler's (indexed once) and the item's."""
-    item = bank.db.execute("SELECT id, text FROM passages WHERE document_id = ? ORDER BY id", [doc_id]).fetchall()
-    query = embedder.encode([qa.question])[0]
-    ranked = [(filler_passages[i][0], s) for i, s in index.search(qa.question, size.passages)]
-    if item:
-        ranked += [(pid, float(e @ query)) for (pid, _), e in zip(item, embedder.encode([t for _, t in item]))]
-    ranked = sorted(ranked, key=lambda x: -x[1])[: size.passages]
-    refs = {r.id: r for r in bank.passages([p for p, _ in ranked])}
-    found = [Found(refs[p], s, {"embed": i}) for i, (p, s) in enumerate(ranked, 1) if p in refs]
-    budget = min(size.budget, chat.model.segment_len - size.new_tokens
-                 - chat.prompt_ids(qa.question, history=False).shape[1] - 16)
-    return fit(found, chat.model.backbone.tokenizer, budget)
-
-
-def _summary(rows: list[dict]) -> dict:
-    """Percentages of the items' scores, with a 95% interval (normal approximation) for the headline."""
-    out = {m: 100 * float(np.mean([r[m] for r in rows])) for m in ("contains", "em", "f1")}
-    out["contains_ci95"] = 196 * mean_std([r["contains"] for r in rows])[1] / max(1, len(rows)) ** 0.5
-    return {**out, "items": rows}
+def _with_paragraph(ctx: EvalContext, hay: Haystack, qa: QA, places: ChunkPlaces) -> Haystack:
+    """The filler's haystack with the item's paragraph in front (and its chunks in ``places``)."""
+    paragraph = np.asarray(ctx.tokenizer(qa.passage, add_special_tokens=False).input_ids)
+    return Haystack(hay.bank, hay.memory, np.concatenate([paragraph, hay.tokens]), places, hay.index, hay.indexed)
 
 
 def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commits: list[str]) -> SuiteResult:
@@ -352,16 +198,9 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
                   [[f] + [f"{100 * gold_read[f][d]:.0f}%" for d in ds] for f in gold_read])
     avg = {k: float(np.mean([results[k][d]["contains"] for d in ds])) for k in results}
     notes = [f"{len(qas)} SQuAD dev questions (one per paragraph) at each distance. Answered: % of answers that "
-             "contain a gold answer (± a 95% interval); then SQuAD EM and F1, in %. The second table: the share of "
-             "questions whose gold paragraph was among the passages read, per finder."]
-    if {"longmem_fused", "oracle"} <= avg.keys():
-        oracle = avg["oracle"]
-        notes.append(f"LongMem reading (fused) answers {avg['longmem_fused']:.1f}% on average, "
-                     f"{100 * avg['longmem_fused'] / oracle:.0f}% of its oracle's {oracle:.1f}% (target: >= 90%)"
-                     if oracle > 0 else "LongMem's oracle answers none: the ratio to it is undefined at this size.")
-    if {"longmem_fused", "rag_bm25", "rag_embed"} <= avg.keys():
-        notes.append(f"Against the RAG baselines on the average: LongMem fused {avg['longmem_fused']:.1f}%, BM25-RAG "
-                     f"{avg['rag_bm25']:.1f}%, embedding RAG {avg['rag_embed']:.1f}%.")
+             "contain a gold answer (± a 95% interval); then SQuAD EM and F1, in %. The gold passage is the item's "
+             "paragraph. The second table: the share of questions whose gold paragraph was among the passages read, "
+             "per finder.", *versus_notes(avg)]
     if set(results) != set(LABELS):
         notes.append(f"Entrants run: {', '.join(results)} (bookqa.entrants).")
     if borrowed:

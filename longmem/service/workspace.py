@@ -44,7 +44,8 @@ from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.records import BankBusy, BankError, BankExists
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import Citation, Found, PassageFinder, Reading, citations, find_for_chat, reading_prompt
+from longmem.tasks.reading import (DEFAULT_FINDER, Citation, Found, PassageFinder, Reading, citations, find_for_chat,
+                                   reading_prompt)
 from longmem.text.io import InputError, stream_text
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,8 @@ class Settings:
     chunks: int | None = None  # memory chunks each query token retrieves per head; None = the model's K / chunk size
     chunk_size: int | None = None  # chunk size used for retrieval, a divisor of the bank's; None = the bank's own
     seed: int | None = None  # for reproducible sampling
-    reading: str = "fused"  # passages a chat reads before answering: found by "fused", "memory" or "lexical"
-    #                         ranking (``longmem.tasks.reading``), or "none" (the paper's memory fusion alone)
+    reading: str = DEFAULT_FINDER  # passages a chat reads before answering: found by "lexical", "fused" or "memory"
+    #                                ranking (``longmem.tasks.reading``), or "none" (the paper's memory fusion alone)
     passages: int = 4  # passages read at most (within what the window leaves after the question and the answer)
 
     def sampling(self, stop_ids: tuple[int, ...] = ()) -> Sampling:

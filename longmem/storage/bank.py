@@ -513,6 +513,10 @@ class Bank(AppRecords):
         """Passages by id, with their places, in the order given."""
         return bank_passages.fetch(self.db, ids)
 
+    def document_text(self, doc_id: int) -> str:
+        """A document's whole text as stored (its segments' text, in order)."""
+        return bank_passages.document_text(self.db, doc_id)
+
     def document_text_between(self, doc_id: int, start: int, end: int) -> str:
         """Characters ``start`` to ``end`` of a document's text (to show a passage in its surroundings)."""
         return bank_passages.text_between(self.db, doc_id, start, end)
