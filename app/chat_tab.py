@@ -14,6 +14,9 @@ from longmem.tasks.reading import FINDERS, Citation
 from .common import BOOK_TYPES, file_paths, friendly, job_html
 from .shared import Shared
 
+FINDER_NAMES = {"lexical": "words (BM25)", "fused": "memory retrieval and words, fused", "memory": "memory retrieval",
+                "none": "none"}
+
 
 def passages_markdown(passages: list[PassageHit]) -> str:
     parts = []
@@ -64,8 +67,9 @@ def settings_panel(ws: Workspace, max_tokens: int, reading: bool = False) -> lis
         extra = []
         if reading:
             with gr.Row():
-                extra = [gr.Dropdown(list(FINDERS), value=Settings.reading, elem_id="reading",
-                                     label="Read passages found by", info="none: the paper's memory fusion alone"),
+                extra = [gr.Dropdown([(FINDER_NAMES[f], f) for f in FINDERS], value=Settings.reading,
+                                     elem_id="reading", label="Read passages found by",
+                                     info="none: the paper's memory fusion alone"),
                          gr.Slider(0, 8, value=Settings.passages, step=1, label="Passages read at most")]
         with gr.Row():
             temperature = gr.Slider(0.0, 1.5, value=0.7, step=0.05, label="Temperature (0 = greedy)")

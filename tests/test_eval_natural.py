@@ -1,0 +1,92 @@
+"""The natural suite on a tiny llama and real banks: a whole book in memory, a reader's question, the passage that
+states the answer marked gold; questions whose evidence a cut book lacks are left out; a run resumes per book."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_passages import story
+from tiny import chat_model
+
+from longmem.eval.core import EvalContext
+from longmem.eval.natural import gold_passages, paired, read_questions, run
+from longmem.ingest.pipeline import ingest
+from longmem.storage import BankDirectory
+
+ZEPPELIN = "A silver zeppelin drifted over the harbour that morning."
+QUESTIONS = [
+    {"book": "tale.txt", "question": "What drifted over the harbour?", "answers": ["zeppelin"], "evidence": ZEPPELIN},
+    {"book": "tale.txt", "question": "Who wrote the last line?", "answers": ["nobody"],
+     "evidence": "THE END. Written by nobody."},
+]
+
+
+def data_folder(tmp_path: Path, rows: list[dict] = QUESTIONS) -> Path:
+    data = tmp_path / "data"
+    (data / "books").mkdir(parents=True)
+    (data / "bookqa").mkdir()
+    (data / "books" / "tale.txt").write_text(story() + "THE END. Written by nobody.\n")
+    (data / "bookqa" / "natural-dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+def test_questions_are_read_and_a_malformed_line_is_named(tmp_path):
+    data = data_folder(tmp_path)
+    qs = read_questions(data / "bookqa" / "natural-dev.jsonl")
+    assert [q.answers for q in qs] == [("zeppelin",), ("nobody",)] and qs[0].evidence == ZEPPELIN
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(QUESTIONS[0]) + "\n" + json.dumps({"book": "tale.txt", "question": "?"}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl, line 2: not a natural question"):
+        read_questions(bad)
+    bad.write_text(json.dumps({**QUESTIONS[0], "answers": []}) + "\n")
+    with pytest.raises(ValueError, match="line 1: a question needs answers and evidence"):
+        read_questions(bad)
+
+
+def test_the_passage_holding_the_evidence_is_gold(tmp_path):
+    model = chat_model(segment_len=256)
+    book = data_folder(tmp_path) / "books" / "tale.txt"
+    with BankDirectory(tmp_path / "banks").create("tale", model) as bank:
+        ingest(bank, model, book)
+        doc = bank.documents()[0]
+        text = bank.document_text(doc.id)
+        assert text == book.read_text()
+        qs = read_questions(tmp_path / "data" / "bookqa" / "natural-dev.jsonl")
+        gold = gold_passages(bank, doc.id, text, qs[0])
+        assert gold and all(ZEPPELIN in p.text or p.text in ZEPPELIN for p in bank.passages(gold))
+        assert gold_passages(bank, doc.id, text.replace("zeppelin", "balloon"), qs[0]) is None  # not in the text
+
+
+def test_a_run_answers_each_book_once_and_leaves_out_cut_evidence(tmp_path):
+    data, out = data_folder(tmp_path), tmp_path / "out"
+    logs: list[str] = []
+    setting = {"entrants": "longmem,longmem_lexical,rag_bm25,oracle", "max_tokens": "3000"}  # the last line is cut off
+    ctx = EvalContext(chat_model(segment_len=256), [], data, out, overrides={"natural": setting}, resume=True,
+                      log=logs.append)
+    result = run(ctx)
+    assert result.data["questions"] == {"tale.txt": ["What drifted over the harbour?"]}
+    assert result.data["gold_read"] == {"lexical": 1.0}  # BM25 reads the zeppelin's passage
+    assert set(result.data["results"]) == {"longmem", "longmem_lexical", "rag_bm25", "oracle"}
+    assert all(len(r["all"]["items"]) == 1 for r in result.data["results"].values())
+    assert (out / "natural.png").stat().st_size > 1000
+    assert len((out / "natural.tasks.jsonl").read_text().splitlines()) == 1
+    logs.clear()
+    again = run(ctx)  # resumed: the book's unit is reused, nothing is asked again
+    assert again.data["results"] == result.data["results"]
+    assert not any("question" in m for m in logs)
+
+
+@pytest.mark.parametrize("setting, message", [({"entrants": "oracle,nobody"}, "unknown: \\['nobody'\\]"),
+                                              ({"max_tokens": "-1"}, "must be >= 0")])
+def test_bad_natural_settings_are_refused_before_any_work(tmp_path, setting, message):
+    ctx = EvalContext(None, [], tmp_path, tmp_path, overrides={"natural": setting})  # no model: nothing may load
+    with pytest.raises(ValueError, match=message):
+        run(ctx)
+
+
+def test_paired_counts_the_discordant_questions():
+    a = [{"contains": x} for x in (1.0, 1.0, 0.0, 0.0)]
+    b = [{"contains": x} for x in (1.0, 0.0, 1.0, 1.0)]
+    assert paired(a, b) == (1, 2)
