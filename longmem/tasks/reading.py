@@ -31,11 +31,7 @@ from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, PassageRef
 
 FINDERS = ("lexical", "fused", "memory", "none")
-# What a chat reads by default: BM25's passages. Measured (docs/notes-issue-26.md, "Which finder the chat reads"):
-# on natural questions about whole books the evidence is among BM25's 4 best passages for 15 of 22 questions, among
-# the fused ones for 8, among memory retrieval's for none; on SQuAD paragraphs spliced into books, LongMem reading
-# BM25's passages answers more than reading the fused ones (36 vs 29 of 100 at 4k tokens).
-DEFAULT_FINDER = "lexical"
+DEFAULT_FINDER = "lexical"  # what a chat reads unless told: chosen by measurement (docs/notes-issue-26.md)
 RRF_K = 60  # reciprocal rank fusion's constant (the paper's)
 INSTRUCTION = "Answer the question from these excerpts of the book."
 
