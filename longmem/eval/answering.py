@@ -113,7 +113,7 @@ def text_bank(ctx: EvalContext, folder: str, stem: str, text: str, title: str) -
     name = path.stem
     bank = directory.open(name) if directory.exists(name) else directory.create(name, model)
     res = ingest(bank, model, path, title=title)
-    ctx.log(f"{folder}: {title} ({res.tokens:,} tokens): {res.action} in {res.seconds:.0f} s")
+    ctx.log(f"{folder}/{name}: {res.action} ({res.tokens:,} tokens now, {res.seconds:.0f} s)")
     return bank
 
 
