@@ -78,6 +78,14 @@ def test_a_run_answers_each_book_once_and_leaves_out_cut_evidence(tmp_path):
     assert not any("question" in m for m in logs)
 
 
+def test_evidence_missing_from_a_whole_book_is_an_error_naming_the_question(tmp_path):
+    rows = [{**QUESTIONS[0], "evidence": "A golden zeppelin."}]
+    ctx = EvalContext(chat_model(segment_len=256), [], data_folder(tmp_path, rows), tmp_path / "out",
+                      overrides={"natural": {"entrants": "oracle"}}, log=lambda m: None)
+    with pytest.raises(ValueError, match="the evidence of 'What drifted over the harbour\\?' is not in the book"):
+        run(ctx)
+
+
 @pytest.mark.parametrize("setting, message", [({"entrants": "oracle,nobody"}, "unknown: \\['nobody'\\]"),
                                               ({"max_tokens": "-1"}, "must be >= 0")])
 def test_bad_natural_settings_are_refused_before_any_work(tmp_path, setting, message):
