@@ -39,7 +39,8 @@ from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import DEFAULT_FINDER, Found, PassageFinder, Reading, find_for_chat, fit, reading_prompt
+from longmem.tasks.reading import (DEFAULT_FINDER, Found, PassageFinder, Reading, find_for_chat, fit, ordered,
+                                   reading_prompt)
 from longmem.util.files import write_file_atomic
 
 FINDER_ENTRANTS = {"longmem_memory": "memory", "longmem_lexical": "lexical", "longmem_fused": "fused"}
@@ -186,6 +187,7 @@ class Reader:
     passages: int = 4
     budget: int = 640
     new_tokens: int = 24
+    best_last: bool = False  # the passages read shown best last, nearest the question (``Reading.best_last``)
 
     def answers(self, want: set[str], asked: Asked, hay: Haystack, reads: dict) -> dict[str, str]:
         """The wanted entrants' answers to one question (entrant -> answer); appends to ``reads`` (finder -> list)
@@ -199,14 +201,14 @@ class Reader:
         for key, how in FINDER_ENTRANTS.items():
             if how not in reads:
                 continue
-            found = find_for_chat(finder, chat, q, Reading(finder=how, passages=self.passages, budget=self.budget))
+            found = find_for_chat(finder, chat, q, self.reading(how))
             reads[how].append(any(map(asked.is_gold, found)))
             if key in want:
                 got[key] = answer(model, hay.memory, q, reading_prompt(q, found), n)
             if how == "lexical" and "rag_bm25" in want:
                 got["rag_bm25"] = answer(self.backbone, None, q, reading_prompt(q, found), n)
         if "rag_embed" in want:
-            found = self.embedded(asked, hay, chat)
+            found = ordered(self.embedded(asked, hay, chat), self.reading("none"))
             reads["embed"].append(any(map(asked.is_gold, found)))
             got["rag_embed"] = answer(self.backbone, None, q, reading_prompt(q, found), n)
         if "backbone_full" in want:
@@ -217,6 +219,9 @@ class Reader:
         if "oracle_backbone" in want:
             got["oracle_backbone"] = answer(self.backbone, None, q, gold, n)
         return got
+
+    def reading(self, finder: str) -> Reading:
+        return Reading(finder=finder, passages=self.passages, budget=self.budget, best_last=self.best_last)
 
     def embedded(self, asked: Asked, hay: Haystack, chat: Chat) -> list[Found]:
         """The passages closest to the question under the embedder: the indexed ones and the item's own."""

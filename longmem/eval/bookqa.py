@@ -48,6 +48,7 @@ class Size:
     passages: int = 4  # passages an answer reads at most
     budget: int = 640  # tokens of passages an answer reads at most (what fits the window is the other bound)
     new_tokens: int = 24  # tokens generated per answer at most
+    best_last: bool = False  # passages shown best last, nearest the question (default: best first)
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
     block: int = 10  # questions per recorded work unit (--resume goes on from the last finished block)
 
@@ -122,7 +123,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     model, bb = ctx.model, ctx.model.backbone
     reader = Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions),
                     Embedder.load() if "rag_embed" in size.entrants else None, size.passages, size.budget,
-                    size.new_tokens)
+                    size.new_tokens, size.best_last)
     qas = items(ctx, size.questions)
     stream, borrowed = filler(ctx, max(size.distances))
     units = ctx.task_log("bookqa", size, selects=("distances",))  # a unit: a block of questions at one distance

@@ -36,6 +36,7 @@ class Size:
     passages: int = 4  # passages an answer reads at most
     budget: int = 640  # tokens of passages an answer reads at most (what fits the window is the other bound)
     new_tokens: int = 24  # tokens generated per answer at most
+    best_last: bool = False  # passages shown best last, nearest the question (default: best first)
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
 
 
@@ -101,7 +102,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     model, bb = ctx.model, ctx.model.backbone
     reader = Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions),
                     Embedder.load() if "rag_embed" in size.entrants else None, size.passages, size.budget,
-                    size.new_tokens)
+                    size.new_tokens, size.best_last)
     questions = read_questions(ctx.data_dir / "bookqa" / "natural-dev.jsonl")
     units = ctx.task_log("natural", size)  # a unit: one book's questions
     done, asked_n = {}, 0

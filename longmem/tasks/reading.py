@@ -44,6 +44,7 @@ class Reading:
     passages: int = 4  # passages read at most
     budget: int = 640  # tokens of excerpts at most in the prompt
     depth: int = 50  # candidates each finder ranks before fusion
+    best_last: bool = False  # excerpts in the prompt from the worst to the best, the best nearest the question
 
     def __post_init__(self):
         if self.finder not in FINDERS:
@@ -145,14 +146,20 @@ class PassageFinder:
 
 
 def find_for_chat(finder: PassageFinder, chat, question: str, reading: Reading) -> list[Found]:
-    """The passages a chat's answer to ``question`` reads: ``reading``'s best that fit what the window leaves after
-    the question alone, the excerpts' heading and the answer (``chat.sampling.max_new_tokens``); older turns move
-    into memory to make that room (``tasks.Chat.ask``)."""
+    """The passages a chat's answer to ``question`` reads, in the order the prompt shows them (``ordered``):
+    ``reading``'s best that fit what the window leaves after the question alone, the excerpts' heading and the answer
+    (``chat.sampling.max_new_tokens``); older turns move into memory to make that room (``tasks.Chat.ask``)."""
     if reading.finder == "none" or reading.passages == 0:
         return []
     alone = chat.prompt_ids(question, history=False).shape[1] + 16
     budget = min(reading.budget, chat.model.segment_len - chat.sampling.max_new_tokens - alone)
-    return fit(finder.find(question, reading), chat.model.backbone.tokenizer, max(0, budget))
+    return ordered(fit(finder.find(question, reading), chat.model.backbone.tokenizer, max(0, budget)), reading)
+
+
+def ordered(found: list[Found], reading: Reading) -> list[Found]:
+    """The passages in the order the prompt shows them (and citations number them): best first, or with
+    ``reading.best_last`` best last."""
+    return found[::-1] if reading.best_last else found
 
 
 def fit(found: list[Found], tokenizer, budget: int) -> list[Found]:
