@@ -12,7 +12,10 @@ from tiny import chat_model
 from longmem.ingest.pipeline import ingest
 from longmem.service.workspace import Settings, Workspace
 from longmem.storage import BankDirectory
-from longmem.tasks.reading import INSTRUCTION, PassageFinder, Reading, fit, fuse, reading_prompt
+from longmem.model.lm import Sampling
+from longmem.tasks.chat import Chat
+from longmem.tasks.reading import (INSTRUCTION, PassageFinder, Reading, citations, find_for_chat, fit, fuse,
+                                   reading_prompt)
 
 QUESTION = "What drifted over the harbour? A zeppelin?"
 
@@ -85,6 +88,24 @@ def test_the_prompt_holds_numbered_excerpts_within_the_budget(loaded):
     assert prompt.startswith(INSTRUCTION) and prompt.endswith(f"Question: {QUESTION}")
     assert all(f"[{i}] ({f.passage.place()})\n{f.passage.text}" in prompt for i, f in enumerate(kept, 1))
     assert reading_prompt(QUESTION, []) == QUESTION
+
+
+def test_best_last_puts_the_best_passage_nearest_the_question(tmp_path):
+    model = chat_model(segment_len=512)  # room for two passages of the tiny tokenizer's characters
+    (tmp_path / "story.txt").write_text(story())
+    bank = BankDirectory(tmp_path / "banks").create("b", model)
+    ingest(bank, model, tmp_path / "story.txt")
+    memory = bank.load_memory(model)
+    finder = PassageFinder(bank, model, memory)
+    chat = Chat(model, memory, Sampling(max_new_tokens=8))
+    first = find_for_chat(finder, chat, QUESTION, Reading(finder="lexical", passages=2))
+    last = find_for_chat(finder, chat, QUESTION, Reading(finder="lexical", passages=2, best_last=True))
+    assert len(first) == 2 and last == first[::-1] and "zeppelin" in last[-1].passage.text
+    prompt = reading_prompt(QUESTION, last)
+    assert prompt.index("zeppelin") > prompt.index(last[0].passage.text)  # the best excerpt is read last, as [2]
+    assert f"[2] ({last[-1].passage.place()})" in prompt
+    assert [c.number for c in citations(bank, last)] == [1, 2] and "zeppelin" in citations(bank, last)[1].text
+    bank.close()
 
 
 @pytest.fixture
