@@ -3,6 +3,7 @@ perplexity equals hand-computed values, rigged ICL labels give exactly 100% and 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict
 from pathlib import Path
@@ -220,6 +221,23 @@ def test_a_unit_recorded_before_a_setting_joined_the_signature_counts_as_made_at
     assert TaskLog(path, today, resume=True, log=lambda m: None, defaults=defaults).get("4096/0") == {"scores": 1}
     for other in ({**today, "segment_len": 2048}, {**today, "size": {"questions": 8, "budget": 1500}}):
         assert TaskLog(path, other, resume=True, log=lambda m: None, defaults=defaults).get("4096/0") is None
+
+
+def test_a_unit_recorded_before_best_last_existed_counts_as_best_first_whatever_today_s_default(tmp_path):
+    """bookqa's first blocks were read best first, before ``best_last`` existed; its default is now True, so those
+    units belong to a run asking for best_last=false and not to one at today's default."""
+    from longmem.eval import bookqa
+
+    ctx = EvalContext(None, [], tmp_path, tmp_path, resume=True, log=lambda m: None, provenance={"commit": "abc"})
+    selects = ("distances",)
+    log = ctx.task_log("bookqa", bookqa.QUICK, selects)
+    old = json.loads(json.dumps(log.signature))
+    del old["size"]["best_last"]  # as the unit was written then
+    (tmp_path / "bookqa.tasks.jsonl").write_text(json.dumps({"signature": old, "key": "4096/0", "value": 1}) + "\n")
+    assert asdict(bookqa.QUICK)["best_last"] is True
+    assert ctx.task_log("bookqa", bookqa.QUICK, selects).get("4096/0") is None
+    first = apply_overrides(bookqa.QUICK, {"best_last": "false"})
+    assert ctx.task_log("bookqa", first, selects).get("4096/0") == 1
 
 
 def test_a_run_asking_for_fewer_or_more_units_reuses_those_it_shares(tmp_path):
@@ -441,3 +459,15 @@ def test_a_result_written_before_csz_was_renamed_reads_and_reports_its_chunk_siz
     result = SuiteResult.from_json(old)
     assert result.size == {"test": 20, "chunk_size": 2} and result.provenance["chunk_size"] == 4
     assert "chunks of 4" in results_document([result], "results")
+
+
+def test_a_result_made_before_best_last_existed_reports_it_was_read_best_first():
+    from longmem.cli.eval import size_cell
+    from longmem.eval import natural
+    from longmem.eval.core import SuiteResult
+
+    size = asdict(natural.FULL)
+    made = {k: v for k, v in size.items() if k != "best_last"}
+    old = SuiteResult("natural", "Natural", [], {}, made, [], [], 60.0)
+    assert size_cell(old) == "reduced: best_last False (full True)"
+    assert size_cell(SuiteResult("natural", "Natural", [], {}, size, [], [], 60.0)) == "full"

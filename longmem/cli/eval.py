@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from longmem.eval import SUITES
-from longmem.eval.core import EvalContext, SuiteResult, lineup
+from longmem.eval.core import SIZE_ADDED_LATER, EvalContext, SuiteResult, lineup
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.util.data import add_data_flag
 from longmem.util.files import write_file_atomic
@@ -128,7 +128,8 @@ def provenance(model, argv: list[str], sidenet: str, memtrm: str | None, dtype: 
 def reduced_from_full(result: SuiteResult) -> dict[str, tuple]:
     """{size field: (value run, full-size value)} where ``result`` ran at other than the suite's full size."""
     full = json.loads(json.dumps(asdict(importlib.import_module(SUITES[result.suite]).FULL)))  # tuples -> lists
-    return {k: (v, full[k]) for k, v in result.size.items() if k in full and v != full[k]}
+    made = {**{k: v for k, v in SIZE_ADDED_LATER.items() if k in full}, **result.size}  # a result older than a field
+    return {k: (v, full[k]) for k, v in made.items() if k in full and v != full[k]}
 
 
 def size_cell(result: SuiteResult) -> str:

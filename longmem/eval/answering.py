@@ -114,7 +114,7 @@ def text_bank(ctx: EvalContext, folder: str, stem: str, text: str, title: str) -
     name = path.stem
     bank = directory.open(name) if directory.exists(name) else directory.create(name, model)
     res = ingest(bank, model, path, title=title)
-    ctx.log(f"{folder}/{name}: {res.action} ({res.tokens:,} tokens now, {res.seconds:.0f} s)")
+    ctx.log(f"{folder}/{name}: {res.action}" + (f" ({res.tokens:,} tokens, {res.seconds:.0f} s)" if res.tokens else ""))
     return bank
 
 
@@ -187,7 +187,7 @@ class Reader:
     passages: int = 4
     budget: int = 640
     new_tokens: int = 24
-    best_last: bool = False  # the passages read shown best last, nearest the question (``Reading.best_last``)
+    best_last: bool = True  # the passages read shown best last, nearest the question (``Reading.best_last``)
 
     def answers(self, want: set[str], asked: Asked, hay: Haystack, reads: dict) -> dict[str, str]:
         """The wanted entrants' answers to one question (entrant -> answer); appends to ``reads`` (finder -> list)

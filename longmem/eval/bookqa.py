@@ -48,7 +48,7 @@ class Size:
     passages: int = 4  # passages an answer reads at most
     budget: int = 640  # tokens of passages an answer reads at most (what fits the window is the other bound)
     new_tokens: int = 24  # tokens generated per answer at most
-    best_last: bool = False  # passages shown best last, nearest the question (default: best first)
+    best_last: bool = True  # passages shown best last, nearest the question, as the chat does (false: best first)
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
     block: int = 10  # questions per recorded work unit (--resume goes on from the last finished block)
 

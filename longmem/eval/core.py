@@ -150,6 +150,7 @@ class EvalContext:
         made = {k: v for k, v in asdict(size).items() if k not in selects}
         signature = json.loads(json.dumps({"size": made, "seed": self.seed, "dtype": machine.get("dtype"), **same}))
         defaults = {k: v for k, v in asdict(type(size)()).items() if k not in selects}  # the size class's defaults
+        defaults.update({k: v for k, v in SIZE_ADDED_LATER.items() if k in defaults})
         defaults = json.loads(json.dumps({"size": defaults, **ADDED_LATER}))
         return TaskLog(self.out_dir / f"{suite}.tasks.jsonl", signature, self.resume, self.log,
                        made_at=f"{self.provenance.get('commit', 'unknown')} on {machine.get('cpu', 'unknown')}",
@@ -160,6 +161,9 @@ class EvalContext:
 SAME_RUN = ("backbone", "sidenet_sha256", "topk", "chunk_size", "segment_len", "memtrm")  # the SideNet by its weights
 # signature keys added after units were recorded without them, and the value every such unit was made with
 ADDED_LATER = {"segment_len": 1024}
+# the same for size fields whose default changed since they were added (others: a unit without the field was made
+# at the size class's default)
+SIZE_ADDED_LATER = {"best_last": False}
 
 
 def upgraded(signature: dict | None, defaults: dict | None = None) -> dict | None:

@@ -44,7 +44,7 @@ class Reading:
     passages: int = 4  # passages read at most
     budget: int = 640  # tokens of excerpts at most in the prompt
     depth: int = 50  # candidates each finder ranks before fusion
-    best_last: bool = False  # excerpts in the prompt from the worst to the best, the best nearest the question
+    best_last: bool = True  # excerpts from the worst to the best, the best nearest the question (measured: docs/)
 
     def __post_init__(self):
         if self.finder not in FINDERS:
@@ -157,8 +157,8 @@ def find_for_chat(finder: PassageFinder, chat, question: str, reading: Reading) 
 
 
 def ordered(found: list[Found], reading: Reading) -> list[Found]:
-    """The passages in the order the prompt shows them (and citations number them): best first, or with
-    ``reading.best_last`` best last."""
+    """The passages in the order the prompt shows them (and citations number them): with ``reading.best_last`` (the
+    default) best last, nearest the question; otherwise best first."""
     return found[::-1] if reading.best_last else found
 
 
