@@ -164,15 +164,15 @@ def test_a_filler_s_embeddings_are_kept_and_reused_only_for_the_same_texts(embed
     """bookqa keeps the filler's passage embeddings beside its bank (a 1M-token filler takes minutes to embed)."""
     from tiny import tiny_model
 
-    from longmem.eval.bookqa import filler_embeddings
+    from longmem.eval.answering import bank_embeddings
     from longmem.storage import BankDirectory
 
     with BankDirectory(tmp_path / "banks").create("filler", tiny_model("llama")) as bank:
-        first = filler_embeddings(bank, embedder, PASSAGES[:5])
+        first = bank_embeddings(bank, embedder, PASSAGES[:5])
         kept = tmp_path / "banks" / "filler.embeddings.npz"
         assert kept.exists() and np.allclose(first, embedder.encode(PASSAGES[:5]), atol=1e-5)
         kept_at = kept.stat().st_mtime_ns
-        assert np.array_equal(filler_embeddings(bank, embedder, PASSAGES[:5]), first)
+        assert np.array_equal(bank_embeddings(bank, embedder, PASSAGES[:5]), first)
         assert kept.stat().st_mtime_ns == kept_at  # reused, not written again
-        other = filler_embeddings(bank, embedder, PASSAGES[5:9])  # other texts: embedded afresh
+        other = bank_embeddings(bank, embedder, PASSAGES[5:9])  # other texts: embedded afresh
         assert np.allclose(other, embedder.encode(PASSAGES[5:9]), atol=1e-5)

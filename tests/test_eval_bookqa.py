@@ -51,7 +51,7 @@ def test_a_spliced_paragraph_is_found_and_leaves_no_trace(tmp_path):
 
 
 def test_an_answer_counts_when_it_contains_a_gold_answer():
-    from longmem.eval.bookqa import contains
+    from longmem.eval.answering import contains
 
     assert contains("The V&A co-owns Canova's The Three Graces.", ["The Three Graces"]) == 1.0
     assert contains("It was lit by Sostratus of Cnidus.", ["Pharos", "Sostratus"]) == 1.0
@@ -60,7 +60,7 @@ def test_an_answer_counts_when_it_contains_a_gold_answer():
 
 
 def test_a_subset_of_entrants_records_the_finders_it_reads_with():
-    from longmem.eval.bookqa import LABELS, finders
+    from longmem.eval.answering import LABELS, finders
 
     assert finders(list(LABELS)) == ["memory", "lexical", "fused", "embed"]
     assert finders(["oracle"]) == []
