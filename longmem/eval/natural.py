@@ -40,7 +40,7 @@ class Size:
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
 
 
-QUICK = Size(questions=2, max_tokens=1024)
+QUICK = Size(questions=2, max_tokens=2048)
 FULL = Size()
 
 
