@@ -13,7 +13,8 @@ Find. Two finders rank a bank's passages (``longmem.text.passages``) for a quest
 - ``fused``: both, by reciprocal rank fusion (Cormack et al. 2009): score = sum over finders of 1 / (60 + rank).
 
 Read. The best passages go into the prompt before the question as numbered excerpts with their place, within a token
-budget, best first; the model then answers with its memory attached as always (the paper's fusion stays beside the
+budget, ordered from the worst to the best so the best is read last, nearest the question
+(``Reading.best_last``); the model then answers with its memory attached as always (the paper's fusion stays beside the
 reading). ``finder="none"`` reads nothing: the paper's pure memory fusion.
 
 Cite. What was read is returned with the answer (``Citation``): text, place, and the text around it.
