@@ -39,7 +39,7 @@ from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import (DEFAULT_FINDER, Found, PassageFinder, Reading, find_for_chat, fit, ordered,
+from longmem.tasks.reading import (DEFAULT_FINDER, Found, PassageFinder, Reading, find_for_chat, fit_for_chat,
                                    reading_prompt)
 from longmem.util.files import write_file_atomic
 
@@ -208,7 +208,7 @@ class Reader:
             if how == "lexical" and "rag_bm25" in want:
                 got["rag_bm25"] = answer(self.backbone, None, q, reading_prompt(q, found), n)
         if "rag_embed" in want:
-            found = ordered(self.embedded(asked, hay, chat), self.reading("none"))
+            found = fit_for_chat(self.embedded(asked, hay), chat, q, self.reading("none"))
             reads["embed"].append(any(map(asked.is_gold, found)))
             got["rag_embed"] = answer(self.backbone, None, q, reading_prompt(q, found), n)
         if "backbone_full" in want:
@@ -223,7 +223,7 @@ class Reader:
     def reading(self, finder: str) -> Reading:
         return Reading(finder=finder, passages=self.passages, budget=self.budget, best_last=self.best_last)
 
-    def embedded(self, asked: Asked, hay: Haystack, chat: Chat) -> list[Found]:
+    def embedded(self, asked: Asked, hay: Haystack) -> list[Found]:
         """The passages closest to the question under the embedder: the indexed ones and the item's own."""
         embedder, k = self.embedder, self.passages
         query = embedder.encode([asked.question])[0]
@@ -234,9 +234,7 @@ class Reader:
         ranked = sorted(ranked, key=lambda x: -x[1])[:k]
         refs = {r.id: r for r in hay.bank.passages([p for p, _ in ranked])}
         found = [Found(refs[p], s, {"embed": i}) for i, (p, s) in enumerate(ranked, 1) if p in refs]
-        budget = min(self.budget, chat.model.segment_len - self.new_tokens
-                     - chat.prompt_ids(asked.question, history=False).shape[1] - 16)
-        return fit(found, chat.model.backbone.tokenizer, budget)
+        return found
 
 
 def summary(rows: list[dict]) -> dict:

@@ -152,9 +152,15 @@ def find_for_chat(finder: PassageFinder, chat, question: str, reading: Reading) 
     (``chat.sampling.max_new_tokens``); older turns move into memory to make that room (``tasks.Chat.ask``)."""
     if reading.finder == "none" or reading.passages == 0:
         return []
+    return fit_for_chat(finder.find(question, reading), chat, question, reading)
+
+
+def fit_for_chat(found: list[Found], chat, question: str, reading: Reading) -> list[Found]:
+    """``found`` (best first) cut to what a chat's window leaves for excerpts (``find_for_chat``), in the order the
+    prompt shows them."""
     alone = chat.prompt_ids(question, history=False).shape[1] + 16
     budget = min(reading.budget, chat.model.segment_len - chat.sampling.max_new_tokens - alone)
-    return ordered(fit(finder.find(question, reading), chat.model.backbone.tokenizer, max(0, budget)), reading)
+    return ordered(fit(found, chat.model.backbone.tokenizer, max(0, budget)), reading)
 
 
 def ordered(found: list[Found], reading: Reading) -> list[Found]:
