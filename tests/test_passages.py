@@ -160,6 +160,50 @@ def test_memory_chunks_vote_for_the_passage_that_holds_them(bank, model):
     assert n == 7 and "zeppelin" in bank.passages([pid])[0].text
 
 
+
+def test_passage_texts_and_overlaps_name_the_stored_passages(bank, tmp_path, model):
+    other = tmp_path / "other.txt"
+    other.write_text(story(seed=9, zeppelin=False))
+    ingest(bank, model, other)
+    first, second = (d.id for d in bank.documents())
+    rows = passages(bank)
+    everything = bank.passage_texts()
+    assert [t for _, t in everything] == [r[4] for r in rows]
+    own = bank.passage_texts(second)
+    assert own and set(own) < set(everything)
+    assert all(r.document_id == second for r in bank.passages([p for p, _ in own]))
+    at = story().index("zeppelin")
+    hit = bank.passages_overlapping(first, at, at + len("zeppelin"))
+    assert len(hit) == 1 and "zeppelin" in bank.passages(hit)[0].text
+    (ref,) = bank.passages(hit)
+    assert bank.passages_overlapping(first, ref.char_end, ref.char_end) == []  # an empty span overlaps nothing
+    both = bank.passages_overlapping(first, ref.char_end - 1, ref.char_end + 1)  # the boundary between two passages
+    assert hit[0] in both and len(both) <= 2
+
+
+def test_a_provisional_document_is_placed_after_the_memory_and_then_forgotten(bank, tmp_path, model):
+    from longmem.ingest.pipeline import cut_segments, store_segment
+    from longmem.ingest.readers import Block
+
+    memory = bank.load_memory(model)
+    before = (len(memory), passages(bank))
+    text = "A brass orrery spun in the attic of the lighthouse. " * 4
+    tok, info = model.backbone.tokenizer, bank.info_cached
+    with bank.provisional():
+        cutter, ref = PassageCutter(), {"title": "trial", "source": "trial", "kind": "text", "options": {},
+                                        "sha256": "trial", "meta": {}}
+        for seq, seg in enumerate(cut_segments(tok, [Block(text, 0, len(text))], info.segment_len, info.chunk_size)):
+            ref, k, v = store_segment(bank, model, ref, seq, seg, cutter)
+            memory.add(k[None], v[None], tokens=seg.ids[None, :k.shape[1]])
+        bank.finish_document(ref, cutter.finish())
+        places = bank.chunk_places(appended=ref)
+        serial = before[0] // model.chunk_size + text.index("orrery") // model.chunk_size
+        (pid, n), = places.votes({serial: 3}).items()
+        assert n == 3 and "orrery" in bank.passages([pid])[0].text
+        assert bank.search_passages("orrery", 1)
+    assert bank.search_passages("orrery", 1) == [] and passages(bank) == before[1]
+    assert bank.documents()[-1].title != "trial" and bank.verify(repair_index=False).ok
+
 def test_deleting_a_document_removes_its_passages_and_their_index_rows(bank, tmp_path, model):
     other = tmp_path / "other.txt"
     other.write_text(story(seed=9, zeppelin=False))

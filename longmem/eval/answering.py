@@ -141,7 +141,7 @@ def indexed_haystack(bank: Bank, memory: Memory, tokens: np.ndarray, embedder) -
 
     if embedder is None:
         return Haystack(bank, memory, tokens)
-    indexed = [(int(p), t) for p, t in bank.db.execute("SELECT id, text FROM passages ORDER BY id").fetchall()]
+    indexed = bank.passage_texts()
     index = EmbeddingIndex(embedder)
     index.add_vectors(bank_embeddings(bank, embedder, [t for _, t in indexed]))
     return Haystack(bank, memory, tokens, index=index, indexed=indexed)

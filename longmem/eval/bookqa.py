@@ -77,8 +77,7 @@ def spliced(bank: Bank, model, memory: Memory, qa: QA):
     document id and the chunk places of the grown memory; afterwards both are as they were."""
     tok, info = model.backbone.tokenizer, bank.info_cached
     before = len(memory)
-    with bank.writing():
-        bank.db.execute("SAVEPOINT bookqa_item")
+    with bank.provisional():
         try:
             cutter, ref = PassageCutter(), {"title": qa.title, "source": qa.id, "kind": "text", "options": {},
                                             "sha256": hashlib.sha256(qa.passage.encode()).hexdigest(), "meta": {}}
@@ -88,15 +87,8 @@ def spliced(bank: Bank, model, memory: Memory, qa: QA):
                 n = k.shape[1]
                 memory.add(k[None], v[None], tokens=seg.ids[None, :n], starts=_starts(n))
             bank.finish_document(ref, cutter.finish())
-            segs = bank.db.execute("SELECT id, n_chunks FROM segments WHERE document_id = ? ORDER BY seq",
-                                   [ref]).fetchall()
-            lay = bank.layout
-            places = ChunkPlaces(bank.db, np.append(lay.segment_ids, [s for s, _ in segs]),
-                                 np.append(lay.first_chunk, lay.first_chunk[-1] + np.cumsum([c for _, c in segs])))
-            yield ref, places
+            yield ref, bank.chunk_places(appended=ref)
         finally:
-            bank.db.execute("ROLLBACK TO SAVEPOINT bookqa_item")
-            bank.db.execute("RELEASE SAVEPOINT bookqa_item")
             memory.truncate(before)
 
 
@@ -175,8 +167,7 @@ def _at_distance(ctx: EvalContext, size: Size, d: int, blocks: list[tuple[str, l
 
 def _asked(bank: Bank, qa: QA, doc_id: int) -> Asked:
     """The item as the entrants meet it: the gold is the spliced paragraph's document."""
-    own = [(int(p), t) for p, t in bank.db.execute("SELECT id, text FROM passages WHERE document_id = ? ORDER BY id",
-                                                   [doc_id]).fetchall()]
+    own = bank.passage_texts(doc_id)
     return Asked(qa.question, qa.answers, [gold_found(qa, doc_id)], lambda f: f.passage.document_id == doc_id, own)
 
 

@@ -86,9 +86,7 @@ def gold_passages(bank: Bank, doc_id: int, text: str, q: Question) -> list[int] 
     at = text.find(q.evidence)
     if at < 0:
         return None
-    rows = bank.db.execute("SELECT id FROM passages WHERE document_id = ? AND char_start < ? AND char_end > ? "
-                           "ORDER BY id", [doc_id, at + len(q.evidence), at]).fetchall()
-    return [int(r[0]) for r in rows] or None
+    return bank.passages_overlapping(doc_id, at, at + len(q.evidence)) or None
 
 
 def run(ctx: EvalContext) -> SuiteResult:

@@ -33,6 +33,7 @@ import torch
 from longmem.memory.memory import INDEX_BLOCK, MAX_SINKS, Memory, chunk_keys
 from longmem.storage import passages as bank_passages
 from longmem.storage.app_records import AppRecords
+from longmem.storage.integrity import check_segments
 from longmem.storage.indexfiles import IndexRecord, read_index, write_index
 from longmem.storage.passages import ChunkPlaces, PassageRef
 from longmem.storage.records import (
@@ -521,11 +522,38 @@ class Bank(AppRecords):
         """Characters ``start`` to ``end`` of a document's text (to show a passage in its surroundings)."""
         return bank_passages.text_between(self.db, doc_id, start, end)
 
-    def chunk_places(self) -> ChunkPlaces:
-        """Which passage holds each chunk of the last loaded memory (``ChunkPlaces.votes``)."""
-        if self.layout is None:
+    def passage_texts(self, doc_id: int | None = None) -> list[tuple[int, str]]:
+        """(passage id, text) of every passage, or of document ``doc_id``'s, in the order they were cut."""
+        return bank_passages.texts(self.db, doc_id)
+
+    def passages_overlapping(self, doc_id: int, start: int, end: int) -> list[int]:
+        """Ids of document ``doc_id``'s passages sharing a character with its characters ``start`` to ``end``."""
+        return bank_passages.overlapping(self.db, doc_id, start, end)
+
+    def chunk_places(self, appended: int | None = None) -> ChunkPlaces:
+        """Which passage holds each chunk of the last loaded memory (``ChunkPlaces.votes``); ``appended``: a document
+        written after the load whose segments' chunks were added to that memory in order, after its own."""
+        lay = self.layout
+        if lay is None:
             raise RuntimeError("load_memory() first: chunks are numbered by the loaded memory")
-        return ChunkPlaces(self.db, self.layout.segment_ids, self.layout.first_chunk)
+        segments, first = lay.segment_ids, lay.first_chunk
+        added = bank_passages.segment_chunks(self.db, appended) if appended is not None else []
+        if added:
+            segments = np.append(segments, [s for s, _ in added])
+            first = np.append(first, first[-1] + np.cumsum([c for _, c in added], dtype=np.int64))
+        return ChunkPlaces(self.db, segments, first)
+
+    @contextlib.contextmanager
+    def provisional(self) -> Iterator["Bank"]:
+        """Writing whose effects are all undone at the end (a savepoint rolled back): for trying a document in the
+        bank without keeping it. Index files are not touched; the memory loaded from the bank is the caller's."""
+        with self.writing():
+            self.db.execute("SAVEPOINT provisional")
+            try:
+                yield self
+            finally:
+                self.db.execute("ROLLBACK TO SAVEPOINT provisional")
+                self.db.execute("RELEASE SAVEPOINT provisional")
 
     # -- checking -------------------------------------------------------------------------------------------------
     def verify(self, repair_index: bool = True) -> VerifyReport:
@@ -540,41 +568,8 @@ class Bank(AppRecords):
         if result != ["ok"]:
             report.problem("SQLite integrity check: " + "; ".join(result[:5]))
             return report
-        per_chunk = info.n_kv_heads * info.chunk_size * info.head_dim * self.dtype.itemsize
         with self.db.atomic():
-            for sid, doc, nt, nc, tok_len, chars_len, k_len, v_len in self.db.execute(
-                    "SELECT s.id, s.document_id, s.n_tokens, s.n_chunks, length(s.tokens), length(s.chunk_chars), "
-                    "length(kv.k), length(kv.v) FROM segments s LEFT JOIN kv ON kv.segment_id = s.id"):
-                if k_len is None:
-                    report.problem(f"segment {sid} (document {doc}) has no keys/values")
-                elif (k_len, v_len) != (nc * per_chunk, nc * per_chunk):
-                    report.problem(f"segment {sid} (document {doc}): K/V of {k_len}/{v_len} bytes, expected "
-                                   f"{nc * per_chunk}")
-                if tok_len != 4 * nt or nc != nt // info.chunk_size or chars_len != 4 * (nc + 1):
-                    report.problem(f"segment {sid} (document {doc}): token/chunk sizes do not agree")
-            totals = {r[0]: (r[1], r[2]) for r in self.db.execute(
-                "SELECT document_id, count(*), sum(n_tokens) FROM segments GROUP BY document_id")}
-            for doc in self.documents():
-                n, t = totals.pop(doc.id, (0, 0))
-                if (n, t) != (doc.n_segments, doc.n_tokens):
-                    report.problem(f"document {doc.id} ({doc.title}): {n} segments / {t} tokens stored, "
-                                   f"{doc.n_segments} / {doc.n_tokens} recorded")
-                if doc.status != "complete":
-                    report.notes.append(f"document {doc.id} ({doc.title}) is incomplete ({doc.n_tokens} tokens); "
-                                        "ingest the same file again to resume")
-            for doc_id in totals:
-                report.problem(f"{totals[doc_id][0]} segments belong to document {doc_id}, which does not exist")
-            for sid, doc, tok_b, chars_b, text, crc in self.db.execute(
-                    "SELECT id, document_id, tokens, chunk_chars, text, crc32 FROM segments"):
-                if crc32(tok_b, chars_b, text.encode("utf-8")) != crc:
-                    report.problem(f"segment {sid} (document {doc}): token ids or text damaged (checksum mismatch)")
-            for sid, k_b, v_b, crc in self.db.execute("SELECT segment_id, k, v, crc32 FROM kv"):
-                if crc32(k_b, v_b) != crc:
-                    report.problem(f"segment {sid}: keys/values damaged (checksum mismatch)")
-            orphans = self.db.execute("SELECT count(*) FROM kv WHERE segment_id NOT IN (SELECT id FROM segments)"
-                                      ).fetchone()[0]
-            if orphans:
-                report.problem(f"{orphans} K/V rows belong to no segment")
+            check_segments(self.db, info, self.dtype.itemsize, self.documents(), report)
             for msg in bank_passages.layout_problems(self.db):
                 report.problem(msg + f"; `longmem bank rebuild-index {self.name}` cuts them again")
             fts = bank_passages.fts_problems(self.db)

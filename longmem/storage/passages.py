@@ -205,6 +205,23 @@ def fetch(db: sqlite_utils.Database, ids: list[int]) -> list[PassageRef]:
     return [by_id[i] for i in ids if i in by_id]
 
 
+def texts(db: sqlite_utils.Database, document_id: int | None = None) -> list[tuple[int, str]]:
+    """(passage id, text) of every passage, or of one document's, in id order (the order they were cut)."""
+    where, args = ("WHERE document_id = ? ", [document_id]) if document_id is not None else ("", [])
+    return [(int(p), t) for p, t in db.execute(f"SELECT id, text FROM passages {where}ORDER BY id", args)]
+
+
+def overlapping(db: sqlite_utils.Database, document_id: int, start: int, end: int) -> list[int]:
+    """Ids of the document's passages that share at least one character with characters ``start`` to ``end``."""
+    return [int(r[0]) for r in db.execute("SELECT id FROM passages WHERE document_id = ? AND char_start < ? AND "
+                                          "char_end > ? ORDER BY id", [document_id, end, start])]
+
+
+def segment_chunks(db: sqlite_utils.Database, document_id: int) -> list[tuple[int, int]]:
+    """(segment id, chunks) of a document's segments, in order."""
+    return [(int(s), int(c)) for s, c in db.execute("SELECT id, n_chunks FROM segments WHERE document_id = ? "
+                                                    "ORDER BY seq", [document_id])]
+
 class ChunkPlaces:
     """Which passage holds each chunk of a loaded memory: chunk serial -> (segment, chunk within it) -> character of
     its document -> the passage starting at or before it. Built from the bank's layout at load time."""
