@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true",
                    help="go on from the work units an earlier run into the same --out finished (same sizes, seed, "
                         "dtype and models, the SideNet by its weights; icl records one unit per set and seed, bookqa "
-                        "one per block of bookqa.block questions at one distance, natural one per book)")
+                        "and facts one per block of questions at one distance, natural one per book)")
     add_runtime_flags(p)
     return p.parse_args(argv)
 

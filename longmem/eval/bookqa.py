@@ -105,20 +105,35 @@ def gold_found(qa: QA, doc_id: int) -> Found:
 
 
 def run(ctx: EvalContext) -> SuiteResult:
-    from longmem.model.embedder import Embedder
-
     size: Size = ctx.size("bookqa", QUICK, FULL)
-    check_entrants("bookqa", size.entrants)
-    if size.block < 1:
-        raise ValueError(f"bookqa.block must be >= 1, got {size.block}")
     timer = Timer()
-    model, bb = ctx.model, ctx.model.backbone
-    reader = Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions),
-                    Embedder.load() if "rag_embed" in size.entrants else None, size.passages, size.budget,
-                    size.new_tokens, size.best_last)
+    reader = reader_for(ctx, size, "bookqa")
     qas = items(ctx, size.questions)
     stream, borrowed = filler(ctx, max(size.distances))
-    units = ctx.task_log("bookqa", size, selects=("distances",))  # a unit: a block of questions at one distance
+    results, gold_read, seconds, commits = answer_at_distances(ctx, size, "bookqa", qas, stream, reader, timer)
+    return _result(ctx, size, qas, results, gold_read, borrowed, seconds, commits)
+
+
+def reader_for(ctx: EvalContext, size, suite: str) -> Reader:
+    """How ``size``'s entrants read (its passages, budget, answer length, order), after checking its entrants and
+    block; the embedder is loaded only when embedding RAG runs."""
+    from longmem.model.embedder import Embedder
+
+    check_entrants(suite, size.entrants)
+    if size.block < 1:
+        raise ValueError(f"{suite}.block must be >= 1, got {size.block}")
+    model, bb = ctx.model, ctx.model.backbone
+    return Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions),
+                  Embedder.load() if "rag_embed" in size.entrants else None, size.passages, size.budget,
+                  size.new_tokens, size.best_last)
+
+def answer_at_distances(ctx: EvalContext, size, suite: str, qas: list[QA], stream: np.ndarray, reader: Reader,
+                        timer: Timer) -> tuple[dict, dict, float, list[str]]:
+    """Every entrant of ``size.entrants`` answering each of ``qas`` with its passage spliced ``d`` tokens of
+    ``stream`` before it, for each ``d`` of ``size.distances``; blocks of ``size.block`` questions at one distance
+    are ``suite``'s work units (``--resume`` reuses them). Returns (entrant -> distance -> ``summary``, finder ->
+    distance -> share of questions whose gold passage was read, seconds of work in all, where the units were made)."""
+    units = ctx.task_log(suite, size, selects=("distances",))  # a unit: a block of questions at one distance
     results: dict = {k: {} for k in size.entrants}
     gold_read: dict = {f: {} for f in finders(size.entrants)}
     seconds = 0.0  # of every distance, those reused from an earlier run included
@@ -126,7 +141,7 @@ def run(ctx: EvalContext) -> SuiteResult:
         blocks = [(f"{d}/{b}", qas[b:b + size.block]) for b in range(0, len(qas), size.block)]
         todo = [(key, block) for key, block in blocks if units.get(key) is None]
         if todo:
-            _at_distance(ctx, size, d, todo, stream, reader, timer, units.put)
+            _at_distance(ctx, size, suite, d, todo, stream, reader, timer, units.put)
         done = [units.get(key) for key, _ in blocks]
         seconds += sum(u["seconds"] for u in done)
         for k in size.entrants:
@@ -134,10 +149,9 @@ def run(ctx: EvalContext) -> SuiteResult:
         for f in gold_read:
             r = [x for u in done for x in u["reads"][f]]
             gold_read[f][str(d)] = float(np.mean(r)) if r else float("nan")
-    return _result(ctx, size, qas, results, gold_read, borrowed, seconds, units.commits())
+    return results, gold_read, seconds, units.commits()
 
-
-def _at_distance(ctx: EvalContext, size: Size, d: int, blocks: list[tuple[str, list[QA]]], stream: np.ndarray,
+def _at_distance(ctx: EvalContext, size, suite: str, d: int, blocks: list[tuple[str, list[QA]]], stream: np.ndarray,
                  reader: Reader, timer: Timer, put) -> None:
     """Every entrant's answer to each block's questions with their paragraph ``d`` tokens before them; each block is
     recorded by ``put(key, unit)`` as it finishes, unit = {"scores": entrant -> per-question scores, "reads": finder ->
@@ -159,7 +173,7 @@ def _at_distance(ctx: EvalContext, size: Size, d: int, blocks: list[tuple[str, l
                 for k in size.entrants:
                     scores[k].append({"id": qa.id, **scored(got[k], qa.answers)})
                 fused = f"fused read the gold paragraph: {reads['fused'][-1]}; " if "fused" in reads else ""
-                ctx.log(f"bookqa at {d:,} tokens, question {i}/{n} to run: {fused}answered: "
+                ctx.log(f"{suite} at {d:,} tokens, question {i}/{n} to run: {fused}answered: "
                         + ", ".join(f"{k} {scores[k][-1]['contains']:.0f}" for k in size.entrants)
                         + f" ({timer.seconds / 60:.1f} min)")
             put(key, {"scores": scores, "reads": reads, "seconds": time.perf_counter() - t0})
@@ -198,7 +212,8 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
     if borrowed:
         notes.append(borrowed_note(borrowed))
     notes.append(f"Distances run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
-    plot = _plot(ctx, size.distances, results)
+    plot = plot_distances(ctx, size.distances, results, "bookqa.png", "tokens between the paragraph and the question",
+                          "answers containing a gold answer, %")
     return SuiteResult("bookqa", "Questions about a long text (beyond the paper): a SQuAD paragraph D tokens before "
                        "its question", [table(header, rows), reads],
                        {"results": results, "gold_read": gold_read, "models": {k: LABELS[k] for k in results},
@@ -206,19 +221,19 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
                        asdict(size), [plot], notes, seconds)
 
 
-def _plot(ctx: EvalContext, distances: list[int], results: dict) -> str:
+def plot_distances(ctx: EvalContext, distances: list[int], results: dict, name: str, xlabel: str, ylabel: str) -> str:
+    """Each entrant's headline score by distance (the baselines dashed), saved as ``name`` in the output folder."""
     fig = figure(6.4, 4.2)
     ax = fig.add_subplot()
     for k in results:
-        label = LABELS[k]
-        ax.plot(distances, [results[k][str(d)]["contains"] for d in distances], marker="o", label=label,
+        ax.plot(distances, [results[k][str(d)]["contains"] for d in distances], marker="o", label=LABELS[k],
                 ls="--" if k.startswith(("oracle", "rag", "backbone")) else "-")
     ax.set_xscale("log", base=2)
     ax.set_xticks(distances, [distance_label(d) for d in distances])
-    ax.set_xlabel("tokens between the paragraph and the question")
-    ax.set_ylabel("answers containing a gold answer, %")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     legend_below(ax, ncol=2, gap=0.16)
     fig.tight_layout()
-    path = Path(ctx.out_dir) / "bookqa.png"
+    path = Path(ctx.out_dir) / name
     fig.savefig(path, bbox_inches="tight")
     return path.name

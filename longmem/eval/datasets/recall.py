@@ -331,3 +331,36 @@ def recall_as_documents(items: list[RecallItem], prefix: str = "recall") -> list
     """Recall items as training documents named "<prefix>-<i>", their answer tokens marked."""
     return [Document(f"{prefix}-{i}", item.ids, np.arange(len(item.ids)) >= item.answer_start)
             for i, item in enumerate(items)]
+
+
+@dataclass(frozen=True)
+class FactPassage:
+    """A fact stated inside a short excerpt of book text, and the question a reader would ask about it."""
+
+    text: str  # the excerpt, cut at sentence ends, with the fact sentence at a sentence end inside it
+    question: str  # e.g. "What is the code to the old safe?"
+    answer: str  # the fact's value, e.g. "4817"
+    kind: str  # "number" or "name"
+
+
+def make_fact_passage(tokenizer, filler: np.ndarray, rng: np.random.Generator, n_tokens: int = 160,
+                      kind: str | None = None) -> FactPassage:
+    """One fact (a value from the evaluation pools, as in ``make_recall_item``) stated inside about ``n_tokens``
+    tokens of ``filler`` (book token ids) taken at random, the excerpt starting and ending at sentence ends where
+    its first and last thirds have one."""
+    kind = kind if kind is not None else str(rng.choice(["number", "name"]))
+    if kind not in ("number", "name"):
+        raise ValueError(f"kind must be 'number', 'name' or None, got {kind!r}")
+    if len(filler) < n_tokens or n_tokens < 6:
+        raise ValueError(f"an excerpt of {n_tokens} tokens needs a filler at least that long (and >= 6 tokens)")
+    facts = NUMBER_FACTS if kind == "number" else NAME_FACTS
+    sentence, question = facts[rng.integers(len(facts))]
+    answer = _value(rng, kind, "eval")
+    start = int(rng.integers(0, len(filler) - n_tokens + 1))
+    window = np.asarray(filler[start:start + n_tokens], dtype=np.int32)
+    third = n_tokens // 3
+    a = _boundary(tokenizer, window, 1, 1, third)  # after a sentence end (1: none found)
+    b = _boundary(tokenizer, window, n_tokens - 1, n_tokens - third, n_tokens - 1)
+    mid = _boundary(tokenizer, window, (a + b) // 2, a + 1, b - 1)
+    text = tokenizer.decode(window[a:mid].tolist()) + sentence.format(answer) + tokenizer.decode(window[mid:b].tolist())
+    return FactPassage(" ".join(text.split()), question, answer, kind)
