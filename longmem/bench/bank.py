@@ -18,6 +18,11 @@ Scenarios, each in a fresh Python process (``--scenario NAME``):
   the model. Timed with the file cache warm and, where this process may drop the OS page cache (root on Linux),
   cold. Peak RSS is measured from just before the open (the imports of torch and faiss are not the bank's). Then
   BM25 passage searches (FTS5) for a few questions, timed (median).
+- ``answer``: the chat on that bank as the app answers, with the model (the shipped SideNet, its K): load the bank's
+  memory, then for each question find the passages to read (BM25, the chat's default finder; and, timed apart, the
+  memory finder: one pass of the model over the question with the whole memory attached) and stream the answer,
+  timing its first piece. The first question is reported apart (cold: first use of every path); the median is over
+  the others.
 
 The parent prints one JSON object (stdout) and a markdown table; progress goes to stderr.
 """
@@ -52,7 +57,7 @@ from longmem.bench.inference import (
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 
 TARGETS = {"ingest_vs_memorize": 0.9, "reopen_s": 3.0, "reopen_peak_vs_kv": 1.5, "with_passages_vs_without": 0.9,
-           "passage_search_ms": 200.0}
+           "passage_search_ms": 200.0, "first_token_s": 2.0}
 QUESTIONS = ["Who is the narrator of this story?", "What is the name of Daisy's husband?", "Where does Gatsby live?",
              "What did the green light at the end of the dock mean?", "Who was driving the car that killed Myrtle?",
              "How did Nick know Tom Buchanan from college?", "What colour was the big car?", "When is the party?"]
@@ -213,6 +218,41 @@ def scenario_reopen(args) -> dict:
             "search_16_queries_s": search_s, "found_all": bool(found.mask.all())}
 
 
+def scenario_answer(args) -> dict:
+    from longmem.model.lm import Sampling
+    from longmem.storage import BankDirectory
+    from longmem.tasks.chat import Chat
+    from longmem.tasks.reading import PassageFinder, Reading, find_for_chat, reading_prompt
+
+    model = _model(args)
+    with BankDirectory(Path(args.work) / "banks").open("big") as bank:
+        t0 = time.perf_counter()
+        memory = bank.load_memory(model)
+        load_s = time.perf_counter() - t0
+        finder = PassageFinder(bank, model, memory)
+        rows = []
+        for q in QUESTIONS[: args.questions]:
+            chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
+            t1 = time.perf_counter()
+            found = find_for_chat(finder, chat, q, Reading(finder="lexical"))
+            t2 = time.perf_counter()
+            next(iter(chat.ask(q, reading_prompt(q, found))))
+            t3 = time.perf_counter()
+            finder.find(q, Reading(finder="memory"))
+            t4 = time.perf_counter()
+            rows.append({"question": q, "find_ms": 1000 * (t2 - t1), "first_token_s": t3 - t1,
+                         "memory_find_s": t4 - t3, "prompt_tokens": int(chat.prompt_ids(q, reading_prompt(q, found),
+                                                                                          history=False).shape[1])})
+            log(f"{q!r}: first answer token {t3 - t1:.2f} s (find {1000 * (t2 - t1):.0f} ms), memory finder "
+                f"{t4 - t3:.2f} s")
+    warm = rows[1:] or rows
+    return {"tokens": len(memory), "topk": model.sidenet.layers[model.sidenet.memory_layer].topk,
+            "load_memory_s": load_s, "cold": rows[0],
+            **{k: statistics.median(r[k] for r in warm) for k in ("find_ms", "first_token_s", "memory_find_s",
+                                                                   "prompt_tokens")},
+            "first_token_max_s": max(r["first_token_s"] for r in warm), "questions": rows}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The parent
 
@@ -258,6 +298,15 @@ def markdown(r: dict) -> str:
     ]
     if cold is not None:
         rows.append(("reopen, cold file cache (OS page cache dropped), s", f"{cold['s']:.2f}", "", ""))
+    a = r.get("answer")
+    if a is not None:
+        n = len(a["questions"]) - 1
+        rows += [("answer: load the bank's memory with the model, s", f"{a['load_memory_s']:.1f}", "", ""),
+                 (f"answer: first answer token with reading (BM25 passages, {a['prompt_tokens']:.0f}-token prompt, "
+                  f"K = {a['topk']}), s, median of {n} (max {a['first_token_max_s']:.2f}; first question "
+                  f"{a['cold']['first_token_s']:.2f})", f"{a['first_token_s']:.2f}", *goal("first_token_s")),
+                 ("answer: the memory finder (the question through the model, memory attached), s",
+                  f"{a['memory_find_s']:.2f}", "", "")]
     rows += [(f"reopen peak RSS increment, MiB (K/V {warm['kv_mb']:.0f} MiB, index {warm['index_mb']:.0f} MiB)",
               f"{warm['peak_increment_mb']:.0f}", "", ""),
              ("reopen peak RSS increment / K/V size", f"{warm['peak_increment_vs_kv']:.2f}",
@@ -282,7 +331,10 @@ def parse_args(argv):
                                                           "(default 4; quick 1)")
     p.add_argument("--reopen-reps", type=int, default=3, help="reopen processes, warm cache (median reported)")
     p.add_argument("--work", default=None, help="directory for the benchmark's banks (default: a temp dir, removed)")
-    p.add_argument("--scenario", default=None, help="internal: run one scenario here ('ingest', 'build', 'reopen')")
+    p.add_argument("--questions", type=int, default=len(QUESTIONS),
+                   help=f"questions the answer scenario asks (at most {len(QUESTIONS)}; the first is cold; 0: none)")
+    p.add_argument("--scenario", default=None, help="internal: run one scenario here ('ingest', 'build', 'reopen', "
+                                                    "'answer')")
     p.add_argument("--source-bank", default=None, help="internal: the ingested bank to build from")
     p.add_argument("--cold", action="store_true", help="internal: drop the OS page cache before reopening")
     args = p.parse_args(argv)
@@ -297,7 +349,8 @@ def main(argv: list[str] | None = None) -> dict:
     setup_cpu(args.threads)
     if args.scenario is not None:
         steal0, total0 = cpu_times()
-        fn = {"ingest": scenario_ingest, "build": scenario_build, "reopen": scenario_reopen}[args.scenario]
+        fn = {"ingest": scenario_ingest, "build": scenario_build, "reopen": scenario_reopen,
+              "answer": scenario_answer}[args.scenario]
         out = fn(args)
         steal1, total1 = cpu_times()
         out["cpu_steal_pct"] = 100 * (steal1 - steal0) / max(1, total1 - total0)
@@ -308,16 +361,18 @@ def main(argv: list[str] | None = None) -> dict:
     own_work = args.work is None
     args.work = args.work or tempfile.mkdtemp(prefix="longmem-bench-bank-")
     try:
-        log("scenario 1/3: ingest vs bare memorize (fresh process)")
+        log("scenario 1/4: ingest vs bare memorize (fresh process)")
         ingest = spawn("ingest", args)
-        log(f"scenario 2/3: build a {args.bank_tokens:,}-token bank (fresh process)")
+        log(f"scenario 2/4: build a {args.bank_tokens:,}-token bank (fresh process)")
         build = spawn("build", args, source_bank=ingest["bank"])
-        log(f"scenario 3/3: reopen it, {args.reopen_reps} warm + 1 cold (fresh processes)")
+        log(f"scenario 3/4: reopen it, {args.reopen_reps} warm + 1 cold (fresh processes)")
         warm_runs = [spawn("reopen", args) for _ in range(args.reopen_reps)]
         cold = spawn("reopen", args, cold=True)
         warm = sorted(warm_runs, key=lambda w: w["s"])[len(warm_runs) // 2]
         warm = {**warm, "peak_increment_mb": max(w["peak_increment_mb"] for w in warm_runs),
                 "peak_increment_vs_kv": max(w["peak_increment_vs_kv"] for w in warm_runs)}
+        log(f"scenario 4/4: ask it {args.questions} questions with the model (fresh process)")
+        answer = spawn("answer", args, questions=args.questions) if args.questions > 0 else None
     finally:
         if own_work:
             shutil.rmtree(args.work, ignore_errors=True)
@@ -328,8 +383,11 @@ def main(argv: list[str] | None = None) -> dict:
                                                   TARGETS["with_passages_vs_without"], True),
                "passage_search_ms": target(warm["passage_search_ms"], TARGETS["passage_search_ms"], False,
                                            tokens=warm["tokens"])}
+    if answer is not None:
+        targets["first_token_s"] = target(answer["first_token_s"], TARGETS["first_token_s"], False,
+                                          tokens=answer["tokens"])
     results = {"machine": machine_facts(args.dtype, args.threads), "quick": args.quick, "kv_dtype": "bfloat16",
-               "ingest": ingest, "build": build, "reopen_warm": warm, "reopen_all_warm": warm_runs,
+               "ingest": ingest, "build": build, "reopen_warm": warm, "answer": answer, "reopen_all_warm": warm_runs,
                "reopen_cold": cold if cold["cold_cache"] else None, "reopen_reps": args.reopen_reps,
                "disk_mb_per_1m_tokens": build["disk_bytes"] / build["tokens"] * 1e6 / 2**20,
                "targets": targets, "all_targets_met": all(t["met"] for t in targets.values()),
