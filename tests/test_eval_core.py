@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import random_ids
-from tiny import VOCAB, small_config
+from tiny import VOCAB, char_tokenizer, small_config
 
 from longmem.cli.eval import parse_overrides, provenance
 from longmem.eval import books, icl
@@ -471,3 +471,21 @@ def test_a_result_made_before_best_last_existed_reports_it_was_read_best_first()
     old = SuiteResult("natural", "Natural", [], {}, made, [], [], 60.0)
     assert size_cell(old) == "reduced: best_last False (full True)"
     assert size_cell(SuiteResult("natural", "Natural", [], {}, size, [], [], 60.0)) == "full"
+
+
+def test_topk_and_window_flags_reach_the_model_and_bad_k_is_refused(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from longmem.cli.eval import load_model, parse_args
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=4,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=2048)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "bb")
+    char_tokenizer().save_pretrained(tmp_path / "bb")
+    base = ["books", "--backbone", str(tmp_path / "bb"), "--untrained", "--dtype", "float32"]
+    model = load_model(parse_args(base + ["--topk", "32", "--segment-len", "128"]))
+    layer = model.sidenet.layers[model.sidenet.memory_layer]
+    assert (model.config.topk, layer.topk, model.segment_len) == (32, 32, 128)
+    assert provenance(model, base, "untrained", None)["topk"] == 32  # a resumed unit's signature names K
+    with pytest.raises(SystemExit, match="--topk must be >= 1"):
+        load_model(parse_args(base + ["--topk", "0"]))

@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--segment-len", type=int, default=None, metavar="TOKENS",
                    help="LongMem's local window, and the same-window backbone's (default: the checkpoint's, 1024); "
                         "a chat reads its passages into it")
+    p.add_argument("--topk", type=int, default=None, metavar="K",
+                   help="memory tokens each query token attends to (default: the checkpoint's; the shipped "
+                        "SideNet's is 1,024); part of a resumed unit's signature")
     p.add_argument("--full-context", type=int, default=None,
                    help="context of the full-attention backbone row (default: the backbone's native context)")
     p.add_argument("--set", action="append", default=[], metavar="SUITE.FIELD=VALUE",
@@ -83,6 +86,10 @@ def load_model(args: argparse.Namespace):
     from longmem.model.longmem import LongMemConfig, LongMemModel
 
     window = {"segment_len": args.segment_len} if args.segment_len else {}
+    if args.topk is not None:
+        if args.topk < 1:
+            raise SystemExit(f"longmem eval: --topk must be >= 1, got {args.topk}")
+        window["topk"] = args.topk
     if args.checkpoint:
         return LongMemModel.load(args.checkpoint, runtime={"dtype": args.dtype, **window}).eval()
     return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype, **window),
