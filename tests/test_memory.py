@@ -267,3 +267,54 @@ def test_truncate_forgets_what_came_after_and_searches_as_before():
     assert len(bank) == 24
     with pytest.raises(ValueError, match="whole number"):
         bank.truncate(5)
+
+
+class _Twin:
+    """An approximate memory and an exact one fed the same operations, to compare their searches."""
+
+    def __init__(self, **kw):
+        self.approx, self.exact = _bank(**kw), _bank(**kw)
+
+    def __getattr__(self, name):
+        def both(*a, **kw):
+            getattr(self.exact, name)(*a, **kw)
+            return getattr(self.approx, name)(*a, **kw)
+        return both
+
+    def same(self, q, n) -> bool:
+        return torch.equal(self.approx.search(q, n).chunk_ids, self.exact.search(q, n).chunk_ids)
+
+
+def test_approximate_search_probing_every_list_finds_the_exact_chunks_through_adds_truncations_and_evictions():
+    twin = _Twin(capacity=4 * 600)
+    twin.approx.approximate(min_chunks=100, probes=10_000)  # every list: exact results
+    row = twin.approx.rows[0]
+    q = torch.randn(1, 6, 7, 8, generator=torch.Generator().manual_seed(1))
+    twin.add(*_kv(4 * 80))
+    assert twin.same(q, 5) and row.coarse is None  # below min_chunks the exact index is read
+    twin.add(*_kv(4 * 300, seed=1))  # 380 chunks: the IVF copies are built at the next search
+    assert twin.same(q, 5) and row.coarse is not None and row.coarse_n == 380
+    built = row.coarse
+    twin.truncate(4 * 200)  # a text added for one question only, then another one
+    twin.add(*_kv(4 * 50, seed=2))
+    assert twin.same(q, 5) and row.coarse is built and row.coarse_n == 250  # followed, not built again
+    twin.add(*_kv(4 * 400, seed=3))  # past the capacity of 600 chunks: the oldest are evicted and positions move
+    assert row.evicted > 0 and row.coarse is None
+    assert twin.same(q, 5) and row.coarse_n == 600
+
+
+def test_approximate_search_with_few_probes_still_finds_most_of_the_best_chunks_and_rechunk_keeps_it():
+    twin = _Twin()
+    twin.approx.approximate(min_chunks=64)  # the default share of lists
+    centres = torch.randn(16, 8, generator=torch.Generator().manual_seed(4)) * 3
+    pick = torch.randint(0, 16, (4 * 2000,), generator=torch.Generator().manual_seed(5))
+    k = (centres[pick] + torch.randn(4 * 2000, 8, generator=torch.Generator().manual_seed(6)))
+    k = k.view(1, 1, -1, 8).expand(1, 2, -1, 8).contiguous()
+    twin.add(k, k.clone())
+    q = centres[torch.arange(6)].view(1, 6, 1, 8) + 0.1
+    got, want = twin.approx.search(q, 8).chunk_ids, twin.exact.search(q, 8).chunk_ids
+    overlap = sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(got.view(-1, 8), want.view(-1, 8)))
+    assert overlap >= 0.8 * want.numel() and (got >= 0).all()
+    assert twin.approx.rechunk(2).rows[0].approx == twin.approx.rows[0].approx
+    with pytest.raises(ValueError, match="approximate search needs"):
+        twin.approx.approximate(0)

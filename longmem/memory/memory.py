@@ -8,6 +8,11 @@ map to key/value heads as in grouped-query attention (query head h reads KV head
 same chunks and returns them as a mask over every stored token instead, for masked dense attention over the whole
 memory: one matrix product, where the per-query gather moves K key/value pairs for each query token and head.
 
+Approximate search (``Memory.approximate``, off unless asked): once a row holds ``min_chunks`` chunks, a search on
+CPU reads an inverted-file (IVF) copy of its chunk keys per KV head instead of the exact index: the keys clustered
+into about 2 * sqrt(n) lists, and each query compares only the lists nearest it (``probes`` of them). Ids stay chunk
+positions; the copy follows the row's adds and truncations and is built again after an eviction.
+
 Tokens that do not fill a chunk wait in a small pending buffer and become searchable once the chunk is full.
 With a ``capacity`` (M tokens, the paper's FIFO queue) the oldest chunks are evicted first.
 
@@ -93,6 +98,21 @@ def _gpu_resources():
     return None
 
 
+def _ivf(keys: np.ndarray, probes: int | None) -> faiss.IndexIVFFlat:
+    """An inverted-file inner-product index over ``keys`` (n, d): ~2 sqrt(n) lists (fewer for a small n, so that
+    each is trained on 40 keys or more), trained on at most 48 keys per list (a fixed sample), searching ``probes``
+    lists per query (None: a sixteenth of them, at least 8)."""
+    n, d = keys.shape
+    nlist = int(np.clip(min(2 * np.sqrt(n), n // 40), 1, 4096))
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+    sample = np.random.default_rng(0).choice(n, min(n, 48 * nlist), replace=False)
+    index.train(np.ascontiguousarray(keys[np.sort(sample)]))
+    for s in range(0, n, INDEX_BLOCK):
+        index.add(np.ascontiguousarray(keys[s:s + INDEX_BLOCK]))
+    index.nprobe = min(nlist, probes if probes is not None else max(8, nlist // 16))
+    return index
+
+
 class _Row:
     """Memory of one stream: per KV head a faiss index plus the chunk key/value tensors, aligned by position."""
 
@@ -110,6 +130,9 @@ class _Row:
         self.pend_v = torch.empty_like(self.pend_k)
         self.pend_t = torch.empty(0, dtype=torch.int64)
         self.pend_s = torch.empty(0, dtype=torch.bool)
+        self.approx: tuple[int, int | None] | None = None  # (min_chunks, probes) of approximate search, or exact
+        self.coarse: list | None = None  # the IVF copies, per KV head, of the first ``coarse_n`` chunk keys
+        self.coarse_n = 0
 
     def _new_index(self):
         index = faiss.IndexFlatIP(self.d)
@@ -173,6 +196,38 @@ class _Row:
         self.starts[:keep] = self.starts[e:self.n].clone()
         self.n = keep
         self.evicted += e
+        self.coarse = None  # positions moved: built again at the next search
+
+    def truncate(self, keep: int) -> None:
+        """Forget the chunks from position ``keep`` on (the exact indexes and the IVF copies alike)."""
+        if keep >= self.n:
+            return
+        for j, index in enumerate(self.indexes):
+            if self.gpu_res is None:
+                index.remove_ids(faiss.IDSelectorRange(keep, self.n))
+            else:  # GPU flat indexes cannot remove: rebuild from the kept keys
+                index.reset()
+                index.add(chunk_keys(self.k[j:j + 1, :keep])[0])
+        if self.coarse is not None and self.coarse_n > keep:
+            for index in self.coarse:  # the tail's ids go; later adds are numbered from ``keep`` again
+                index.remove_ids(faiss.IDSelectorRange(keep, self.coarse_n))
+            self.coarse_n = keep
+        self.n = keep
+
+    def searched(self) -> list:
+        """The indexes a search reads: the exact ones, or (approximate search from its size on, on CPU) the IVF
+        copies, built or brought up to date first."""
+        if self.approx is None or self.n < self.approx[0] or self.gpu_res is not None:
+            return self.indexes
+        if self.coarse is None:
+            self.coarse = [_ivf(chunk_keys(self.k[j:j + 1, :self.n])[0], self.approx[1]) for j in range(self.hkv)]
+            self.coarse_n = self.n
+        elif self.coarse_n < self.n:
+            keys = chunk_keys(self.k[:, self.coarse_n:self.n])
+            for j, index in enumerate(self.coarse):
+                index.add(keys[j])
+            self.coarse_n = self.n
+        return self.coarse
 
     def top_chunks(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None) -> torch.Tensor:
         """q (Hq, T, d) -> positions (Hq, T, n_chunks) int64 of each query's best chunks, best first, -1 = none."""
@@ -183,7 +238,7 @@ class _Row:
             extra = 0 if max_sinks is None else max(0, int(sink.sum()) - max_sinks)  # sink chunks that may be skipped
             fetch = min(n_chunks + extra, self.n)
             qf = q.detach().to("cpu", torch.float32).numpy()
-            for j, index in enumerate(self.indexes):
+            for j, index in enumerate(self.searched()):
                 block = np.ascontiguousarray(qf[j * group:(j + 1) * group].reshape(group * T, d))
                 _, found = index.search(block, fetch)  # (group * T, fetch), best first
                 if extra:
@@ -376,22 +431,26 @@ class Memory:
             raise ValueError("only a one-row memory can be truncated")
         if n_tokens % self.chunk_size:
             raise ValueError(f"{n_tokens} tokens is not a whole number of {self.chunk_size}-token chunks")
-        r, keep = self.rows[0], n_tokens // self.chunk_size
-        if keep < r.n:
-            for j, index in enumerate(r.indexes):
-                if self.gpu_res is None:
-                    index.remove_ids(faiss.IDSelectorRange(keep, r.n))
-                else:  # GPU flat indexes cannot remove: rebuild from the kept keys
-                    index.reset()
-                    index.add(chunk_keys(r.k[j:j + 1, :keep])[0])
-            r.n = keep
+        r = self.rows[0]
+        r.truncate(n_tokens // self.chunk_size)
         r.pend_k, r.pend_v = r.pend_k[:, :0], r.pend_v[:, :0]
         r.pend_t, r.pend_s = r.pend_t[:0], r.pend_s[:0]
 
     def clear(self, rows: list[int] | None = None) -> None:
         """Forget everything (or only the given rows, e.g. where a new document starts)."""
         for b in range(self.batch_size) if rows is None else rows:
+            approx = self.rows[b].approx
             self.rows[b] = self._row()
+            self.rows[b].approx = approx
+
+    def approximate(self, min_chunks: int | None, probes: int | None = None) -> "Memory":
+        """Search approximately (see the module doc) in rows holding at least ``min_chunks`` chunks, comparing each
+        query with ``probes`` IVF lists (None: the default share); ``min_chunks=None``: exactly again. Returns self."""
+        if min_chunks is not None and (min_chunks < 1 or (probes is not None and probes < 1)):
+            raise ValueError(f"approximate search needs min_chunks >= 1 and probes >= 1, got {min_chunks}, {probes}")
+        for r in self.rows:
+            r.approx, r.coarse, r.coarse_n = (None if min_chunks is None else (min_chunks, probes)), None, 0
+        return self
 
     def rechunk(self, chunk_size: int) -> "Memory":
         """The same one-row memory cut into smaller chunks (``chunk_size`` divides this bank's chunk size): the K/V are
@@ -414,6 +473,8 @@ class Memory:
                                      use_gpu=use_gpu, starts=starts, max_sinks=self.max_sinks)
         if r.pend_t.numel():  # an unfinished chunk of the coarse bank may already fill finer chunks
             out.add(r.pend_k[None], r.pend_v[None], r.pend_t[None], r.pend_s[None])
+        if r.approx is not None:
+            out.approximate(*r.approx)
         return out
 
     def tail_tokens(self, n: int, row: int = 0) -> torch.Tensor:
