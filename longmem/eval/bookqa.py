@@ -200,18 +200,13 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
         cells = [f"{r[d]['contains']:.0f} ± {r[d]['contains_ci95']:.0f} / {r[d]['em']:.0f} / {r[d]['f1']:.1f}"
                  for d in ds]
         rows.append([label, *cells, f"{np.mean([r[d]['contains'] for d in ds]):.1f}"])
-    reads = table(["finder"] + [distance_label(int(d)) for d in ds],
-                  [[f] + [f"{100 * gold_read[f][d]:.0f}%" for d in ds] for f in gold_read])
+    reads = reads_table(gold_read, ds)
     avg = {k: float(np.mean([results[k][d]["contains"] for d in ds])) for k in results}
     notes = [f"{len(qas)} SQuAD dev questions (one per paragraph) at each distance. Answered: % of answers that "
              "contain a gold answer (± a 95% interval); then SQuAD EM and F1, in %. The gold passage is the item's "
              "paragraph. The second table: the share of questions whose gold paragraph was among the passages read, "
              "per finder.", *versus_notes(avg)]
-    if set(results) != set(LABELS):
-        notes.append(f"Entrants run: {', '.join(results)} (bookqa.entrants).")
-    if borrowed:
-        notes.append(borrowed_note(borrowed))
-    notes.append(f"Distances run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
+    notes += run_notes("bookqa", results, borrowed, commits, seconds)
     plot = plot_distances(ctx, size.distances, results, "bookqa.png", "tokens between the paragraph and the question",
                           "answers containing a gold answer, %")
     return SuiteResult("bookqa", "Questions about a long text (beyond the paper): a SQuAD paragraph D tokens before "
@@ -220,6 +215,20 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
                         "questions": [q.id for q in qas], "borrowed_train_tokens": borrowed},
                        asdict(size), [plot], notes, seconds)
 
+
+def reads_table(gold_read: dict, ds: list[str]) -> str:
+    """Per finder, the share of items whose gold passage was among the passages read, by distance."""
+    return table(["finder"] + [distance_label(int(d)) for d in ds],
+                 [[f] + [f"{100 * gold_read[f][d]:.0f}%" for d in ds] for f in gold_read])
+
+
+def run_notes(suite: str, results: dict, borrowed: int, commits: list[str], seconds: float) -> list[str]:
+    """The notes that say how a distance suite ran: which entrants (when not all), borrowed filler, where and how
+    long."""
+    notes = [f"Entrants run: {', '.join(results)} ({suite}.entrants)."] if set(results) != set(LABELS) else []
+    if borrowed:
+        notes.append(borrowed_note(borrowed))
+    return notes + [f"Distances run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all."]
 
 def plot_distances(ctx: EvalContext, distances: list[int], results: dict, name: str, xlabel: str, ylabel: str) -> str:
     """Each entrant's headline score by distance (the baselines dashed), saved as ``name`` in the output folder."""

@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from longmem.eval.answering import DEFAULT_READER, FINDER_ENTRANTS, LABELS, versus_notes
-from longmem.eval.bookqa import answer_at_distances, plot_distances, reader_for
+from longmem.eval.bookqa import answer_at_distances, plot_distances, reader_for, reads_table, run_notes
 from longmem.eval.core import EvalContext, SuiteResult, Timer, table
 from longmem.eval.datasets.recall import make_fact_passage
 from longmem.eval.datasets.squad import QA
-from longmem.eval.recall import borrowed_note, distance_label, filler
+from longmem.eval.recall import distance_label, filler
 
 
 @dataclass
@@ -76,17 +76,12 @@ def run(ctx: EvalContext) -> SuiteResult:
         return f"{r['contains']:.0f}% ± {r['contains_ci95']:.0f} ({', '.join(by)})"
 
     rows = [[LABELS[k]] + [cell(results[k][d]) for d in ds] for k in results]
-    reads = table(["finder"] + [distance_label(int(d)) for d in ds],
-                  [[f] + [f"{100 * gold_read[f][d]:.0f}%" for d in ds] for f in gold_read])
+    reads = reads_table(gold_read, ds)
     avg = {k: float(np.mean([results[k][d]["contains"] for d in ds])) for k in results}
     notes = [f"{len(qas)} facts at each distance, the same ones; a cell: % of answers containing the value (± a 95% "
              "interval), then numbers and names recalled. The second table: the share of items whose excerpt was "
              "among the passages read, per finder.", *targets(results, ds), *versus_notes(avg)]
-    if set(results) != set(LABELS):
-        notes.append(f"Entrants run: {', '.join(results)} (facts.entrants).")
-    if borrowed:
-        notes.append(borrowed_note(borrowed))
-    notes.append(f"Distances run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
+    notes += run_notes("facts", results, borrowed, commits, seconds)
     plot = plot_distances(ctx, size.distances, results, "facts.png", "tokens between the fact and the question",
                           "answers containing the value, %")
     return SuiteResult("facts", "Facts at a distance, asked as a reader asks (beyond the paper): recall through "
