@@ -9,7 +9,7 @@ import html
 import gradio as gr
 
 from longmem.service.workspace import PassageHit, Settings, Workspace
-from longmem.tasks.reading import FINDERS, Citation
+from longmem.tasks.reading import FINDERS, READING_TOPK, Citation
 
 from .common import BOOK_TYPES, file_paths, friendly, job_html
 from .shared import Shared
@@ -76,8 +76,9 @@ def settings_panel(ws: Workspace, max_tokens: int, reading: bool = False) -> lis
             tokens = gr.Slider(8, 512, value=max_tokens, step=8, label="Max new tokens")
         with gr.Row():
             top = model.config.topk // model.chunk_size  # the model's own: what it was evaluated with
-            chunks = gr.Slider(1, max(64, 4 * top), value=top, step=1,
-                               label="Top-K memory chunks per token and head")
+            reads = max(1, min(READING_TOPK, model.config.topk) // model.chunk_size)
+            chunks = gr.Slider(0, max(64, 4 * top), value=0, step=1, label="Top-K memory chunks per token and head",
+                               info=f"0: automatic ({reads} while passages are read, else the model's {top})")
             sizes = [d for d in range(model.chunk_size, 0, -1) if model.chunk_size % d == 0]
             chunk_size = gr.Dropdown(choices=sizes, value=model.chunk_size,
                                      label="Chunk size (tokens; finer = more precise)")
@@ -86,7 +87,7 @@ def settings_panel(ws: Workspace, max_tokens: int, reading: bool = False) -> lis
 
 def make_settings(temperature, tokens, chunks, chunk_size, reading=Settings.reading,
                   passages=Settings.passages) -> Settings:
-    return Settings(max_new_tokens=int(tokens), temperature=float(temperature), chunks=int(chunks),
+    return Settings(max_new_tokens=int(tokens), temperature=float(temperature), chunks=int(chunks) or None,
                     chunk_size=int(chunk_size) if chunk_size else None, reading=reading or "none",
                     passages=int(passages))
 

@@ -285,19 +285,21 @@ def test_launch_flags():
         build_parser().parse_args(["--dtype", "int8"])
 
 
-def test_settings_slider_holds_the_model_own_k(tmp_path):
-    """The chunks slider starts at the model's own K / chunk size, however large (the shipped default reads 256
-    chunks)."""
+def test_settings_slider_starts_automatic_and_reaches_the_model_own_k(tmp_path):
+    """The chunks slider starts at 0, automatic (the reading's K while passages are read, else the model's own, named
+    however large: the shipped default reads 256 chunks), and reaches past the model's K; 0 becomes None."""
     import gradio as gr
     from tiny import tiny_model
 
-    from app.chat_tab import settings_panel
+    from app.chat_tab import make_settings, settings_panel
 
     ws = Workspace(tiny_model("llama", chunk_size=2, topk=1024), BankDirectory(tmp_path / "banks"),
                    work_dir=tmp_path / "work")
     try:
         with gr.Blocks():
             _, _, chunks, chunk_size = settings_panel(ws, 200)
-        assert chunks.value == 512 and chunks.maximum >= 512 and chunk_size.value == 2
+        assert chunks.value == 0 and chunks.maximum >= 512 and chunk_size.value == 2
+        assert "128 while passages are read, else the model's 512" in chunks.info
+        assert make_settings(0.0, 16, 0, 2).chunks is None and make_settings(0.0, 16, 7, 2).chunks == 7
     finally:
         ws.close()

@@ -14,8 +14,8 @@ from longmem.service.workspace import Settings, Workspace
 from longmem.storage import BankDirectory
 from longmem.model.lm import Sampling
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import (INSTRUCTION, PassageFinder, Reading, citations, find_for_chat, fit, fuse,
-                                   reading_prompt)
+from longmem.tasks.reading import (INSTRUCTION, READING_TOPK, PassageFinder, Reading, citations, find_for_chat, fit,
+                                   fuse, reading_prompt)
 
 QUESTION = "What drifted over the harbour? A zeppelin?"
 
@@ -33,6 +33,47 @@ def test_reading_settings_are_checked():
         Reading(finder="vector")
     with pytest.raises(ValueError, match=">= 0"):
         Reading(passages=-1)
+    with pytest.raises(ValueError, match="topk must be >= 1"):
+        Reading(topk=0)
+
+
+def test_an_answer_reads_fewer_memory_tokens_while_it_reads_passages():
+    class Mem:
+        chunk_size = 4
+
+    found = ["a passage"]
+    assert Reading().chunks(Mem, found, model_topk=1024) == READING_TOPK // 4  # 64 chunks of 4
+    assert Reading().chunks(Mem, [], model_topk=1024) is None  # nothing read: the model's own K
+    assert Reading(topk=None).chunks(Mem, found, model_topk=1024) is None
+    assert Reading(topk=2048).chunks(Mem, found, model_topk=1024) == 256  # never more than the model's own
+    assert Reading(topk=2).chunks(Mem, found, model_topk=1024) == 1  # at least one chunk
+
+
+def test_the_chat_searches_memory_at_the_reading_k_while_it_reads(tmp_path, monkeypatch):
+    from longmem.memory.memory import Memory
+    from longmem.model.longmem import LongMemModel
+    from tiny import CHAT_TEMPLATE, small_config, tiny_llama
+
+    backbone = tiny_llama()
+    backbone.tokenizer.chat_template = CHAT_TEMPLATE
+    model = LongMemModel(backbone, small_config(segment_len=512, topk=1024))  # chunks of 2: 512 per query
+    ws = Workspace(model, BankDirectory(tmp_path / "banks"), work_dir=tmp_path / "work")
+    book = tmp_path / "story.txt"
+    book.write_text(story())
+    assert ws.jobs.wait(ws.ingest("b", [book], create=True), timeout=600).status == "done"
+    asked: list[int] = []
+    for name in ("search", "select"):
+        real = getattr(Memory, name)
+        monkeypatch.setattr(Memory, name, lambda self, q, n, real=real: asked.append(n) or real(self, q, n))
+    try:
+        for settings, want in [(Settings(reading="lexical"), READING_TOPK // 2), (Settings(reading="none"), 512),
+                               (Settings(reading="lexical", chunks=5), 5)]:
+            asked.clear()
+            reply = ws.chat("b", QUESTION, Settings(**{**settings.__dict__, "max_new_tokens": 2, "temperature": 0}))
+            list(reply)
+            assert bool(reply.citations) == (settings.reading != "none") and set(asked) == {want}, settings
+    finally:
+        ws.close()
 
 
 @pytest.fixture

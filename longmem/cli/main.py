@@ -127,6 +127,7 @@ def _questions(args) -> Iterator[str]:
 def cmd_chat(args) -> int:
     from longmem.ingest.readers import open_source
     from longmem.tasks.chat import Chat
+    from longmem.memory.memory import MemoryView
     from longmem.tasks.reading import PassageFinder, Reading, citations, find_for_chat, reading_prompt
 
     if args.file and args.bank:
@@ -143,6 +144,7 @@ def cmd_chat(args) -> int:
         chat = Chat(model, memory, _sampling(args))
         for question in _questions(args):
             found = find_for_chat(finder, chat, question, reading) if finder is not None else []
+            chat.memory = MemoryView(memory, reading.chunks(memory, found, model.config.topk))  # K while reading
             for piece in chat.ask(question, reading_prompt(question, found) if found else None):
                 print(piece, end="", flush=True)
             print()

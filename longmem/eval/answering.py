@@ -33,14 +33,14 @@ import numpy as np
 from longmem.eval.core import EvalContext, mean_std
 from longmem.eval.datasets.squad import exact_match, f1, normalize_answer
 from longmem.ingest.pipeline import ingest
-from longmem.memory.memory import Memory
+from longmem.memory.memory import Memory, MemoryView
 from longmem.model.lm import Sampling
 from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import (DEFAULT_FINDER, Found, PassageFinder, Reading, find_for_chat, fit_for_chat,
-                                   reading_prompt)
+from longmem.tasks.reading import (DEFAULT_FINDER, READING_TOPK, Found, PassageFinder, Reading, find_for_chat,
+                                   fit_for_chat, reading_prompt)
 from longmem.util.files import write_file_atomic
 
 FINDER_ENTRANTS = {"longmem_memory": "memory", "longmem_lexical": "lexical", "longmem_fused": "fused"}
@@ -188,6 +188,7 @@ class Reader:
     budget: int = 640
     new_tokens: int = 24
     best_last: bool = True  # the passages read shown best last, nearest the question (``Reading.best_last``)
+    reading_topk: int | None = READING_TOPK  # memory tokens per query while LongMem reads (None: the model's K)
 
     def answers(self, want: set[str], asked: Asked, hay: Haystack, reads: dict) -> dict[str, str]:
         """The wanted entrants' answers to one question (entrant -> answer); appends to ``reads`` (finder -> list)
@@ -204,7 +205,7 @@ class Reader:
             found = find_for_chat(finder, chat, q, self.reading(how))
             reads[how].append(any(map(asked.is_gold, found)))
             if key in want:
-                got[key] = answer(model, hay.memory, q, reading_prompt(q, found), n)
+                got[key] = answer(model, self.memory(hay, found), q, reading_prompt(q, found), n)
             if how == "lexical" and "rag_bm25" in want:
                 got["rag_bm25"] = answer(self.backbone, None, q, reading_prompt(q, found), n)
         if "rag_embed" in want:
@@ -215,13 +216,19 @@ class Reader:
             got["backbone_full"] = answer(self.full, None, q, window_text(self.full, q, hay.tokens, n), n)
         gold = reading_prompt(q, asked.gold)
         if "oracle" in want:
-            got["oracle"] = answer(model, hay.memory, q, gold, n)
+            got["oracle"] = answer(model, self.memory(hay, asked.gold), q, gold, n)
         if "oracle_backbone" in want:
             got["oracle_backbone"] = answer(self.backbone, None, q, gold, n)
         return got
 
     def reading(self, finder: str) -> Reading:
-        return Reading(finder=finder, passages=self.passages, budget=self.budget, best_last=self.best_last)
+        return Reading(finder=finder, passages=self.passages, budget=self.budget, best_last=self.best_last,
+                       topk=self.reading_topk)
+
+    def memory(self, hay: Haystack, found: list[Found]) -> MemoryView:
+        """The haystack's memory as LongMem reads it with ``found`` in its window (``Reading.chunks``)."""
+        return MemoryView(hay.memory, Reading(topk=self.reading_topk).chunks(hay.memory, found,
+                                                                           self.model.config.topk))
 
     def embedded(self, asked: Asked, hay: Haystack) -> list[Found]:
         """The passages closest to the question under the embedder: the indexed ones and the item's own."""
@@ -236,6 +243,22 @@ class Reader:
         found = [Found(refs[p], s, {"embed": i}) for i, (p, s) in enumerate(ranked, 1) if p in refs]
         return found
 
+
+def reader_for(ctx: EvalContext, size, suite: str) -> Reader:
+    """How ``size``'s entrants read (its passages, budget, answer length, order, and ``reading_topk``, 0 meaning the
+    model's own K), after checking its entrants and block size; the embedder is loaded only when embedding RAG runs."""
+    from longmem.model.baselines import BackboneLM
+    from longmem.model.embedder import Embedder
+
+    check_entrants(suite, size.entrants)
+    if getattr(size, "block", 1) < 1:  # the suites that record blocks of questions
+        raise ValueError(f"{suite}.block must be >= 1, got {size.block}")
+    if size.reading_topk < 0:
+        raise ValueError(f"{suite}.reading_topk must be >= 0 (0: the model's K), got {size.reading_topk}")
+    model, bb = ctx.model, ctx.model.backbone
+    return Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions),
+                  Embedder.load() if "rag_embed" in size.entrants else None, size.passages, size.budget,
+                  size.new_tokens, size.best_last, size.reading_topk or None)
 
 def summary(rows: list[dict]) -> dict:
     """Percentages of the items' scores, with a 95% interval (normal approximation) for the headline."""

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from longmem.eval.answering import (LABELS, Asked, Haystack, Reader, check_entrants, finders, indexed_haystack, scored,
+from longmem.eval.answering import (LABELS, Asked, Haystack, Reader, finders, indexed_haystack, reader_for, scored,
                                     summary, text_bank, versus_notes)
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, legend_below, table
 from longmem.eval.datasets.squad import QA, read_squad
@@ -34,10 +34,9 @@ from longmem.eval.recall import borrowed_note, distance_label, filler
 from longmem.ingest.pipeline import cut_segments, store_segment
 from longmem.ingest.readers import Block
 from longmem.memory.memory import Memory
-from longmem.model.baselines import BackboneLM
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, PassageRef
-from longmem.tasks.reading import Found
+from longmem.tasks.reading import READING_TOPK, Found
 from longmem.text.passages import PassageCutter
 
 
@@ -49,6 +48,7 @@ class Size:
     budget: int = 640  # tokens of passages an answer reads at most (what fits the window is the other bound)
     new_tokens: int = 24  # tokens generated per answer at most
     best_last: bool = True  # passages shown best last, nearest the question, as the chat does (false: best first)
+    reading_topk: int = READING_TOPK  # memory tokens per query while LongMem reads, as the chat does (0: model's K)
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
     block: int = 10  # questions per recorded work unit (--resume goes on from the last finished block)
 
@@ -113,19 +113,6 @@ def run(ctx: EvalContext) -> SuiteResult:
     results, gold_read, seconds, commits = answer_at_distances(ctx, size, "bookqa", qas, stream, reader, timer)
     return _result(ctx, size, qas, results, gold_read, borrowed, seconds, commits)
 
-
-def reader_for(ctx: EvalContext, size, suite: str) -> Reader:
-    """How ``size``'s entrants read (its passages, budget, answer length, order), after checking its entrants and
-    block; the embedder is loaded only when embedding RAG runs."""
-    from longmem.model.embedder import Embedder
-
-    check_entrants(suite, size.entrants)
-    if size.block < 1:
-        raise ValueError(f"{suite}.block must be >= 1, got {size.block}")
-    model, bb = ctx.model, ctx.model.backbone
-    return Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions),
-                  Embedder.load() if "rag_embed" in size.entrants else None, size.passages, size.budget,
-                  size.new_tokens, size.best_last)
 
 def answer_at_distances(ctx: EvalContext, size, suite: str, qas: list[QA], stream: np.ndarray, reader: Reader,
                         timer: Timer) -> tuple[dict, dict, float, list[str]]:

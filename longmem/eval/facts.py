@@ -20,12 +20,13 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from longmem.eval.answering import DEFAULT_READER, FINDER_ENTRANTS, LABELS, versus_notes
-from longmem.eval.bookqa import answer_at_distances, plot_distances, reader_for, reads_table, run_notes
+from longmem.eval.answering import DEFAULT_READER, FINDER_ENTRANTS, LABELS, reader_for, versus_notes
+from longmem.eval.bookqa import answer_at_distances, plot_distances, reads_table, run_notes
 from longmem.eval.core import EvalContext, SuiteResult, Timer, table
 from longmem.eval.datasets.recall import make_fact_passage
 from longmem.eval.datasets.squad import QA
 from longmem.eval.recall import distance_label, filler
+from longmem.tasks.reading import READING_TOPK
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Size:
     budget: int = 640  # tokens of passages an answer reads at most
     new_tokens: int = 24  # tokens generated per answer at most
     best_last: bool = True  # passages shown best last, nearest the question, as the chat does
+    reading_topk: int = READING_TOPK  # memory tokens per query while LongMem reads, as the chat does (0: model's K)
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
     block: int = 10  # items per recorded work unit (--resume goes on from the last finished block)
 

@@ -21,12 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from longmem.eval.answering import (LABELS, Asked, Reader, check_entrants, finders, indexed_haystack, scored, summary,
+from longmem.eval.answering import (LABELS, Asked, Reader, finders, indexed_haystack, reader_for, scored, summary,
                                     text_bank, versus_notes)
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, table
-from longmem.model.baselines import BackboneLM
 from longmem.storage.bank import Bank
-from longmem.tasks.reading import Found
+from longmem.tasks.reading import READING_TOPK, Found
 
 
 @dataclass
@@ -37,6 +36,7 @@ class Size:
     budget: int = 640  # tokens of passages an answer reads at most (what fits the window is the other bound)
     new_tokens: int = 24  # tokens generated per answer at most
     best_last: bool = True  # passages shown best last, nearest the question, as the chat does (false: best first)
+    reading_topk: int = READING_TOPK  # memory tokens per query while LongMem reads, as the chat does (0: model's K)
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
 
 
@@ -90,17 +90,12 @@ def gold_passages(bank: Bank, doc_id: int, text: str, q: Question) -> list[int] 
 
 
 def run(ctx: EvalContext) -> SuiteResult:
-    from longmem.model.embedder import Embedder
 
     size: Size = ctx.size("natural", QUICK, FULL)
-    check_entrants("natural", size.entrants)
     if size.questions < 0 or size.max_tokens < 0:
         raise ValueError("natural.questions and natural.max_tokens must be >= 0 (0: all, whole books)")
     timer = Timer()
-    model, bb = ctx.model, ctx.model.backbone
-    reader = Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions),
-                    Embedder.load() if "rag_embed" in size.entrants else None, size.passages, size.budget,
-                    size.new_tokens, size.best_last)
+    reader = reader_for(ctx, size, "natural")
     questions = read_questions(ctx.data_dir / "bookqa" / "natural-dev.jsonl")
     units = ctx.task_log("natural", size)  # a unit: one book's questions
     done, asked_n = {}, 0

@@ -61,7 +61,8 @@ class Settings:
     max_new_tokens: int = 200  # tokens to generate at most
     temperature: float = 0.7  # 0 = greedy
     top_p: float = 0.9  # nucleus sampling mass
-    chunks: int | None = None  # memory chunks each query token retrieves per head; None = the model's K / chunk size
+    chunks: int | None = None  # memory chunks each query token retrieves per head; None = automatic: the reading's
+    #                            (``tasks.reading.READING_TOPK`` tokens) while passages are read, else the model's K
     chunk_size: int | None = None  # chunk size used for retrieval, a divisor of the bank's; None = the bank's own
     seed: int | None = None  # for reproducible sampling
     reading: str = DEFAULT_FINDER  # passages a chat reads before answering: found by "lexical", "fused" or "memory"
@@ -450,9 +451,13 @@ class Workspace:
                 s.chat = Chat(self.model, s.memory, history=s.bank.chat_turns())
             chat = s.chat
             chat.sampling = settings.sampling(chat.sampling.stop_ids)
-            found = self._find(s, chat, question, settings)
+            reading = Reading(finder=settings.reading, passages=settings.passages)
+            found = self._find(s, chat, question, reading)
             reply.citations = citations(s.bank, found)
-            view = MemoryView(s.memory, settings.chunks)
+            chunks = settings.chunks
+            if chunks is None:  # automatic: fewer memory tokens while passages are read
+                chunks = reading.chunks(s.memory, found, self.model.config.topk)
+            view = MemoryView(s.memory, chunks)
             chat.memory = view
             answer = chat.ask(question, reading_prompt(question, found) if found else None)
             try:
@@ -474,11 +479,10 @@ class Workspace:
 
         return self._start(run)
 
-    def _find(self, s: _Session, chat: Chat, question: str, settings: Settings) -> list[Found]:
+    def _find(self, s: _Session, chat: Chat, question: str, reading: Reading) -> list[Found]:
         """The passages a chat answer reads (``reading.find_for_chat``)."""
-        if settings.reading != "none" and s.finder is None:
+        if reading.finder != "none" and s.finder is None:
             s.finder = PassageFinder(s.bank, self.model, s.memory)
-        reading = Reading(finder=settings.reading, passages=settings.passages)
         return find_for_chat(s.finder, chat, question, reading) if s.finder is not None else []
 
     # -- continue -------------------------------------------------------------------------------------------------
