@@ -18,7 +18,8 @@ Scenarios, each in a fresh Python process (``--scenario NAME``):
   the model. Timed with the file cache warm and, where this process may drop the OS page cache (root on Linux),
   cold. Peak RSS is measured from just before the open (the imports of torch and faiss are not the bank's). Then
   BM25 passage searches (FTS5) for a few questions, timed (median).
-- ``answer``: the chat on that bank as the app answers, with the model (the shipped SideNet, its K): load the bank's
+- ``answer``: the chat on that bank as the app answers, with the model (the shipped SideNet, reading at the chat's
+  K while passages are read, ``--reading-topk``): load the bank's
   memory, then for each question find the passages to read (BM25, the chat's default finder; and, timed apart, the
   memory finder: one pass of the model over the question with the whole memory attached) and stream the answer,
   timing its first piece. The first question is reported apart (cold: first use of every path); the median is over
@@ -55,6 +56,7 @@ from longmem.bench.inference import (
     target,
 )
 from longmem.model.cpu import add_runtime_flags, setup_cpu
+from longmem.tasks.reading import READING_TOPK
 
 TARGETS = {"ingest_vs_memorize": 0.9, "reopen_s": 3.0, "reopen_peak_vs_kv": 1.5, "with_passages_vs_without": 0.9,
            "passage_search_ms": 200.0, "first_token_s": 2.0}
@@ -222,6 +224,7 @@ def scenario_answer(args) -> dict:
     from longmem.model.lm import Sampling
     from longmem.storage import BankDirectory
     from longmem.tasks.chat import Chat
+    from longmem.memory.memory import MemoryView
     from longmem.tasks.reading import PassageFinder, Reading, find_for_chat, reading_prompt
 
     model = _model(args)
@@ -232,12 +235,14 @@ def scenario_answer(args) -> dict:
         if args.approx_from:  # the IVF copies are built at the first search: the first question pays for them
             memory.approximate(args.approx_from, args.probes)
         finder = PassageFinder(bank, model, memory)
+        reading = Reading(finder="lexical", topk=args.reading_topk or None)  # as the app's chat reads
         rows = []
         for q in QUESTIONS[: args.questions]:
             chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
             t1 = time.perf_counter()
-            found = find_for_chat(finder, chat, q, Reading(finder="lexical"))
+            found = find_for_chat(finder, chat, q, reading)
             t2 = time.perf_counter()
+            chat.memory = MemoryView(memory, reading.chunks(memory, found, model.config.topk))
             next(iter(chat.ask(q, reading_prompt(q, found))))
             t3 = time.perf_counter()
             finder.find(q, Reading(finder="memory"))
@@ -248,7 +253,9 @@ def scenario_answer(args) -> dict:
             log(f"{q!r}: first answer token {t3 - t1:.2f} s (find {1000 * (t2 - t1):.0f} ms), memory finder "
                 f"{t4 - t3:.2f} s")
     warm = rows[1:] or rows
-    return {"tokens": len(memory), "topk": model.sidenet.layers[model.sidenet.memory_layer].topk,
+    chunks = reading.chunks(memory, ["read"], model.config.topk)
+    return {"tokens": len(memory), "topk": (chunks or model.config.topk // memory.chunk_size) * memory.chunk_size,
+            "model_topk": model.config.topk,
             "search": f"approximate from {args.approx_from:,} chunks, probes {args.probes or 'default'}"
             if args.approx_from else "exact",
             "load_memory_s": load_s, "cold": rows[0],
@@ -338,6 +345,9 @@ def parse_args(argv):
     p.add_argument("--work", default=None, help="directory for the benchmark's banks (default: a temp dir, removed)")
     p.add_argument("--questions", type=int, default=len(QUESTIONS),
                    help=f"questions the answer scenario asks (at most {len(QUESTIONS)}; the first is cold; 0: none)")
+    p.add_argument("--reading-topk", type=int, default=READING_TOPK, metavar="K",
+                   help=f"answer scenario: memory tokens per query while passages are read (default {READING_TOPK}, "
+                        "the chat's; 0: the model's own K)")
     p.add_argument("--approx-from", type=int, default=0, metavar="CHUNKS",
                    help="answer scenario: search memory approximately (IVF) once it holds this many chunks (0: exact)")
     p.add_argument("--probes", type=int, default=None, help="IVF lists each query compares (default: a sixteenth)")
@@ -381,7 +391,8 @@ def main(argv: list[str] | None = None) -> dict:
         warm = {**warm, "peak_increment_mb": max(w["peak_increment_mb"] for w in warm_runs),
                 "peak_increment_vs_kv": max(w["peak_increment_vs_kv"] for w in warm_runs)}
         log(f"scenario 4/4: ask it {args.questions} questions with the model (fresh process)")
-        search = {"approx_from": args.approx_from, **({"probes": args.probes} if args.probes else {})}
+        search = {"approx_from": args.approx_from, "reading_topk": args.reading_topk,
+                  **({"probes": args.probes} if args.probes else {})}
         answer = spawn("answer", args, questions=args.questions, **search) if args.questions > 0 else None
     finally:
         if own_work:
