@@ -61,8 +61,7 @@ class Settings:
     max_new_tokens: int = 200  # tokens to generate at most
     temperature: float = 0.7  # 0 = greedy
     top_p: float = 0.9  # nucleus sampling mass
-    chunks: int | None = None  # memory chunks each query token retrieves per head; None = automatic: the reading's
-    #                            (``tasks.reading.READING_TOPK`` tokens) while passages are read, else the model's K
+    chunks: int | None = None  # memory chunks per query token and head; None: READING_TOPK tokens' worth while reading
     chunk_size: int | None = None  # chunk size used for retrieval, a divisor of the bank's; None = the bank's own
     seed: int | None = None  # for reproducible sampling
     reading: str = DEFAULT_FINDER  # passages a chat reads before answering: found by "lexical", "fused" or "memory"
@@ -454,11 +453,8 @@ class Workspace:
             reading = Reading(finder=settings.reading, passages=settings.passages)
             found = self._find(s, chat, question, reading)
             reply.citations = citations(s.bank, found)
-            chunks = settings.chunks
-            if chunks is None:  # automatic: fewer memory tokens while passages are read
-                chunks = reading.chunks(s.memory, found, self.model.config.topk)
-            view = MemoryView(s.memory, chunks)
-            chat.memory = view
+            auto = reading.chunks(s.memory, found, self.model.config.topk)  # fewer memory tokens while reading
+            chat.memory = view = MemoryView(s.memory, settings.chunks if settings.chunks is not None else auto)
             answer = chat.ask(question, reading_prompt(question, found) if found else None)
             try:
                 for piece in answer:
