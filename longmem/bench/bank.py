@@ -223,8 +223,8 @@ def scenario_reopen(args) -> dict:
 def scenario_answer(args) -> dict:
     from longmem.model.lm import Sampling
     from longmem.storage import BankDirectory
-    from longmem.tasks.chat import Chat
     from longmem.memory.memory import MemoryView
+    from longmem.tasks.chat import Chat
     from longmem.tasks.reading import PassageFinder, Reading, find_for_chat, reading_prompt
 
     model = _model(args)

@@ -126,8 +126,8 @@ def _questions(args) -> Iterator[str]:
 
 def cmd_chat(args) -> int:
     from longmem.ingest.readers import open_source
-    from longmem.tasks.chat import Chat
     from longmem.memory.memory import MemoryView
+    from longmem.tasks.chat import Chat
     from longmem.tasks.reading import PassageFinder, Reading, citations, find_for_chat, reading_prompt
 
     if args.file and args.bank:

@@ -234,14 +234,13 @@ class Reader:
         """The passages closest to the question under the embedder: the indexed ones and the item's own."""
         embedder, k = self.embedder, self.passages
         query = embedder.encode([asked.question])[0]
-        ranked = [(hay.indexed[i][0], s) for i, s in hay.index.search(asked.question, k)]
+        ranked = [(hay.indexed[i][0], s) for i, s in hay.index.search_vector(query, k)]
         if asked.own_passages:
             vectors = embedder.encode([t for _, t in asked.own_passages])
             ranked += [(pid, float(e @ query)) for (pid, _), e in zip(asked.own_passages, vectors)]
         ranked = sorted(ranked, key=lambda x: -x[1])[:k]
         refs = {r.id: r for r in hay.bank.passages([p for p, _ in ranked])}
-        found = [Found(refs[p], s, {"embed": i}) for i, (p, s) in enumerate(ranked, 1) if p in refs]
-        return found
+        return [Found(refs[p], s, {"embed": i}) for i, (p, s) in enumerate(ranked, 1) if p in refs]
 
 
 def reader_for(ctx: EvalContext, size, suite: str) -> Reader:
@@ -259,6 +258,7 @@ def reader_for(ctx: EvalContext, size, suite: str) -> Reader:
     return Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions),
                   Embedder.load() if "rag_embed" in size.entrants else None, size.passages, size.budget,
                   size.new_tokens, size.best_last, size.reading_topk or None)
+
 
 def summary(rows: list[dict]) -> dict:
     """Percentages of the items' scores, with a 95% interval (normal approximation) for the headline."""

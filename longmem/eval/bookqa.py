@@ -138,6 +138,7 @@ def answer_at_distances(ctx: EvalContext, size, suite: str, qas: list[QA], strea
             gold_read[f][str(d)] = float(np.mean(r)) if r else float("nan")
     return results, gold_read, seconds, units.commits()
 
+
 def _at_distance(ctx: EvalContext, size, suite: str, d: int, blocks: list[tuple[str, list[QA]]], stream: np.ndarray,
                  reader: Reader, timer: Timer, put) -> None:
     """Every entrant's answer to each block's questions with their paragraph ``d`` tokens before them; each block is
@@ -216,6 +217,7 @@ def run_notes(suite: str, results: dict, borrowed: int, commits: list[str], seco
     if borrowed:
         notes.append(borrowed_note(borrowed))
     return notes + [f"Distances run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all."]
+
 
 def plot_distances(ctx: EvalContext, distances: list[int], results: dict, name: str, xlabel: str, ylabel: str) -> str:
     """Each entrant's headline score by distance (the baselines dashed), saved as ``name`` in the output folder."""

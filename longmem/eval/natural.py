@@ -90,7 +90,6 @@ def gold_passages(bank: Bank, doc_id: int, text: str, q: Question) -> list[int] 
 
 
 def run(ctx: EvalContext) -> SuiteResult:
-
     size: Size = ctx.size("natural", QUICK, FULL)
     if size.questions < 0 or size.max_tokens < 0:
         raise ValueError("natural.questions and natural.max_tokens must be >= 0 (0: all, whole books)")

@@ -150,9 +150,13 @@ class EmbeddingIndex:
 
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
         """The ``min(k, len(self))`` texts closest to ``query`` as (id, cosine similarity), best first."""
+        return self.search_vector(self.embedder.encode([query])[0], k)
+
+    def search_vector(self, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
+        """``search`` for a query already embedded by this index's embedder, (dim,)."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if len(self) == 0:
             return []
-        scores, ids = self.index.search(self.embedder.encode([query]), min(k, len(self)))
+        scores, ids = self.index.search(np.ascontiguousarray(vector, dtype=np.float32)[None], min(k, len(self)))
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
