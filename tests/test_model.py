@@ -178,6 +178,38 @@ def test_greedy_generation_with_empty_memory_matches_backbone(llama):
     assert list(model.generate(prompt, model.new_memory(), s)) == list(base.generate(prompt, None, s))
 
 
+def _count_searched_queries(monkeypatch) -> list[int]:
+    """Query tokens per memory search (either path), appended as the model searches."""
+    searched: list[int] = []
+    for name in ("search", "select"):
+        real = getattr(Memory, name)
+        monkeypatch.setattr(Memory, name, lambda self, q, n, real=real: searched.append(q.shape[2]) or real(self, q, n))
+    return searched
+
+
+def test_prompt_tokens_before_search_from_read_the_window_alone(llama, monkeypatch):
+    model = LongMemModel(llama, small_config())
+    for layer in model.sidenet.layers:  # open the branches so that memory reaches the logits
+        layer.alpha_attn.data.fill_(0.7)
+    mem = model.new_memory()
+    model.memorize(random_ids(48, seed=3), mem)
+    prompt = random_ids(12, seed=4)
+    with torch.no_grad():
+        alone, searching = (model.backbone.logits(model.step(prompt, m).hidden[:, -1:])[0, -1] for m in (None, mem))
+    assert not torch.allclose(alone, searching)  # memory matters here
+    searched = _count_searched_queries(monkeypatch)
+    s = Sampling(max_new_tokens=3, temperature=0)
+    for start, first in [(0, searching), (5, None), (12, alone), (40, alone)]:
+        searched.clear()
+        out = list(model.generate(prompt, mem, s, search_from=start))
+        assert sum(searched) == max(0, 12 - start) + 3, start  # the prompt's searching tokens, then each new token
+        if first is not None:
+            assert out[0] == int(first.argmax()), start
+    assert list(model.generate(prompt, mem, s, search_from=0)) == list(model.generate(prompt, mem, s))
+    with pytest.raises(ValueError, match="search_from"):
+        list(model.generate(prompt, mem, s, search_from=-1))
+
+
 def test_sampling_is_reproducible_with_a_seed(llama):
     model = BackboneLM(llama, 16)
     s = Sampling(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=7)

@@ -76,6 +76,25 @@ def test_the_chat_searches_memory_at_the_reading_k_while_it_reads(tmp_path, monk
         ws.close()
 
 
+def test_the_excerpts_read_need_not_search_memory(monkeypatch):
+    from test_model import _count_searched_queries
+
+    model = chat_model(segment_len=256)
+    memory = model.new_memory(capacity=None)
+    model.memorize(model.backbone.tokenizer(story()[:400], return_tensors="pt").input_ids, memory)
+    reading = f"Read these excerpts.\n\n[1] (story)\nA zeppelin drifted over the harbour.\n\nQuestion: {QUESTION}"
+    searched = _count_searched_queries(monkeypatch)
+    chat = Chat(model, memory, Sampling(max_new_tokens=2, temperature=0))
+    list(chat.ask("Hello?"))  # an earlier turn, in the window
+    for search_reading in (True, False):
+        searched.clear()
+        prompt = chat.prompt_ids(QUESTION, reading).shape[1]  # the earlier turn, the excerpts, the question
+        list(chat.ask(QUESTION, reading, search_reading=search_reading))
+        tail = len(" " + QUESTION + "\n<assistant>")  # one token per character, the space before the question too
+        assert sum(searched) == (prompt if search_reading else tail) + 2, search_reading  # then each answer token
+        chat.history = chat.history[:2]
+
+
 @pytest.fixture
 def loaded(tmp_path):
     model = chat_model(segment_len=256)

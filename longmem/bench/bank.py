@@ -56,7 +56,7 @@ from longmem.bench.inference import (
     target,
 )
 from longmem.model.cpu import add_runtime_flags, setup_cpu
-from longmem.tasks.reading import READING_TOPK
+from longmem.tasks.reading import READING_TOPK, SEARCH_EXCERPTS
 
 TARGETS = {"ingest_vs_memorize": 0.9, "reopen_s": 3.0, "reopen_peak_vs_kv": 1.5, "with_passages_vs_without": 0.9,
            "passage_search_ms": 200.0, "first_token_s": 2.0}
@@ -235,7 +235,8 @@ def scenario_answer(args) -> dict:
         if args.approx_from:  # the IVF copies are built at the first search: the first question pays for them
             memory.approximate(args.approx_from, args.probes)
         finder = PassageFinder(bank, model, memory)
-        reading = Reading(finder="lexical", topk=args.reading_topk or None)  # as the app's chat reads
+        reading = Reading(finder="lexical", topk=args.reading_topk or None,  # as the app's chat reads
+                          search_excerpts=args.search_excerpts == "yes")
         rows = []
         for q in QUESTIONS[: args.questions]:
             chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
@@ -243,7 +244,7 @@ def scenario_answer(args) -> dict:
             found = find_for_chat(finder, chat, q, reading)
             t2 = time.perf_counter()
             chat.memory = MemoryView(memory, reading.chunks(memory, found, model.config.topk))
-            next(iter(chat.ask(q, reading_prompt(q, found))))
+            next(iter(chat.ask(q, reading_prompt(q, found), reading.search_excerpts)))
             t3 = time.perf_counter()
             finder.find(q, Reading(finder="memory"))
             t4 = time.perf_counter()
@@ -258,6 +259,7 @@ def scenario_answer(args) -> dict:
             "model_topk": model.config.topk,
             "search": f"approximate from {args.approx_from:,} chunks, probes {args.probes or 'default'}"
             if args.approx_from else "exact",
+            "searching": "every prompt token" if reading.search_excerpts else "the question",
             "load_memory_s": load_s, "cold": rows[0],
             **{k: statistics.median(r[k] for r in warm) for k in ("find_ms", "first_token_s", "memory_find_s",
                                                                    "prompt_tokens")},
@@ -314,7 +316,8 @@ def markdown(r: dict) -> str:
         n = len(a["questions"]) - 1
         rows += [("answer: load the bank's memory with the model, s", f"{a['load_memory_s']:.1f}", "", ""),
                  (f"answer: first answer token with reading (BM25 passages, {a['prompt_tokens']:.0f}-token prompt, "
-                  f"K = {a['topk']}, {a['search']} search), s, median of {n} (max {a['first_token_max_s']:.2f}; "
+                  f"K = {a['topk']}, {a['search']} search, {a.get('searching', 'every prompt token')} searches "
+                  f"memory), s, median of {n} (max {a['first_token_max_s']:.2f}; "
                   f"first question {a['cold']['first_token_s']:.2f})", f"{a['first_token_s']:.2f}",
                   *goal("first_token_s")),
                  ("answer: the memory finder (the question through the model, memory attached), s",
@@ -348,6 +351,8 @@ def parse_args(argv):
     p.add_argument("--reading-topk", type=int, default=READING_TOPK, metavar="K",
                    help=f"answer scenario: memory tokens per query while passages are read (default {READING_TOPK}, "
                         "the chat's; 0: the model's own K)")
+    p.add_argument("--search-excerpts", choices=("yes", "no"), default="yes" if SEARCH_EXCERPTS else "no",
+                   help="answer scenario: whether the excerpts' tokens search memory too (default: the chat's)")
     p.add_argument("--approx-from", type=int, default=0, metavar="CHUNKS",
                    help="answer scenario: search memory approximately (IVF) once it holds this many chunks (0: exact)")
     p.add_argument("--probes", type=int, default=None, help="IVF lists each query compares (default: a sixteenth)")
@@ -392,6 +397,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "peak_increment_vs_kv": max(w["peak_increment_vs_kv"] for w in warm_runs)}
         log(f"scenario 4/4: ask it {args.questions} questions with the model (fresh process)")
         search = {"approx_from": args.approx_from, "reading_topk": args.reading_topk,
+                  "search_excerpts": args.search_excerpts,
                   **({"probes": args.probes} if args.probes else {})}
         answer = spawn("answer", args, questions=args.questions, **search) if args.questions > 0 else None
     finally:

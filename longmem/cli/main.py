@@ -145,7 +145,8 @@ def cmd_chat(args) -> int:
         for question in _questions(args):
             found = find_for_chat(finder, chat, question, reading) if finder is not None else []
             chat.memory = MemoryView(memory, reading.chunks(memory, found, model.config.topk))  # K while reading
-            for piece in chat.ask(question, reading_prompt(question, found) if found else None):
+            prompt = reading_prompt(question, found) if found else None
+            for piece in chat.ask(question, prompt, reading.search_excerpts):
                 print(piece, end="", flush=True)
             print()
             for c in citations(bank, found, context_chars=0):

@@ -39,8 +39,8 @@ from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import (DEFAULT_FINDER, READING_TOPK, Found, PassageFinder, Reading, find_for_chat,
-                                   fit_for_chat, reading_prompt)
+from longmem.tasks.reading import (DEFAULT_FINDER, READING_TOPK, SEARCH_EXCERPTS, Found, PassageFinder, Reading,
+                                   find_for_chat, fit_for_chat, reading_prompt)
 from longmem.util.files import write_file_atomic
 
 FINDER_ENTRANTS = {"longmem_memory": "memory", "longmem_lexical": "lexical", "longmem_fused": "fused"}
@@ -147,12 +147,13 @@ def indexed_haystack(bank: Bank, memory: Memory, tokens: np.ndarray, embedder) -
     return Haystack(bank, memory, tokens, index=index, indexed=indexed)
 
 
-def answer(lm, memory, question: str, reading: str | None, new_tokens: int) -> str:
-    """The entrant's greedy answer to ``question`` (reading ``reading`` in its place), its lines joined."""
+def answer(lm, memory, question: str, reading: str | None, new_tokens: int, search_reading: bool = True) -> str:
+    """The entrant's greedy answer to ``question`` (reading ``reading`` in its place, its excerpts searching
+    ``memory`` unless not ``search_reading``: ``Chat.ask``), its lines joined."""
     tok = lm.backbone.tokenizer
     stop = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
     chat = Chat(lm, memory, Sampling(max_new_tokens=new_tokens, temperature=0, stop_ids=stop))
-    return " ".join("".join(chat.ask(question, reading)).split())
+    return " ".join("".join(chat.ask(question, reading, search_reading)).split())
 
 
 def contains(answer: str, golds) -> float:
@@ -189,6 +190,7 @@ class Reader:
     new_tokens: int = 24
     best_last: bool = True  # the passages read shown best last, nearest the question (``Reading.best_last``)
     reading_topk: int | None = READING_TOPK  # memory tokens per query while LongMem reads (None: the model's K)
+    search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts LongMem reads search its memory too (``Reading``)
 
     def answers(self, want: set[str], asked: Asked, hay: Haystack, reads: dict) -> dict[str, str]:
         """The wanted entrants' answers to one question (entrant -> answer); appends to ``reads`` (finder -> list)
@@ -205,7 +207,7 @@ class Reader:
             found = find_for_chat(finder, chat, q, self.reading(how))
             reads[how].append(any(map(asked.is_gold, found)))
             if key in want:
-                got[key] = answer(model, self.memory(hay, found), q, reading_prompt(q, found), n)
+                got[key] = answer(model, self.memory(hay, found), q, reading_prompt(q, found), n, self.search_excerpts)
             if how == "lexical" and "rag_bm25" in want:
                 got["rag_bm25"] = answer(self.backbone, None, q, reading_prompt(q, found), n)
         if "rag_embed" in want:
@@ -216,14 +218,14 @@ class Reader:
             got["backbone_full"] = answer(self.full, None, q, window_text(self.full, q, hay.tokens, n), n)
         gold = reading_prompt(q, asked.gold)
         if "oracle" in want:
-            got["oracle"] = answer(model, self.memory(hay, asked.gold), q, gold, n)
+            got["oracle"] = answer(model, self.memory(hay, asked.gold), q, gold, n, self.search_excerpts)
         if "oracle_backbone" in want:
             got["oracle_backbone"] = answer(self.backbone, None, q, gold, n)
         return got
 
     def reading(self, finder: str) -> Reading:
         return Reading(finder=finder, passages=self.passages, budget=self.budget, best_last=self.best_last,
-                       topk=self.reading_topk)
+                       topk=self.reading_topk, search_excerpts=self.search_excerpts)
 
     def memory(self, hay: Haystack, found: list[Found]) -> MemoryView:
         """The haystack's memory as LongMem reads it with ``found`` in its window (``Reading.chunks``)."""
@@ -257,7 +259,7 @@ def reader_for(ctx: EvalContext, size, suite: str) -> Reader:
     model, bb = ctx.model, ctx.model.backbone
     return Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions),
                   Embedder.load() if "rag_embed" in size.entrants else None, size.passages, size.budget,
-                  size.new_tokens, size.best_last, size.reading_topk or None)
+                  size.new_tokens, size.best_last, size.reading_topk or None, size.search_excerpts)
 
 
 def summary(rows: list[dict]) -> dict:

@@ -36,7 +36,7 @@ from longmem.ingest.readers import Block
 from longmem.memory.memory import Memory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, PassageRef
-from longmem.tasks.reading import READING_TOPK, Found
+from longmem.tasks.reading import READING_TOPK, SEARCH_EXCERPTS, Found
 from longmem.text.passages import PassageCutter
 
 
@@ -49,6 +49,7 @@ class Size:
     new_tokens: int = 24  # tokens generated per answer at most
     best_last: bool = True  # passages shown best last, nearest the question, as the chat does (false: best first)
     reading_topk: int = READING_TOPK  # memory tokens per query while LongMem reads, as the chat does (0: model's K)
+    search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too, as the chat does
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
     block: int = 10  # questions per recorded work unit (--resume goes on from the last finished block)
 

@@ -26,7 +26,7 @@ from longmem.eval.core import EvalContext, SuiteResult, Timer, table
 from longmem.eval.datasets.recall import make_fact_passage
 from longmem.eval.datasets.squad import QA
 from longmem.eval.recall import distance_label, filler
-from longmem.tasks.reading import READING_TOPK
+from longmem.tasks.reading import READING_TOPK, SEARCH_EXCERPTS
 
 
 @dataclass
@@ -39,6 +39,7 @@ class Size:
     new_tokens: int = 24  # tokens generated per answer at most
     best_last: bool = True  # passages shown best last, nearest the question, as the chat does
     reading_topk: int = READING_TOPK  # memory tokens per query while LongMem reads, as the chat does (0: model's K)
+    search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too, as the chat does
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
     block: int = 10  # items per recorded work unit (--resume goes on from the last finished block)
 

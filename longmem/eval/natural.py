@@ -25,7 +25,7 @@ from longmem.eval.answering import (LABELS, Asked, Reader, finders, indexed_hays
                                     text_bank, versus_notes)
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, table
 from longmem.storage.bank import Bank
-from longmem.tasks.reading import READING_TOPK, Found
+from longmem.tasks.reading import READING_TOPK, SEARCH_EXCERPTS, Found
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Size:
     new_tokens: int = 24  # tokens generated per answer at most
     best_last: bool = True  # passages shown best last, nearest the question, as the chat does (false: best first)
     reading_topk: int = READING_TOPK  # memory tokens per query while LongMem reads, as the chat does (0: model's K)
+    search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too, as the chat does
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
 
 

@@ -203,11 +203,16 @@ class SegmentLM(nn.Module):
         return self.token_logprobs(self.step(ids, memory).hidden[:, -n - 1:-1], ids[:, -n:]).sum().item()
 
     @torch.no_grad()
-    def generate(self, prompt, memory: Memory | None = None, sampling: Sampling | None = None) -> Iterator[int]:
+    def generate(self, prompt, memory: Memory | None = None, sampling: Sampling | None = None,
+                 search_from: int = 0) -> Iterator[int]:
         """Stream new token ids after ``prompt`` (a single sequence). Tokens that leave the local window, from the
         prompt or from the generation, move into memory (when the model has one) as the paper's update rule says:
-        when the window is full, its older half is appended to memory and the rest is re-encoded."""
+        when the window is full, its older half is appended to memory and the rest is re-encoded.
+        ``search_from``: the prompt's tokens before this position read the window alone (they search no memory, as
+        if it were empty); the later ones and every generated token search ``memory``."""
         sampling = sampling or Sampling()
+        if search_from < 0:
+            raise ValueError(f"search_from must be >= 0, got {search_from}")
         ids = _as_ids(prompt, self.backbone.device)
         if ids.shape[0] != 1:
             raise ValueError("generate takes a single prompt")
@@ -220,9 +225,12 @@ class SegmentLM(nn.Module):
             if memory is not None and self.uses_memory:
                 self.memorize(ids[:, :head], memory)
             ids = ids[:, head:]
+            search_from = max(0, search_from - head)
         window = Window()
         last = lambda step: self.backbone.logits(step.hidden[:, -1:])[0, -1]  # noqa: E731
-        logits = last(self.step(ids, memory, window))
+        split = min(search_from, ids.shape[1]) if memory is not None else 0
+        unsearched = self.step(ids[:, :split], None, window) if split else None
+        logits = last(self.step(ids[:, split:], memory, window) if split < ids.shape[1] else unsearched)
         for _ in range(sampling.max_new_tokens):
             tok = _sample(logits, sampling, gen)
             yield tok

@@ -455,7 +455,7 @@ class Workspace:
             reply.citations = citations(s.bank, found)
             auto = reading.chunks(s.memory, found, self.model.config.topk)  # fewer memory tokens while reading
             chat.memory = view = MemoryView(s.memory, settings.chunks if settings.chunks is not None else auto)
-            answer = chat.ask(question, reading_prompt(question, found) if found else None)
+            answer = chat.ask(question, reading_prompt(question, found) if found else None, reading.search_excerpts)
             try:
                 for piece in answer:
                     reply._emit(piece)

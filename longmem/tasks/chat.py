@@ -45,6 +45,16 @@ class Chat:
                 self.model.memorize(self._encode([old], False), self.memory)
             self.moved_turns += 1
 
+    def _question_start(self, last: str) -> int:
+        """The position in the prompt (whose last user turn is ``last``) of the question's first token: the last
+        question asked (0 when the template does not show it)."""
+        tok = self.model.backbone.tokenizer
+        text = tok.apply_chat_template(self._turns(last), add_generation_prompt=True, tokenize=False)
+        head = text.rfind(self.history[-1]["content"].strip())
+        if head < 0:
+            return 0
+        return len(tok(text[:head].rstrip(), add_special_tokens=False).input_ids)  # rstrip: a space joins the next word
+
     def _turns(self, last: str) -> list[dict]:
         return self.history[:-1] + [{"role": "user", "content": last}]
 
@@ -54,19 +64,23 @@ class Chat:
         earlier = self.history if history else []
         return self._encode(earlier + [{"role": "user", "content": reading or question}], True)
 
-    def ask(self, question: str, reading: str | None = None) -> Iterator[str]:
+    def ask(self, question: str, reading: str | None = None, search_reading: bool = True) -> Iterator[str]:
         """Stream the answer to ``question`` as text pieces; the turn is recorded once the answer is complete.
         ``reading``: what the model reads in the question's place this once (excerpts of the book, then the
         question: ``longmem.tasks.reading.reading_prompt``); the conversation keeps the question alone, so the excerpts
-        of earlier turns do not crowd the window."""
+        of earlier turns do not crowd the window. ``search_reading=False``: the prompt up to the question (the
+        earlier turns and the excerpts) reads the window alone; the question, the rest of the template and the answer
+        search memory."""
         if not question.strip():
             raise ValueError("the question is empty")
         self.history.append({"role": "user", "content": question})
         last = reading or question
         self._fit_window(last)
         ids = self._encode(self._turns(last), True)
+        start = 0 if search_reading or not reading else self._question_start(last)
         pieces = []
-        for piece in stream_text(self.model.backbone.tokenizer, self.model.generate(ids, self.memory, self.sampling)):
+        answer = self.model.generate(ids, self.memory, self.sampling, search_from=start)
+        for piece in stream_text(self.model.backbone.tokenizer, answer):
             pieces.append(piece)
             yield piece
         self.history.append({"role": "assistant", "content": "".join(pieces)})

@@ -17,8 +17,11 @@ budget, ordered from the worst to the best so the best is read last, nearest the
 (``Reading.best_last``); the model then answers with its memory attached as always (the paper's fusion stays beside the
 reading). While it reads excerpts, each query token reads ``Reading.topk`` memory tokens (256), not the model's own
 K (1,024 for the shipped SideNet, chosen for recall from memory alone): the excerpts carry the facts, and a
-quarter of the memory attention answers as well (bookqa, 90 items: 34 vs 33) in less time. ``finder="none"`` reads
-nothing: the paper's pure memory fusion, at the model's K.
+quarter of the memory attention answers as well (bookqa, 90 items: 34 vs 33) in less time. And only the question
+and the answer search memory (``Reading.search_excerpts``): the excerpts' tokens read the window alone, so the first
+answer token no longer pays a search of the whole bank for each of ~650 excerpt tokens (1M-token bank: 1.4 s, was
+9.8 s) and the answers stay the same within noise (the same 90 items: 32 vs 34). ``finder="none"`` reads nothing: the
+paper's pure memory fusion, at the model's K, every token searching.
 
 Cite. What was read is returned with the answer (``Citation``): text, place, and the text around it.
 """
@@ -38,6 +41,8 @@ FINDERS = ("lexical", "fused", "memory", "none")
 DEFAULT_FINDER = "lexical"  # what a chat reads unless told: chosen by measurement (docs/notes-issue-26.md)
 RRF_K = 60  # reciprocal rank fusion's constant (the paper's)
 READING_TOPK = 256  # memory tokens each query token reads while an answer reads excerpts (measured: docs/)
+SEARCH_EXCERPTS = False  # the excerpts' tokens read the window alone; the question and answer search memory: the
+#                          same answers, a first token that does not grow with the bank (measured: docs/)
 INSTRUCTION = "Answer the question from these excerpts of the book."
 
 
@@ -51,6 +56,8 @@ class Reading:
     depth: int = 50  # candidates each finder ranks before fusion
     best_last: bool = True  # excerpts from the worst to the best, the best nearest the question (measured: docs/)
     topk: int | None = READING_TOPK  # memory tokens per query token while excerpts are read (None: the model's K)
+    search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too (False: only the question's
+    #                                          and the answer's do)
 
     def __post_init__(self):
         if self.finder not in FINDERS:
