@@ -31,7 +31,8 @@ def test_a_fact_passage_states_its_fact_between_whole_sentences():
 
 
 def test_a_run_answers_every_fact_at_each_distance_and_resumes(tmp_path):
-    from longmem.eval.facts import run
+    from longmem.eval.facts import Size, items, run
+    from longmem.eval.recall import filler
 
     if not (data_dir() / "MANIFEST.md").is_file():
         pytest.skip("the shared data folder is not beside the checkout")
@@ -54,6 +55,9 @@ def test_a_run_answers_every_fact_at_each_distance_and_resumes(tmp_path):
     logs.clear()
     again = run(ctx)  # every block is reused: nothing is asked again
     assert again.data["results"] == data["results"] and not any("to run" in m for m in logs)
+    short, _ = filler(ctx, 600)
+    longer, borrowed = filler(ctx, len(short) + 5000)  # training books after the held-out ones
+    assert borrowed > 0 and items(ctx, Size(facts=3), short) == items(ctx, Size(facts=3), longer)  # the same facts
 
 
 def test_bad_facts_settings_are_refused_before_any_work(tmp_path):

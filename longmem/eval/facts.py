@@ -52,8 +52,10 @@ TARGET_NUMBERS = 85.0  # % of numbers it must recall
 
 
 def items(ctx: EvalContext, size: Size, stream: np.ndarray) -> list[QA]:
-    """``size.facts`` fact excerpts drawn from ``stream`` with the run's seed, as questions with their passage (the
-    id names the kind: "fact-3-number")."""
+    """``size.facts`` fact excerpts drawn with the run's seed from ``stream``'s head, the held-out books (``filler``
+    adds training books after them as a distance needs: the same facts whatever the distances), as questions with
+    their passage (the id names the kind: "fact-3-number")."""
+    stream = stream[:sum(len(b.ids) for b in ctx.held_out_books())]
     rng = np.random.default_rng(ctx.seed)
     out = []
     for i in range(size.facts):
