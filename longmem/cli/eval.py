@@ -37,11 +37,13 @@ from longmem.util.files import write_file_atomic
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="longmem eval", description="The paper's evaluation suites on this backbone.")
-    p.add_argument("suite", choices=[*SUITES, "all", "report"],
-                   help="the suite to run, all of them in order, or report: only write --docs from the results "
-                        "already in --out")
+    p.add_argument("suite", choices=[*SUITES, "all", "report", "compare"],
+                   help="the suite to run, all of them in order, report: only write --docs from the results "
+                        "already in --out, or compare: pair the answers in --out with those in --against, item by "
+                        "item (bookqa, facts, natural)")
     p.add_argument("--quick", action="store_true", help="CI size: every suite in seconds to a few minutes")
     p.add_argument("--out", default="runs/eval", help="folder for the suites' JSON, markdown and PNG files")
+    p.add_argument("--against", default=None, metavar="DIR", help="compare: the other run's --out folder")
     p.add_argument("--docs", default=None, metavar="PATH",
                    help="also write the results document here (e.g. docs/results.md), plots in PATH's folder")
     add_data_flag(p, "books/, icl/, squad/, arxiv/, MANIFEST.md")
@@ -196,6 +198,25 @@ def write_document(out: Path, docs: Path) -> Path:
     return docs
 
 
+def compare_runs(out: Path, against: str | None) -> int:
+    """Print, for each item-scored suite that both folders hold, its entrants paired item by item."""
+    from longmem.eval.compare import PAIRED_SUITES, markdown
+
+    if not against:
+        print("error: compare pairs --out with another run's folder; give --against DIR", file=sys.stderr)
+        return 2
+    other = Path(against)
+    names = [n for n in PAIRED_SUITES if (out / f"{n}.json").is_file() and (other / f"{n}.json").is_file()]
+    if not names:
+        print(f"error: {out} and {other} hold no result of the same item-scored suite "
+              f"({', '.join(PAIRED_SUITES)})", file=sys.stderr)
+        return 2
+    for name in names:
+        a, b = (SuiteResult.from_json(json.loads((d / f"{name}.json").read_text())) for d in (out, other))
+        print(markdown(a, b, str(out), str(other)) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -215,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
+    if args.suite == "compare":
+        return compare_runs(out, args.against)
     setup_cpu(args.threads)
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(args)
