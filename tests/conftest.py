@@ -36,3 +36,15 @@ def model(backbone) -> LongMemModel:
 def random_ids(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (batch, n), generator=g)
+
+
+@pytest.fixture
+def searched_queries(monkeypatch) -> list[int]:
+    """The query tokens of each memory search a test makes (``Memory.search`` or ``select``), in order."""
+    from longmem.memory.memory import Memory
+
+    searched: list[int] = []
+    for name in ("search", "select"):
+        real = getattr(Memory, name)
+        monkeypatch.setattr(Memory, name, lambda self, q, n, real=real: searched.append(q.shape[2]) or real(self, q, n))
+    return searched

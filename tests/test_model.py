@@ -178,16 +178,7 @@ def test_greedy_generation_with_empty_memory_matches_backbone(llama):
     assert list(model.generate(prompt, model.new_memory(), s)) == list(base.generate(prompt, None, s))
 
 
-def _count_searched_queries(monkeypatch) -> list[int]:
-    """Query tokens per memory search (either path), appended as the model searches."""
-    searched: list[int] = []
-    for name in ("search", "select"):
-        real = getattr(Memory, name)
-        monkeypatch.setattr(Memory, name, lambda self, q, n, real=real: searched.append(q.shape[2]) or real(self, q, n))
-    return searched
-
-
-def test_prompt_tokens_before_search_from_read_the_window_alone(llama, monkeypatch):
+def test_prompt_tokens_before_search_from_read_the_window_alone(llama, searched_queries):
     model = LongMemModel(llama, small_config())
     for layer in model.sidenet.layers:  # open the branches so that memory reaches the logits
         layer.alpha_attn.data.fill_(0.7)
@@ -197,7 +188,7 @@ def test_prompt_tokens_before_search_from_read_the_window_alone(llama, monkeypat
     with torch.no_grad():
         alone, searching = (model.backbone.logits(model.step(prompt, m).hidden[:, -1:])[0, -1] for m in (None, mem))
     assert not torch.allclose(alone, searching)  # memory matters here
-    searched = _count_searched_queries(monkeypatch)
+    searched = searched_queries
     s = Sampling(max_new_tokens=3, temperature=0)
     for start, first in [(0, searching), (5, None), (12, alone), (40, alone)]:
         searched.clear()

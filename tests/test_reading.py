@@ -76,14 +76,12 @@ def test_the_chat_searches_memory_at_the_reading_k_while_it_reads(tmp_path, monk
         ws.close()
 
 
-def test_the_excerpts_read_need_not_search_memory(monkeypatch):
-    from test_model import _count_searched_queries
-
+def test_the_excerpts_read_need_not_search_memory(searched_queries):
     model = chat_model(segment_len=256)
     memory = model.new_memory(capacity=None)
     model.memorize(model.backbone.tokenizer(story()[:400], return_tensors="pt").input_ids, memory)
     reading = f"Read these excerpts.\n\n[1] (story)\nA zeppelin drifted over the harbour.\n\nQuestion: {QUESTION}"
-    searched = _count_searched_queries(monkeypatch)
+    searched = searched_queries
     chat = Chat(model, memory, Sampling(max_new_tokens=2, temperature=0))
     list(chat.ask("Hello?"))  # an earlier turn, in the window
     for search_reading in (True, False):
