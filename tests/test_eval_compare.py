@@ -8,7 +8,7 @@ import json
 import pytest
 
 from longmem.cli.eval import main
-from longmem.eval.compare import Paired, paired, sign_test
+from longmem.eval.compare import Paired, discordant, paired, sign_test
 from longmem.eval.core import SuiteResult
 
 
@@ -25,6 +25,10 @@ def test_the_sign_test_by_hand():
     assert sign_test(0, 6) == pytest.approx(2 / 64)
     assert sign_test(1, 3) == sign_test(3, 1)
     assert sign_test(0, 0) == 1.0 and sign_test(2, 2) == 1.0
+
+
+def test_discordant_counts_the_items_answered_by_one_side_only():
+    assert discordant([1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0]) == (1, 2)
 
 
 def test_entrants_are_paired_on_the_items_both_runs_answered():

@@ -11,7 +11,7 @@ from test_passages import story
 from tiny import chat_model
 
 from longmem.eval.core import EvalContext
-from longmem.eval.natural import gold_passages, paired, read_questions, run
+from longmem.eval.natural import gold_passages, read_questions, run
 from longmem.ingest.pipeline import ingest
 from longmem.storage import BankDirectory
 
@@ -93,8 +93,3 @@ def test_bad_natural_settings_are_refused_before_any_work(tmp_path, setting, mes
     with pytest.raises(ValueError, match=message):
         run(ctx)
 
-
-def test_paired_counts_the_discordant_questions():
-    a = [{"contains": x} for x in (1.0, 1.0, 0.0, 0.0)]
-    b = [{"contains": x} for x in (1.0, 0.0, 1.0, 1.0)]
-    assert paired(a, b) == (1, 2)

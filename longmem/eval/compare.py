@@ -42,6 +42,11 @@ def sign_test(x: int, y: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def discordant(a: list[float], b: list[float]) -> tuple[int, int]:
+    """Of two score lists over the same items (> 0: answered), the items answered only in ``a``, and only in ``b``."""
+    return sum(x > 0 and not y > 0 for x, y in zip(a, b)), sum(y > 0 and not x > 0 for x, y in zip(a, b))
+
+
 def scores(result: SuiteResult) -> dict[str, dict[tuple[str, str], float]]:
     """entrant -> {(cell, item id): contains} from a suite result."""
     out: dict[str, dict[tuple[str, str], float]] = {}
@@ -60,11 +65,9 @@ def paired(a: SuiteResult, b: SuiteResult) -> list[Paired]:
     sa, sb = scores(a), scores(b)
     rows = []
     for entrant in (e for e in sa if e in sb):
-        shared = sa[entrant].keys() & sb[entrant].keys()
-        xa = [sa[entrant][k] > 0 for k in sorted(shared)]
-        xb = [sb[entrant][k] > 0 for k in sorted(shared)]
-        rows.append(Paired(entrant, len(shared), sum(xa), sum(xb), sum(p and not q for p, q in zip(xa, xb)),
-                           sum(q and not p for p, q in zip(xa, xb))))
+        shared = sorted(sa[entrant].keys() & sb[entrant].keys())
+        xa, xb = [sa[entrant][k] for k in shared], [sb[entrant][k] for k in shared]
+        rows.append(Paired(entrant, len(shared), sum(x > 0 for x in xa), sum(x > 0 for x in xb), *discordant(xa, xb)))
     return rows
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from longmem.eval.answering import (LABELS, Asked, Reader, finders, indexed_haystack, reader_for, scored, summary,
                                     text_bank, versus_notes)
+from longmem.eval.compare import discordant
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, table
 from longmem.storage.bank import Bank
 from longmem.tasks.reading import READING_TOPK, SEARCH_EXCERPTS, Found
@@ -149,12 +150,6 @@ def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], mo
     return out
 
 
-def paired(a: list[dict], b: list[dict]) -> tuple[int, int]:
-    """Questions answered by ``a`` and not ``b``, and the reverse (the discordant pairs of a paired comparison)."""
-    return (sum(x["contains"] > y["contains"] for x, y in zip(a, b)),
-            sum(x["contains"] < y["contains"] for x, y in zip(a, b)))
-
-
 def _result(ctx: EvalContext, size: Size, done: dict, commits: list[str]) -> SuiteResult:
     books = list(done)
     results = {k: {"all": summary([r for u in done.values() for r in u["scores"][k]]),
@@ -176,7 +171,7 @@ def _result(ctx: EvalContext, size: Size, done: dict, commits: list[str]) -> Sui
     items = {k: r["all"]["items"] for k, r in results.items()}
     for a, b in (("longmem_lexical", "longmem_fused"), ("longmem_lexical", "rag_bm25"), ("longmem_fused", "rag_bm25")):
         if {a, b} <= items.keys():
-            won, lost = paired(items[a], items[b])
+            won, lost = discordant([x["contains"] for x in items[a]], [x["contains"] for x in items[b]])
             notes.append(f"Paired, {a} vs {b}: {won} questions answered only by the first, {lost} only by the second.")
     if set(results) != set(LABELS):
         notes.append(f"Entrants run: {', '.join(results)} (natural.entrants).")
