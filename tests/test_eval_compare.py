@@ -3,6 +3,7 @@ on made-up results, and the command on two folders."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -55,8 +56,11 @@ def test_results_of_other_suites_are_refused():
 def test_the_command_prints_a_table_per_suite_both_folders_hold(tmp_path, capsys):
     for name, xs in [("a", [1, 1, 1, 0]), ("b", [0, 0, 1, 0])]:
         (tmp_path / name).mkdir()
-        r = result("facts", {"oracle": {"4096": xs}})
-        (tmp_path / name / "facts.json").write_text(json.dumps(r.to_json()))
+        text = json.dumps(result("facts", {"oracle": {"4096": xs}}).to_json())
+        if name == "a":  # a run's folder
+            (tmp_path / name / "facts.json").write_text(text)
+        else:  # a results document's folder: its copies are gzipped
+            (tmp_path / name / "facts.json.gz").write_bytes(gzip.compress(text.encode()))
     assert main(["compare", "--out", str(tmp_path / "a"), "--against", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "### facts" in out and "| the oracle | 4 | 3 | 1 | 2 / 0 | 0.50 |" in out

@@ -405,6 +405,7 @@ def test_versus_counts_wins_and_names_the_losses():
 
 def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path, capsys):
     import dataclasses
+    import gzip
     import json
 
     from longmem.cli.eval import main
@@ -433,20 +434,28 @@ def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path,
     assert text.count("Hardware: Test CPU") == 1 and "no trained MemTRM checkpoint" in text
     assert (docs.parent / "results" / "recall.png").read_bytes() == b"png" and "](results/recall.png)" in text
     kept = docs.parent / "results"
-    assert sorted(f.name for f in kept.iterdir()) == ["books.json", "recall.json", "recall.png"]
+    assert sorted(f.name for f in kept.iterdir()) == ["books.json.gz", "recall.json.gz", "recall.png"]
+    copy = (kept / "books.json.gz").read_bytes()
+    assert json.loads(gzip.decompress(copy)) == json.loads((out / "books.json").read_text())
     (out / "books.json").unlink()  # the document's own copy of the data is enough to write it again
     docs.unlink()
     assert main(["report", "--out", str(kept), "--docs", str(docs)]) == 0
     assert docs.read_text() == text and (kept / "recall.png").read_bytes() == b"png"
+    assert main(["report", "--out", str(kept), "--docs", str(tmp_path / "again" / "results.md")]) == 0
+    assert (tmp_path / "again" / "results" / "books.json.gz").read_bytes() == copy  # the same bytes, every time
     with_memtrm = dataclasses.replace(r, provenance={**prov, "memtrm": "runs/memtrm/weights"})  # r: books
-    (kept / "books.json").write_text(json.dumps(with_memtrm.to_json()))
+    (kept / "books.json").write_text(json.dumps(with_memtrm.to_json()))  # a new result copied in, plain
     assert main(["report", "--out", str(kept), "--docs", str(docs)]) == 0
     assert "MemTRM baseline: `runs/memtrm/weights` (`--memtrm`)." in docs.read_text()
+    assert sorted(f.name for f in kept.iterdir()) == ["books.json.gz", "recall.json.gz", "recall.png"]
     (out / "books.json").write_text(json.dumps(with_memtrm.to_json()))
     (out / "recall.json").unlink()  # a document of books alone: recall's data leaves the document's folder
     assert main(["report", "--out", str(out), "--docs", str(docs)]) == 0
-    assert "Title of recall" not in docs.read_text() and not (kept / "recall.json").exists()
+    assert "Title of recall" not in docs.read_text() and not (kept / "recall.json.gz").exists()
     assert main(["report", "--out", str(out)]) == 2  # report needs --docs
+    (kept / "books.json.gz").write_bytes(copy[: len(copy) // 2])  # a truncated copy: an error naming the file
+    assert main(["report", "--out", str(kept), "--docs", str(docs)]) == 2
+    assert "books.json.gz: not a readable suite result" in capsys.readouterr().err
 
 
 def test_a_result_written_before_csz_was_renamed_reads_and_reports_its_chunk_size():

@@ -10,12 +10,14 @@
 Every run writes ``<out>/<suite>.json`` (all numbers, sizes, wall time, and the command, commit and machine that
 made them) and ``<out>/<suite>.md`` (the tables), plus its PNG plots. ``--docs`` writes one markdown document from
 every suite result in ``<out>`` (so suites run at different times, or re-run alone, make one document), each with its
-exact command, commit, hardware and wall time, and copies the suites' JSON and plots next to it.
+exact command, commit, hardware and wall time, and copies the suites' JSON (gzipped, ``<suite>.json.gz``: the
+per-item answers make it large) and plots next to it. ``report`` and ``compare`` read either form.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib
 import json
 import platform
@@ -178,22 +180,50 @@ def results_document(results: list[SuiteResult], plot_dir: str) -> str:
     return "\n".join(head) + "\n\n" + "\n".join(r.markdown(plot_dir) for r in results)
 
 
+def result_file(folder: Path, name: str) -> Path | None:
+    """Where ``folder`` holds suite ``name``'s result: ``<name>.json`` (a run's folder) or ``<name>.json.gz`` (a
+    document's copy); None where it holds neither."""
+    for file in (folder / f"{name}.json", folder / f"{name}.json.gz"):
+        if file.is_file():
+            return file
+    return None
+
+
+def result_json(file: Path) -> bytes:
+    """The JSON text of a suite result file, plain or gzipped."""
+    return gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
+
+
+def read_result(file: Path) -> SuiteResult:
+    """A suite result from its JSON file, plain or gzipped; ValueError naming the file where it is not one."""
+    try:
+        return SuiteResult.from_json(json.loads(result_json(file)))
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as e:  # gzip.BadGzipFile is an OSError
+        raise ValueError(f"{file}: not a readable suite result ({type(e).__name__}: {e})") from e
+
+
 def write_document(out: Path, docs: Path) -> Path:
-    """``docs`` from every suite result in ``out`` (in suite order). Each suite's JSON and plots are copied to
-    ``docs``'s folder (docs/results.md -> docs/results/), so the document can be written again from there alone:
-    ``longmem eval report --out docs/results --docs docs/results.md``."""
-    names = [name for name in SUITES if (out / f"{name}.json").is_file()]
-    results = [SuiteResult.from_json(json.loads((out / f"{name}.json").read_text())) for name in names]
+    """``docs`` from every suite result in ``out`` (in suite order). Each suite's JSON is kept gzipped in ``docs``'s
+    folder (docs/results.md -> docs/results/; the same bytes for the same result) with its plots, so the document
+    can be written again from there alone: ``longmem eval report --out docs/results --docs docs/results.md``. Run
+    from that folder, a plain ``<suite>.json`` copied into it replaces the suite's gzipped copy."""
+    files = {name: file for name in SUITES if (file := result_file(out, name))}
+    results = [read_result(file) for file in files.values()]
     if not results:
         raise FileNotFoundError(f"{out}: no suite results (<suite>.json) to write a document from")
     data_dir = docs.parent / docs.stem
     data_dir.mkdir(parents=True, exist_ok=True)
-    if data_dir.resolve() != out.resolve():
-        for name, r in zip(names, results):
-            for file in [f"{name}.json", *r.plots]:
-                shutil.copyfile(out / file, data_dir / file)
-        for stale in set(SUITES) - set(names):  # the folder holds the data of this document, no other suite's
-            (data_dir / f"{stale}.json").unlink(missing_ok=True)
+    elsewhere = data_dir.resolve() != out.resolve()
+    for (name, file), r in zip(files.items(), results):
+        copy = data_dir / f"{name}.json.gz"
+        if file != copy:
+            write_file_atomic(copy, gzip.compress(result_json(file), mtime=0))
+            (data_dir / f"{name}.json").unlink(missing_ok=True)  # its plain copy, where there was one
+        for plot in r.plots if elsewhere else []:
+            shutil.copyfile(out / plot, data_dir / plot)
+    for stale in set(SUITES) - set(files) if elsewhere else []:  # the folder holds this document's data alone
+        for file in (data_dir / f"{stale}.json", data_dir / f"{stale}.json.gz"):
+            file.unlink(missing_ok=True)
     write_file_atomic(docs, results_document(results, data_dir.name).encode())
     return docs
 
@@ -206,13 +236,17 @@ def compare_runs(out: Path, against: str | None) -> int:
         print("error: compare pairs --out with another run's folder; give --against DIR", file=sys.stderr)
         return 2
     other = Path(against)
-    names = [n for n in PAIRED_SUITES if (out / f"{n}.json").is_file() and (other / f"{n}.json").is_file()]
+    names = [n for n in PAIRED_SUITES if result_file(out, n) and result_file(other, n)]
     if not names:
         print(f"error: {out} and {other} hold no result of the same item-scored suite "
               f"({', '.join(PAIRED_SUITES)})", file=sys.stderr)
         return 2
     for name in names:
-        a, b = (SuiteResult.from_json(json.loads((d / f"{name}.json").read_text())) for d in (out, other))
+        try:
+            a, b = (read_result(result_file(d, name)) for d in (out, other))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(markdown(a, b, str(out), str(other)) + "\n")
     return 0
 
@@ -232,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             print(f"wrote {write_document(out, Path(args.docs))}")
-        except FileNotFoundError as e:
+        except (FileNotFoundError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
