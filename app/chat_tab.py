@@ -70,7 +70,9 @@ def settings_panel(ws: Workspace, max_tokens: int, reading: bool = False) -> lis
                 extra = [gr.Dropdown([(FINDER_NAMES[f], f) for f in FINDERS], value=Settings.reading,
                                      elem_id="reading", label="Read passages found by",
                                      info="none: the paper's memory fusion alone"),
-                         gr.Slider(0, 8, value=Settings.passages, step=1, label="Passages read at most")]
+                         gr.Slider(0, 8, value=Settings.passages, step=1, label="Passages read at most"),
+                         gr.Checkbox(value=Settings.backbone_stops, label="End answers where the backbone would",
+                                     info="the SideNet, trained on book text, ends a chat turn late")]
         with gr.Row():
             temperature = gr.Slider(0.0, 1.5, value=0.7, step=0.05, label="Temperature (0 = greedy)")
             tokens = gr.Slider(8, 512, value=max_tokens, step=8, label="Max new tokens")
@@ -86,10 +88,10 @@ def settings_panel(ws: Workspace, max_tokens: int, reading: bool = False) -> lis
 
 
 def make_settings(temperature, tokens, chunks, chunk_size, reading=Settings.reading,
-                  passages=Settings.passages) -> Settings:
+                  passages=Settings.passages, backbone_stops=Settings.backbone_stops) -> Settings:
     return Settings(max_new_tokens=int(tokens), temperature=float(temperature), chunks=int(chunks) or None,
                     chunk_size=int(chunk_size) if chunk_size else None, reading=reading or "none",
-                    passages=int(passages))
+                    passages=int(passages), backbone_stops=bool(backbone_stops))
 
 
 def loading_html(ws: Workspace, name: str | None) -> str:

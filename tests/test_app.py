@@ -301,5 +301,10 @@ def test_settings_slider_starts_automatic_and_reaches_the_model_own_k(tmp_path):
         assert chunks.value == 0 and chunks.maximum >= 512 and chunk_size.value == 2
         assert "128 while passages are read, else the model's 512" in chunks.info
         assert make_settings(0.0, 16, 0, 2).chunks is None and make_settings(0.0, 16, 7, 2).chunks == 7
+        with gr.Blocks():
+            *_, reading, passages, stops = settings_panel(ws, 200, reading=True)
+        assert stops.value is True and "backbone" in stops.label  # answers end where the backbone would, unless unticked
+        assert make_settings(0.0, 16, 0, 2, reading.value, passages.value, stops.value).sampling().backbone_stops
+        assert not make_settings(0.0, 16, 0, 2, "lexical", 4, False).sampling().backbone_stops
     finally:
         ws.close()

@@ -59,8 +59,9 @@ def files(tmp_path):
 
 def test_bank_lifecycle(run, files):
     book, _ = files
-    code, out, _ = run("bank", "ingest", "lib", str(book), "--create", model=True)
+    code, out, err = run("bank", "ingest", "lib", str(book), "--create", model=True)
     assert code == 0 and "ingested as document 1" in out
+    assert "book.txt: 100%" in err and "Source(" not in err  # the progress bar is named after the file
     code, out, _ = run("bank", "ingest", "lib", str(book), model=True)
     assert code == 0 and "skipped" in out
     code, out, _ = run("bank", "list")

@@ -3,6 +3,8 @@ the gate, checkpoints."""
 
 import json
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import random_ids, small_config, tiny_gpt2, tiny_llama
@@ -199,6 +201,39 @@ def test_prompt_tokens_before_search_from_read_the_window_alone(llama, searched_
     assert list(model.generate(prompt, mem, s, search_from=0)) == list(model.generate(prompt, mem, s))
     with pytest.raises(ValueError, match="search_from"):
         list(model.generate(prompt, mem, s, search_from=-1))
+
+
+def test_an_answer_ends_where_the_frozen_backbone_would_end_it(llama):
+    model = LongMemModel(llama, small_config())
+    for layer in model.sidenet.layers:  # open the branches: the SideNet's predictions differ from the backbone's
+        layer.alpha_attn.data.fill_(0.7)
+    prompt, n = random_ids(6, seed=1), 8
+    greedy = Sampling(max_new_tokens=n, temperature=0)
+    own = list(model.generate(prompt, model.new_memory(), greedy))
+    with torch.no_grad():  # the backbone's own next token after each prefix of LongMem's answer
+        step = model.step(torch.cat([prompt, torch.tensor([own])], dim=1), None)
+        theirs = model.backbone.logits(step.reference)[0, prompt.shape[1] - 1:].argmax(-1).tolist()
+        assert model.backbone.logits(step.hidden)[0, prompt.shape[1] - 1:-1].argmax(-1).tolist() == own
+    assert theirs[0] != own[0]  # on this prompt the backbone would start otherwise
+    unused = next(t for t in range(100) if t not in own + theirs)
+    for stop in (theirs[0], own[0], unused):
+        expected = []
+        for mine, backbone_next in zip(own, theirs):  # the first stop id either model would emit ends the answer
+            if backbone_next == stop:
+                expected.append(backbone_next)
+                break
+            expected.append(mine)
+            if mine == stop:
+                break
+        s = Sampling(max_new_tokens=n, temperature=0, stop_ids=(stop,), backbone_stops=True)
+        assert list(model.generate(prompt, model.new_memory(), s)) == expected, stop
+        plain = list(model.generate(prompt, model.new_memory(), replace(s, backbone_stops=False)))
+        assert plain == (own[: own.index(stop) + 1] if stop in own else own), stop
+    s = Sampling(max_new_tokens=n, temperature=0, stop_ids=(theirs[0],), backbone_stops=True)
+    assert list(model.generate(prompt, model.new_memory(), s)) == [theirs[0]]  # ended by the backbone alone
+    assert list(model.generate(prompt, None, replace(greedy, backbone_stops=True))) == own  # no stop ids: no stop
+    base = BackboneLM(llama, 16)  # a model with no reference beside it: the rule changes nothing
+    assert list(base.generate(prompt, None, s)) == list(base.generate(prompt, None, replace(s, backbone_stops=False)))
 
 
 def test_sampling_is_reproducible_with_a_seed(llama):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -56,10 +57,13 @@ def load_memory(bank: Bank, model):
 
 
 def ingest_file(bank: Bank, model, path, demos=None, title: str | None = None):
-    """``ingest`` (of a path, or of a ``readers.Source`` already open) with a progress bar (bytes, tokens stored)."""
+    """``ingest`` (of a path, or of a ``readers.Source`` already open) with a progress bar (bytes, tokens stored)
+    named after the file."""
     from longmem.ingest.pipeline import ingest
+    from longmem.ingest.readers import Source
 
-    with tqdm(unit="B", unit_scale=True, desc=str(path), file=sys.stderr) as bar:
+    name = path.name if isinstance(path, Source) else Path(path).name
+    with tqdm(unit="B", unit_scale=True, desc=name, file=sys.stderr) as bar:
         def update(done, total, tokens):
             bar.total = total
             bar.set_postfix(tokens=f"{tokens:,}", refresh=False)

@@ -80,7 +80,7 @@ def _sampling(args):
     from longmem.model.lm import Sampling
 
     return Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                    seed=args.seed)
+                    seed=args.seed, backbone_stops=getattr(args, "backbone_stops", "no") == "yes")
 
 
 def _stream(model, prompt_ids, memory, sampling) -> None:
@@ -242,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "LongMem's memory retrieval and BM25 fused, memory retrieval alone, or none (the paper's "
                            "memory fusion alone)")
     chat.add_argument("--passages", type=int, default=4, help="passages an answer reads at most")
+    chat.add_argument("--backbone-stops", default="yes", choices=["yes", "no"],
+                      help="end an answer where the frozen backbone would end it (yes), or only where LongMem "
+                           "itself emits the end-of-turn token (no)")
     _model_args(chat)
     _sampling_args(chat)
 

@@ -147,12 +147,15 @@ def indexed_haystack(bank: Bank, memory: Memory, tokens: np.ndarray, embedder) -
     return Haystack(bank, memory, tokens, index=index, indexed=indexed)
 
 
-def answer(lm, memory, question: str, reading: str | None, new_tokens: int, search_reading: bool = True) -> str:
+def answer(lm, memory, question: str, reading: str | None, new_tokens: int, search_reading: bool = True,
+           backbone_stops: bool = False) -> str:
     """The entrant's greedy answer to ``question`` (reading ``reading`` in its place, its excerpts searching
-    ``memory`` unless not ``search_reading``: ``Chat.ask``), its lines joined."""
+    ``memory`` unless not ``search_reading``: ``Chat.ask``; ending where the frozen backbone would too with
+    ``backbone_stops``: ``Sampling``), its lines joined."""
     tok = lm.backbone.tokenizer
     stop = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
-    chat = Chat(lm, memory, Sampling(max_new_tokens=new_tokens, temperature=0, stop_ids=stop))
+    sampling = Sampling(max_new_tokens=new_tokens, temperature=0, stop_ids=stop, backbone_stops=backbone_stops)
+    chat = Chat(lm, memory, sampling)
     return " ".join("".join(chat.ask(question, reading, search_reading)).split())
 
 
@@ -191,6 +194,7 @@ class Reader:
     best_last: bool = True  # the passages read shown best last, nearest the question (``Reading.best_last``)
     reading_topk: int | None = READING_TOPK  # memory tokens per query while LongMem reads (None: the model's K)
     search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts LongMem reads search its memory too (``Reading``)
+    backbone_stops: bool = False  # LongMem's answers also end where the frozen backbone would (``Sampling``)
 
     def answers(self, want: set[str], asked: Asked, hay: Haystack, reads: dict) -> dict[str, str]:
         """The wanted entrants' answers to one question (entrant -> answer); appends to ``reads`` (finder -> list)
@@ -200,14 +204,15 @@ class Reader:
         chat = Chat(model, hay.memory, Sampling(max_new_tokens=n))
         got = {}
         if "longmem" in want:
-            got["longmem"] = answer(model, hay.memory, q, None, n)
+            got["longmem"] = answer(model, hay.memory, q, None, n, backbone_stops=self.backbone_stops)
         for key, how in FINDER_ENTRANTS.items():
             if how not in reads:
                 continue
             found = find_for_chat(finder, chat, q, self.reading(how))
             reads[how].append(any(map(asked.is_gold, found)))
             if key in want:
-                got[key] = answer(model, self.memory(hay, found), q, reading_prompt(q, found), n, self.search_excerpts)
+                got[key] = answer(model, self.memory(hay, found), q, reading_prompt(q, found), n, self.search_excerpts,
+                                  self.backbone_stops)
             if how == "lexical" and "rag_bm25" in want:
                 got["rag_bm25"] = answer(self.backbone, None, q, reading_prompt(q, found), n)
         if "rag_embed" in want:
@@ -218,7 +223,8 @@ class Reader:
             got["backbone_full"] = answer(self.full, None, q, window_text(self.full, q, hay.tokens, n), n)
         gold = reading_prompt(q, asked.gold)
         if "oracle" in want:
-            got["oracle"] = answer(model, self.memory(hay, asked.gold), q, gold, n, self.search_excerpts)
+            got["oracle"] = answer(model, self.memory(hay, asked.gold), q, gold, n, self.search_excerpts,
+                                   self.backbone_stops)
         if "oracle_backbone" in want:
             got["oracle_backbone"] = answer(self.backbone, None, q, gold, n)
         return got
@@ -259,7 +265,8 @@ def reader_for(ctx: EvalContext, size, suite: str) -> Reader:
     model, bb = ctx.model, ctx.model.backbone
     return Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions),
                   Embedder.load() if "rag_embed" in size.entrants else None, size.passages, size.budget,
-                  size.new_tokens, size.best_last, size.reading_topk or None, size.search_excerpts)
+                  size.new_tokens, size.best_last, size.reading_topk or None, size.search_excerpts,
+                  size.backbone_stops)
 
 
 def summary(rows: list[dict]) -> dict:

@@ -50,6 +50,7 @@ class Size:
     best_last: bool = True  # passages shown best last, nearest the question, as the chat does (false: best first)
     reading_topk: int = READING_TOPK  # memory tokens per query while LongMem reads, as the chat does (0: model's K)
     search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too, as the chat does
+    backbone_stops: bool = False  # LongMem's answers also end where the frozen backbone would (the chat's default)
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
     block: int = 10  # questions per recorded work unit (--resume goes on from the last finished block)
 

@@ -163,7 +163,7 @@ SAME_RUN = ("backbone", "sidenet_sha256", "topk", "chunk_size", "segment_len", "
 ADDED_LATER = {"segment_len": 1024}
 # the same for size fields whose default changed since they were added (others: a unit without the field was made
 # at the size class's default)
-SIZE_ADDED_LATER = {"best_last": False, "reading_topk": 0, "search_excerpts": True}
+SIZE_ADDED_LATER = {"best_last": False, "reading_topk": 0, "search_excerpts": True, "backbone_stops": False}
 
 
 def upgraded(signature: dict | None, defaults: dict | None = None) -> dict | None:

@@ -69,6 +69,8 @@ class Sampling:
     top_p: float = 0.9  # nucleus sampling mass
     seed: int | None = None  # for reproducible sampling
     stop_ids: tuple[int, ...] = ()  # stop after emitting one of these (e.g. the tokenizer's EOS)
+    backbone_stops: bool = False  # also stop where the frozen backbone would: where its own most likely next token
+    #                               (``Step.reference``) is a stop id, that id is emitted (LongMem; a no-op elsewhere)
 
 
 def _as_ids(x, device) -> torch.Tensor:
@@ -227,12 +229,20 @@ class SegmentLM(nn.Module):
             ids = ids[:, head:]
             search_from = max(0, search_from - head)
         window = Window()
-        last = lambda step: self.backbone.logits(step.hidden[:, -1:])[0, -1]  # noqa: E731
+
+        def last(step: Step) -> tuple[torch.Tensor, int | None]:
+            """The next token's logits (V,), and the stop id the backbone would emit next (None: it goes on)."""
+            logits = self.backbone.logits(step.hidden[:, -1:])[0, -1]
+            if not (sampling.backbone_stops and sampling.stop_ids) or step.reference is None:
+                return logits, None
+            own = int(self.backbone.logits(step.reference[:, -1:])[0, -1].argmax())
+            return logits, own if own in sampling.stop_ids else None
+
         split = min(search_from, ids.shape[1]) if memory is not None else 0
         unsearched = self.step(ids[:, :split], None, window) if split else None
-        logits = last(self.step(ids[:, split:], memory, window) if split < ids.shape[1] else unsearched)
+        logits, ends = last(self.step(ids[:, split:], memory, window) if split < ids.shape[1] else unsearched)
         for _ in range(sampling.max_new_tokens):
-            tok = _sample(logits, sampling, gen)
+            tok = ends if ends is not None else _sample(logits, sampling, gen)
             yield tok
             if tok in sampling.stop_ids:
                 return
@@ -244,9 +254,9 @@ class SegmentLM(nn.Module):
                                starts=segment_starts(1, n_out, ids.device))
                 ids = torch.cat([window.ids[:, n_out:], new], dim=1)
                 window = Window()
-                logits = last(self.step(ids, memory, window))
+                logits, ends = last(self.step(ids, memory, window))
             else:
-                logits = last(self.step(new, memory, window))
+                logits, ends = last(self.step(new, memory, window))
 
 
 def segment_starts(batch: int, length: int, device=None) -> torch.Tensor:

@@ -3,9 +3,8 @@ conversation, and the background jobs that fill banks. The web app's handlers ca
 
     ws = Workspace(LongMemModel.from_config(), BankDirectory())
     job = ws.ingest("gatsby", ["gatsby.epub"], create=True)   # runs in the background; ws.jobs.get(job) for progress
-    reply = ws.chat("gatsby", "Who is Daisy?")                 # streams
-    for piece in reply: print(piece, end="")
-    reply.passages                                             # the book passages memory retrieved most
+    reply = ws.chat("gatsby", "Who is Daisy?")                 # streams: for piece in reply: print(piece, end="")
+    reply.citations                                            # the passages the answer read, with their places
 
 Concurrency. Model calls that read or change a bank's in-RAM memory (chat, continue, classify) run one at a time,
 under the workspace's lock, each in its own thread that streams into a ``Reply``; a reader that goes away cancels
@@ -67,6 +66,7 @@ class Settings:
     reading: str = DEFAULT_FINDER  # passages a chat reads before answering: found by "lexical", "fused" or "memory"
     #                                ranking (``longmem.tasks.reading``), or "none" (the paper's memory fusion alone)
     passages: int = 4  # passages read at most (within what the window leaves after the question and the answer)
+    backbone_stops: bool = True  # an answer also ends where the frozen backbone would end it (``Sampling``)
 
     def sampling(self, stop_ids: tuple[int, ...] = ()) -> Sampling:
         if self.max_new_tokens < 1:
@@ -74,7 +74,7 @@ class Settings:
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"temperature must be >= 0 and top-p in (0, 1], got {self.temperature}, {self.top_p}")
         return Sampling(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                        seed=self.seed, stop_ids=stop_ids)
+                        seed=self.seed, stop_ids=stop_ids, backbone_stops=self.backbone_stops)
 
 
 @dataclass(frozen=True)
