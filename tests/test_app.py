@@ -303,7 +303,7 @@ def test_settings_slider_starts_automatic_and_reaches_the_model_own_k(tmp_path):
         assert make_settings(0.0, 16, 0, 2).chunks is None and make_settings(0.0, 16, 7, 2).chunks == 7
         with gr.Blocks():
             *_, reading, passages, stops = settings_panel(ws, 200, reading=True)
-        assert stops.value is True and "backbone" in stops.label  # answers end where the backbone would, unless unticked
+        assert stops.value is True and "backbone" in stops.label  # answers end where the backbone would, or unticked
         assert make_settings(0.0, 16, 0, 2, reading.value, passages.value, stops.value).sampling().backbone_stops
         assert not make_settings(0.0, 16, 0, 2, "lexical", 4, False).sampling().backbone_stops
     finally:
