@@ -125,14 +125,15 @@ def cut_segments(tokenizer, blocks: Iterable[Block], segment_len: int, chunk_siz
 
 def store_segment(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: Segment,
                   cutter: PassageCutter) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """Encode one segment's whole chunks and commit it with the passages its text completes (one transaction).
-    Returns the document id and the keys/values stored (Hkv, n_chunks * chunk_size, d)."""
+    """Encode one segment and commit its whole chunks with the passages its text completes (one transaction).
+    Returns the document id and the keys/values stored (Hkv, n_chunks * chunk_size, d). The whole segment is
+    encoded, its last < chunk_size tokens too, as ``memorize`` encodes it: attention kernels may round differently
+    for another length (bfloat16 on AMX CPUs does), and a bank holds exactly what ``memorize`` computes."""
     info = bank.info_cached
     n_full = len(seg.chunk_chars) - 1
     if n_full:
-        ids = seg.ids[None, : n_full * info.chunk_size].to(model.backbone.device)
-        k, v = model.encode_memory(ids)  # (1, Hkv, T, d)
-        k, v = k[0], v[0]
+        k, v = model.encode_memory(seg.ids[None].to(model.backbone.device))  # (1, Hkv, T, d)
+        k, v = k[0, :, : n_full * info.chunk_size], v[0, :, : n_full * info.chunk_size]
     else:  # a document's last few tokens (< chunk_size): stored as text, not searchable
         k = v = torch.empty(info.n_kv_heads, 0, info.head_dim)
     passages = cutter.feed(seg.text, seg.ids.numel())

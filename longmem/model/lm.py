@@ -123,7 +123,8 @@ class SegmentLM(nn.Module):
     def memorize(self, ids, memory: Memory, progress: Progress | None = None, batch_segments: int = 4) -> int:
         """Push token ids (T,) or (B, T) into memory, segment by segment, running the backbone only up to the
         cached layer. Each segment is encoded on its own (positions from 0), as in training; for a single stream,
-        ``batch_segments`` consecutive segments run as one batch (larger matmuls, same result).
+        ``batch_segments`` consecutive segments run as one batch (larger matmuls; the same result up to rounding,
+        which some kernels change with the batch: bfloat16 on AMX CPUs; 1 gives exactly what a bank stores).
         Returns the number of tokens added per row."""
         ids = _as_ids(ids, self.backbone.device)
         total, L = ids.shape[1], self.segment_len
