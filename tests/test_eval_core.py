@@ -449,9 +449,14 @@ def test_report_writes_one_document_from_suites_run_at_different_times(tmp_path,
     assert "MemTRM baseline: `runs/memtrm/weights` (`--memtrm`)." in docs.read_text()
     assert sorted(f.name for f in kept.iterdir()) == ["books.json.gz", "recall.json.gz", "recall.png"]
     (out / "books.json").write_text(json.dumps(with_memtrm.to_json()))
-    (out / "recall.json").unlink()  # a document of books alone: recall's data leaves the document's folder
+    (out / "recall.json").unlink()  # a run of books alone: the document keeps recall as it was
+    recall_copy = (kept / "recall.json.gz").read_bytes()
     assert main(["report", "--out", str(out), "--docs", str(docs)]) == 0
-    assert "Title of recall" not in docs.read_text() and not (kept / "recall.json.gz").exists()
+    assert "Title of recall" in docs.read_text() and (kept / "recall.json.gz").read_bytes() == recall_copy
+    assert "MemTRM baseline: `runs/memtrm/weights`" in docs.read_text()  # books from the run's folder
+    (kept / "recall.json.gz").unlink()  # a suite leaves the document when its copy is deleted
+    assert main(["report", "--out", str(kept), "--docs", str(docs)]) == 0
+    assert "Title of recall" not in docs.read_text() and "Title of books" in docs.read_text()
     assert main(["report", "--out", str(out)]) == 2  # report needs --docs
     (kept / "books.json.gz").write_bytes(copy[: len(copy) // 2])  # a truncated copy: an error naming the file
     assert main(["report", "--out", str(kept), "--docs", str(docs)]) == 2

@@ -7,11 +7,12 @@
     longmem eval report --out runs/eval --docs docs/results.md   # the document from suites run before
     longmem eval report --out docs/results --docs docs/results.md  # the document again from its own copy of the data
 
-Every run writes ``<out>/<suite>.json`` (all numbers, sizes, wall time, and the command, commit and machine that
-made them) and ``<out>/<suite>.md`` (the tables), plus its PNG plots. ``--docs`` writes one markdown document from
-every suite result in ``<out>`` (so suites run at different times, or re-run alone, make one document), each with its
-exact command, commit, hardware and wall time, and copies the suites' JSON (gzipped, ``<suite>.json.gz``: the
-per-item answers make it large) and plots next to it. ``report`` and ``compare`` read either form.
+Every run writes ``<out>/<suite>.json`` (all numbers, sizes, wall time, and the command, commit and machine that made
+them) and ``<out>/<suite>.md`` (the tables), plus its PNG plots. ``--docs`` writes one markdown document from the suite
+results in ``<out>`` and those the document already holds (so suites run at different times, or re-run alone, make one
+document), each with its exact command, commit, hardware and wall time, and copies the suites' JSON (gzipped,
+``<suite>.json.gz``: the per-item answers make it large) and plots next to it. ``report`` and ``compare`` read either
+form.
 """
 
 from __future__ import annotations
@@ -203,27 +204,25 @@ def read_result(file: Path) -> SuiteResult:
 
 
 def write_document(out: Path, docs: Path) -> Path:
-    """``docs`` from every suite result in ``out`` (in suite order). Each suite's JSON is kept gzipped in ``docs``'s
-    folder (docs/results.md -> docs/results/; the same bytes for the same result) with its plots, so the document
-    can be written again from there alone: ``longmem eval report --out docs/results --docs docs/results.md``. Run
-    from that folder, a plain ``<suite>.json`` copied into it replaces the suite's gzipped copy."""
-    files = {name: file for name in SUITES if (file := result_file(out, name))}
-    results = [read_result(file) for file in files.values()]
-    if not results:
-        raise FileNotFoundError(f"{out}: no suite results (<suite>.json) to write a document from")
+    """``docs`` from the suite results in ``out`` and those the document already holds (in suite order). Each suite's
+    JSON is kept gzipped in ``docs``'s folder (docs/results.md -> docs/results/; the same bytes for the same result)
+    with its plots, so the document can be written again from there alone: ``longmem eval report --out docs/results
+    --docs docs/results.md``. A suite in ``out`` replaces the document's copy of it; the other suites stay, so a long
+    record can be run suite by suite, each in a folder of its own (to drop a suite, delete its copy and report again).
+    Run from that folder, a plain ``<suite>.json`` copied into it replaces the suite's gzipped copy."""
     data_dir = docs.parent / docs.stem
+    files = {name: file for name in SUITES if (file := result_file(out, name) or result_file(data_dir, name))}
+    results = [read_result(file) for file in files.values()]
+    if not any(result_file(out, name) for name in SUITES):
+        raise FileNotFoundError(f"{out}: no suite results (<suite>.json) to write a document from")
     data_dir.mkdir(parents=True, exist_ok=True)
-    elsewhere = data_dir.resolve() != out.resolve()
     for (name, file), r in zip(files.items(), results):
         copy = data_dir / f"{name}.json.gz"
         if file != copy:
             write_file_atomic(copy, gzip.compress(result_json(file), mtime=0))
             (data_dir / f"{name}.json").unlink(missing_ok=True)  # its plain copy, where there was one
-        for plot in r.plots if elsewhere else []:
-            shutil.copyfile(out / plot, data_dir / plot)
-    for stale in set(SUITES) - set(files) if elsewhere else []:  # the folder holds this document's data alone
-        for file in (data_dir / f"{stale}.json", data_dir / f"{stale}.json.gz"):
-            file.unlink(missing_ok=True)
+        for plot in r.plots if file.parent.resolve() != data_dir.resolve() else []:
+            shutil.copyfile(file.parent / plot, data_dir / plot)
     write_file_atomic(docs, results_document(results, data_dir.name).encode())
     return docs
 
