@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -58,6 +58,22 @@ LABELS = {
 }
 LABELS[DEFAULT_READER] += " (the app's default)"
 TEXT_PROMPT = "Answer the question from this text.\n\n{text}\n\nQuestion: {question}"
+
+
+@dataclass
+class ReadingSize:
+    """The size fields of the suites whose entrants answer by reading (``bookqa``, ``natural``, ``facts``): how much
+    each entrant reads and says, and how LongMem reads, at the app's chat defaults. Each suite's ``Size`` adds its
+    items and distances."""
+
+    passages: int = 4  # passages an answer reads at most
+    budget: int = 640  # tokens of passages an answer reads at most (what fits the window is the other bound)
+    new_tokens: int = 24  # tokens generated per answer at most
+    best_last: bool = True  # passages shown best last, nearest the question, as the chat does (false: best first)
+    reading_topk: int = READING_TOPK  # memory tokens per query while LongMem reads, as the chat does (0: model's K)
+    search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too, as the chat does
+    backbone_stops: bool = False  # LongMem's answers also end where the frozen backbone would (the chat's default)
+    entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
 
 
 @dataclass
@@ -181,38 +197,33 @@ def window_text(lm, question: str, tokens: np.ndarray, new_tokens: int) -> str:
 
 @dataclass
 class Reader:
-    """How the entrants read: the run's settings and the baselines' models (``backbone``: LongMem's window, no
-    memory; ``full``: the backbone's native context)."""
+    """How the entrants read: the run's size and the baselines' models (``backbone``: LongMem's window, no memory;
+    ``full``: the backbone's native context)."""
 
     model: object  # the LongMem model
     backbone: object
     full: object
+    size: ReadingSize
     embedder: object = None  # needed by ``rag_embed``
-    passages: int = 4
-    budget: int = 640
-    new_tokens: int = 24
-    best_last: bool = True  # the passages read shown best last, nearest the question (``Reading.best_last``)
-    reading_topk: int | None = READING_TOPK  # memory tokens per query while LongMem reads (None: the model's K)
-    search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts LongMem reads search its memory too (``Reading``)
-    backbone_stops: bool = False  # LongMem's answers also end where the frozen backbone would (``Sampling``)
 
     def answers(self, want: set[str], asked: Asked, hay: Haystack, reads: dict) -> dict[str, str]:
         """The wanted entrants' answers to one question (entrant -> answer); appends to ``reads`` (finder -> list)
         whether each finder read a gold passage."""
-        model, q, n = self.model, asked.question, self.new_tokens
+        model, q, size = self.model, asked.question, self.size
+        n = size.new_tokens
         finder = PassageFinder(hay.bank, model, hay.memory, hay.places)
         chat = Chat(model, hay.memory, Sampling(max_new_tokens=n))
         got = {}
         if "longmem" in want:
-            got["longmem"] = answer(model, hay.memory, q, None, n, backbone_stops=self.backbone_stops)
+            got["longmem"] = answer(model, hay.memory, q, None, n, backbone_stops=size.backbone_stops)
         for key, how in FINDER_ENTRANTS.items():
             if how not in reads:
                 continue
             found = find_for_chat(finder, chat, q, self.reading(how))
             reads[how].append(any(map(asked.is_gold, found)))
             if key in want:
-                got[key] = answer(model, self.memory(hay, found), q, reading_prompt(q, found), n, self.search_excerpts,
-                                  self.backbone_stops)
+                got[key] = answer(model, self.memory(hay, found), q, reading_prompt(q, found), n, size.search_excerpts,
+                                  size.backbone_stops)
             if how == "lexical" and "rag_bm25" in want:
                 got["rag_bm25"] = answer(self.backbone, None, q, reading_prompt(q, found), n)
         if "rag_embed" in want:
@@ -223,24 +234,26 @@ class Reader:
             got["backbone_full"] = answer(self.full, None, q, window_text(self.full, q, hay.tokens, n), n)
         gold = reading_prompt(q, asked.gold)
         if "oracle" in want:
-            got["oracle"] = answer(model, self.memory(hay, asked.gold), q, gold, n, self.search_excerpts,
-                                   self.backbone_stops)
+            got["oracle"] = answer(model, self.memory(hay, asked.gold), q, gold, n, size.search_excerpts,
+                                   size.backbone_stops)
         if "oracle_backbone" in want:
             got["oracle_backbone"] = answer(self.backbone, None, q, gold, n)
         return got
 
     def reading(self, finder: str) -> Reading:
-        return Reading(finder=finder, passages=self.passages, budget=self.budget, best_last=self.best_last,
-                       topk=self.reading_topk, search_excerpts=self.search_excerpts)
+        size = self.size
+        return Reading(finder=finder, passages=size.passages, budget=size.budget, best_last=size.best_last,
+                       topk=size.reading_topk or None, search_excerpts=size.search_excerpts)
 
     def memory(self, hay: Haystack, found: list[Found]) -> MemoryView:
-        """The haystack's memory as LongMem reads it with ``found`` in its window (``Reading.chunks``)."""
-        return MemoryView(hay.memory, Reading(topk=self.reading_topk).chunks(hay.memory, found,
-                                                                           self.model.config.topk))
+        """The haystack's memory as LongMem reads it with ``found`` in its window (``Reading.chunks``; a
+        ``reading_topk`` of 0 reads the model's own K)."""
+        reading = Reading(topk=self.size.reading_topk or None)
+        return MemoryView(hay.memory, reading.chunks(hay.memory, found, self.model.config.topk))
 
     def embedded(self, asked: Asked, hay: Haystack) -> list[Found]:
         """The passages closest to the question under the embedder: the indexed ones and the item's own."""
-        embedder, k = self.embedder, self.passages
+        embedder, k = self.embedder, self.size.passages
         query = embedder.encode([asked.question])[0]
         ranked = [(hay.indexed[i][0], s) for i, s in hay.index.search_vector(query, k)]
         if asked.own_passages:
@@ -251,9 +264,9 @@ class Reader:
         return [Found(refs[p], s, {"embed": i}) for i, (p, s) in enumerate(ranked, 1) if p in refs]
 
 
-def reader_for(ctx: EvalContext, size, suite: str) -> Reader:
-    """How ``size``'s entrants read (its passages, budget, answer length, order, and ``reading_topk``, 0 meaning the
-    model's own K), after checking its entrants and block size; the embedder is loaded only when embedding RAG runs."""
+def reader_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Reader:
+    """How ``size``'s entrants read, after checking its entrants, block size and ``reading_topk`` (0: the model's
+    own K); the embedder is loaded only when embedding RAG runs."""
     from longmem.model.baselines import BackboneLM
     from longmem.model.embedder import Embedder
 
@@ -263,10 +276,8 @@ def reader_for(ctx: EvalContext, size, suite: str) -> Reader:
     if size.reading_topk < 0:
         raise ValueError(f"{suite}.reading_topk must be >= 0 (0: the model's K), got {size.reading_topk}")
     model, bb = ctx.model, ctx.model.backbone
-    return Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions),
-                  Embedder.load() if "rag_embed" in size.entrants else None, size.passages, size.budget,
-                  size.new_tokens, size.best_last, size.reading_topk or None, size.search_excerpts,
-                  size.backbone_stops)
+    return Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions), size,
+                  Embedder.load() if "rag_embed" in size.entrants else None)
 
 
 def summary(rows: list[dict]) -> dict:

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from longmem.eval.answering import (LABELS, Asked, Haystack, Reader, finders, indexed_haystack, reader_for, scored,
-                                    summary, text_bank, versus_notes)
+from longmem.eval.answering import (LABELS, Asked, Haystack, Reader, ReadingSize, finders, indexed_haystack,
+                                    reader_for, scored, summary, text_bank, versus_notes)
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, legend_below, table
 from longmem.eval.datasets.squad import QA, read_squad
 from longmem.eval.recall import borrowed_note, distance_label, filler
@@ -36,22 +36,16 @@ from longmem.ingest.readers import Block
 from longmem.memory.memory import Memory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, PassageRef
-from longmem.tasks.reading import READING_TOPK, SEARCH_EXCERPTS, Found
+from longmem.tasks.reading import Found
 from longmem.text.passages import PassageCutter
 
 
 @dataclass
-class Size:
+class Size(ReadingSize):
+    """The suite's items (and how every entrant reads: ``ReadingSize``)."""
+
     distances: list[int] = field(default_factory=lambda: [4096, 16384, 65536, 262144, 1048576])  # D, in tokens
     questions: int = 100  # SQuAD dev questions, one per paragraph, the same at every distance
-    passages: int = 4  # passages an answer reads at most
-    budget: int = 640  # tokens of passages an answer reads at most (what fits the window is the other bound)
-    new_tokens: int = 24  # tokens generated per answer at most
-    best_last: bool = True  # passages shown best last, nearest the question, as the chat does (false: best first)
-    reading_topk: int = READING_TOPK  # memory tokens per query while LongMem reads, as the chat does (0: model's K)
-    search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too, as the chat does
-    backbone_stops: bool = False  # LongMem's answers also end where the frozen backbone would (the chat's default)
-    entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
     block: int = 10  # questions per recorded work unit (--resume goes on from the last finished block)
 
 

@@ -20,28 +20,21 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from longmem.eval.answering import DEFAULT_READER, FINDER_ENTRANTS, LABELS, reader_for, versus_notes
+from longmem.eval.answering import DEFAULT_READER, FINDER_ENTRANTS, LABELS, ReadingSize, reader_for, versus_notes
 from longmem.eval.bookqa import answer_at_distances, plot_distances, reads_table, run_notes
 from longmem.eval.core import EvalContext, SuiteResult, Timer, table
 from longmem.eval.datasets.recall import make_fact_passage
 from longmem.eval.datasets.squad import QA
 from longmem.eval.recall import distance_label, filler
-from longmem.tasks.reading import READING_TOPK, SEARCH_EXCERPTS
 
 
 @dataclass
-class Size:
+class Size(ReadingSize):
+    """The suite's items (and how every entrant reads: ``ReadingSize``)."""
+
     distances: list[int] = field(default_factory=lambda: [4096, 16384, 65536, 262144, 1048576])  # D, in tokens
     facts: int = 20  # items, the same at every distance (numbers and names, at random)
     excerpt: int = 160  # tokens of book text around each fact
-    passages: int = 4  # as bookqa: passages an answer reads at most
-    budget: int = 640  # tokens of passages an answer reads at most
-    new_tokens: int = 24  # tokens generated per answer at most
-    best_last: bool = True  # passages shown best last, nearest the question, as the chat does
-    reading_topk: int = READING_TOPK  # memory tokens per query while LongMem reads, as the chat does (0: model's K)
-    search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too, as the chat does
-    backbone_stops: bool = False  # LongMem's answers also end where the frozen backbone would (the chat's default)
-    entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
     block: int = 10  # items per recorded work unit (--resume goes on from the last finished block)
 
 

@@ -16,31 +16,25 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from longmem.eval.answering import (LABELS, Asked, Reader, finders, indexed_haystack, reader_for, scored, summary,
-                                    text_bank, versus_notes)
+from longmem.eval.answering import (LABELS, Asked, Reader, ReadingSize, finders, indexed_haystack, reader_for,
+                                    scored, summary, text_bank, versus_notes)
 from longmem.eval.compare import discordant
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, table
 from longmem.storage.bank import Bank
-from longmem.tasks.reading import READING_TOPK, SEARCH_EXCERPTS, Found
+from longmem.tasks.reading import Found
 
 
 @dataclass
-class Size:
+class Size(ReadingSize):
+    """The suite's items (and how every entrant reads: ``ReadingSize``)."""
+
     questions: int = 0  # questions asked, in file order (0: all)
     max_tokens: int = 0  # each book cut to its first tokens (0: whole); questions whose evidence is cut are left out
-    passages: int = 4  # passages an answer reads at most
-    budget: int = 640  # tokens of passages an answer reads at most (what fits the window is the other bound)
-    new_tokens: int = 24  # tokens generated per answer at most
-    best_last: bool = True  # passages shown best last, nearest the question, as the chat does (false: best first)
-    reading_topk: int = READING_TOPK  # memory tokens per query while LongMem reads, as the chat does (0: model's K)
-    search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too, as the chat does
-    backbone_stops: bool = False  # LongMem's answers also end where the frozen backbone would (the chat's default)
-    entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
 
 
 QUICK = Size(questions=2, max_tokens=2048)
