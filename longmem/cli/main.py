@@ -102,7 +102,7 @@ def _chat_bank(args, model, stack: contextlib.ExitStack, source):
         root = stack.enter_context(tempfile.TemporaryDirectory(prefix="longmem-chat-"))
         bank = stack.enter_context(BankDirectory(root).create("file", model))
         res = cli_bank.ingest_file(bank, model, source)
-        print(f"[{res.tokens:,} tokens of {args.file} in memory]", file=sys.stderr)
+        print(f"[{res.tokens:,} tokens of {args.file} stored in a temporary bank]", file=sys.stderr)
         return bank
     return None
 
