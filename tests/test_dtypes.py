@@ -272,3 +272,18 @@ def test_every_eval_suite_runs_in_both_dtypes(dtype, tmp_path, capsys):
     for k, by_d in first["bookqa"]["results"].items():  # the answers; the timings differ
         for d, r in by_d.items():
             assert [x["answer"] for x in data["results"][k][d]["items"]] == [x["answer"] for x in r["items"]]
+    # a run of the second block alone, in a folder of its own, reports that block; its unit and the first run's
+    # first one, put together, are the whole record again (two processes can split a distance)
+    other = [str(tmp_path / "other") if a == str(tmp_path / "out") else a for a in argv]
+    assert main(["bookqa"] + other[1:] + ["--set=bookqa.blocks=1"]) == 0
+    assert "question 1/1 to run" in capsys.readouterr().err
+    part = json.loads((tmp_path / "other" / "bookqa.json").read_text())
+    assert part["data"]["questions"] == first["bookqa"]["questions"][1:] and part["size"]["blocks"] == [1]
+    units.write_text(units.read_text().splitlines(keepends=True)[0] + (tmp_path / "other" / "bookqa.tasks.jsonl")
+                     .read_text())
+    assert main(["bookqa"] + argv[1:] + ["--resume"]) == 0
+    assert "resuming: 2 finished units" in capsys.readouterr().err
+    data = json.loads((tmp_path / "out" / "bookqa.json").read_text())["data"]
+    for k, by_d in first["bookqa"]["results"].items():
+        for d, r in by_d.items():
+            assert [x["answer"] for x in data["results"][k][d]["items"]] == [x["answer"] for x in r["items"]]

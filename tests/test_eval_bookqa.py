@@ -70,7 +70,8 @@ def test_a_subset_of_entrants_records_the_finders_it_reads_with():
 
 @pytest.mark.parametrize("setting, message", [({"entrants": "oracle,nobody"}, "unknown: \\['nobody'\\]"),
                                               ({"entrants": "oracle,oracle"}, "give each once"),
-                                              ({"block": "0"}, "bookqa.block must be >= 1")])
+                                              ({"block": "0"}, "bookqa.block must be >= 1"),
+                                              ({"blocks": "0,10"}, "bookqa.blocks: no block 10 \\(100 items")])
 def test_bad_bookqa_settings_are_refused_before_any_work(tmp_path, setting, message):
     from longmem.eval.bookqa import run
     from longmem.eval.core import EvalContext
@@ -78,3 +79,14 @@ def test_bad_bookqa_settings_are_refused_before_any_work(tmp_path, setting, mess
     ctx = EvalContext(None, [], tmp_path, tmp_path, overrides={"bookqa": setting})  # no model: nothing may load
     with pytest.raises(ValueError, match=message):
         run(ctx)
+
+
+def test_the_blocks_a_run_makes_are_chosen_and_checked():
+    from longmem.eval.bookqa import Size, chosen_blocks, chosen_items
+
+    assert chosen_blocks("bookqa", Size(questions=25, block=10), 25) == [0, 10, 20]
+    assert chosen_blocks("bookqa", Size(questions=25, block=10, blocks=[2, 0]), 25) == [0, 20]
+    assert chosen_items("bookqa", Size(block=2, blocks=[1]), list("abcde")) == ["c", "d"]
+    assert chosen_items("bookqa", Size(block=2, blocks=[2]), list("abcde")) == ["e"]  # the last block may be short
+    with pytest.raises(ValueError, match="bookqa.blocks: no block 3 \\(5 items in blocks of 2: blocks 0-2\\)"):
+        chosen_items("bookqa", Size(block=2, blocks=[3]), list("abcde"))

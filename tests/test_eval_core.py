@@ -16,7 +16,7 @@ from conftest import random_ids
 from tiny import VOCAB, char_tokenizer, small_config
 
 from longmem.cli.eval import parse_overrides, provenance
-from longmem.eval import books, icl
+from longmem.eval import bookqa, books, icl
 from longmem.eval import recall as recall_suite
 from longmem.eval.chapterbreak import Item, choose
 from longmem.eval.core import EMPTY_LABELS, Entrant, EvalContext, apply_overrides, lineup, mean_std
@@ -226,8 +226,6 @@ def test_a_unit_recorded_before_a_setting_joined_the_signature_counts_as_made_at
 def test_a_unit_recorded_before_best_last_existed_counts_as_best_first_whatever_today_s_default(tmp_path):
     """bookqa's first blocks were read best first, before ``best_last`` existed; its default is now True, so those
     units belong to a run asking for best_last=false and not to one at today's default."""
-    from longmem.eval import bookqa
-
     ctx = EvalContext(None, [], tmp_path, tmp_path, resume=True, log=lambda m: None, provenance={"commit": "abc"})
     selects = ("distances",)
     log = ctx.task_log("bookqa", bookqa.QUICK, selects)
@@ -341,6 +339,9 @@ def test_size_overrides_are_typed_and_checked():
         apply_overrides(icl.QUICK, {"seed": "3"})
     with pytest.raises(ValueError, match="expected int"):
         apply_overrides(icl.QUICK, {"seeds": "many"})
+    assert apply_overrides(bookqa.FULL, {"blocks": "5,6"}).blocks == [5, 6]  # an empty list's items: by annotation
+    with pytest.raises(ValueError, match="expected list"):
+        apply_overrides(bookqa.FULL, {"blocks": "5,six"})
     assert parse_overrides(["icl.seeds=2", "books.books=3"]) == {"icl": {"seeds": "2"}, "books": {"books": "3"}}
     with pytest.raises(ValueError, match="SUITE.FIELD=VALUE"):
         parse_overrides(["nosuch.seeds=2"])

@@ -148,7 +148,7 @@ def size_cell(result: SuiteResult) -> str:
     gaps = reduced_from_full(result)
     if not gaps:
         return "full"
-    show = lambda v: ",".join(map(str, v)) if isinstance(v, list) else str(v)  # noqa: E731
+    show = lambda v: (",".join(map(str, v)) or "all") if isinstance(v, list) else str(v)  # noqa: E731
     return "reduced: " + "; ".join(f"{k} {show(v)} (full {show(f)})" for k, (v, f) in gaps.items())
 
 

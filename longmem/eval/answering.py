@@ -265,14 +265,12 @@ class Reader:
 
 
 def reader_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Reader:
-    """How ``size``'s entrants read, after checking its entrants, block size and ``reading_topk`` (0: the model's
-    own K); the embedder is loaded only when embedding RAG runs."""
+    """How ``size``'s entrants read, after checking its entrants and ``reading_topk`` (0: the model's own K); the
+    embedder is loaded only when embedding RAG runs."""
     from longmem.model.baselines import BackboneLM
     from longmem.model.embedder import Embedder
 
     check_entrants(suite, size.entrants)
-    if getattr(size, "block", 1) < 1:  # the suites that record blocks of questions
-        raise ValueError(f"{suite}.block must be >= 1, got {size.block}")
     if size.reading_topk < 0:
         raise ValueError(f"{suite}.reading_topk must be >= 0 (0: the model's K), got {size.reading_topk}")
     model, bb = ctx.model, ctx.model.backbone

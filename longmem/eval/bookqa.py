@@ -7,7 +7,9 @@ under the output folder (kept and reused by later runs) and its memory loaded on
 one more document, inside a savepoint of the bank's SQLite, and to the loaded memory; both are rolled back after the
 item. Segments are encoded independently, so this is exactly the bank a user would have after ingesting the text.
 Each block of ``block`` questions at one distance is a recorded work unit (``--resume``), so a run of hours can stop
-and go on; the filler's bank, memory and embeddings are loaded once per distance for the blocks still to run.
+and go on; the filler's bank, memory and embeddings are loaded once per distance for the blocks still to run. The
+``blocks`` setting picks which blocks a run makes, so that processes (or machines) can split a distance between them
+and put their units together (``chosen_blocks``).
 
 Entrants and scores: ``longmem.eval.answering`` (LongMem reading nothing, reading each finder's passages; BM25-RAG and
 embedding RAG with the same backbone and window; the 8k backbone on the haystack's tail; the oracles reading the
@@ -47,6 +49,8 @@ class Size(ReadingSize):
     distances: list[int] = field(default_factory=lambda: [4096, 16384, 65536, 262144, 1048576])  # D, in tokens
     questions: int = 100  # SQuAD dev questions, one per paragraph, the same at every distance
     block: int = 10  # questions per recorded work unit (--resume goes on from the last finished block)
+    blocks: list[int] = field(default_factory=list)  # which blocks this run makes and reports, numbered from 0
+    #                   (empty: all); runs that split them between processes make one record (``chosen_blocks``)
 
 
 QUICK = Size(distances=[4096], questions=2)
@@ -103,25 +107,49 @@ def gold_found(qa: QA, doc_id: int) -> Found:
 def run(ctx: EvalContext) -> SuiteResult:
     size: Size = ctx.size("bookqa", QUICK, FULL)
     timer = Timer()
+    chosen_blocks("bookqa", size, size.questions)  # a block number the size does not have fails before any work
     reader = reader_for(ctx, size, "bookqa")
     qas = items(ctx, size.questions)
     stream, borrowed = filler(ctx, max(size.distances))
     results, gold_read, seconds, commits = answer_at_distances(ctx, size, "bookqa", qas, stream, reader, timer)
-    return _result(ctx, size, qas, results, gold_read, borrowed, seconds, commits)
+    return _result(ctx, size, chosen_items("bookqa", size, qas), results, gold_read, borrowed, seconds, commits)
+
+
+def chosen_blocks(suite: str, size, n: int) -> list[int]:
+    """Where the blocks of ``size.block`` items (of ``n``) that this run makes and reports start: those numbered in
+    ``size.blocks``, or all. A block is a work unit under the same key whichever run makes it, and the choice is not
+    part of the units' signature, so runs that split the blocks between them (each in its own ``--out``, the filler
+    banks copied across) make one record: concatenate their ``<suite>.tasks.jsonl`` and ``--resume`` reports it
+    whole. ValueError for a block size under 1 or a block number that ``n`` items do not have."""
+    if size.block < 1:
+        raise ValueError(f"{suite}.block must be >= 1, got {size.block}")
+    starts = list(range(0, n, size.block))
+    wrong = sorted(set(size.blocks) - set(range(len(starts))))
+    if wrong:
+        raise ValueError(f"{suite}.blocks: no block {wrong[0]} ({n} items in blocks of {size.block}: blocks "
+                         f"0-{len(starts) - 1})")
+    return [b for i, b in enumerate(starts) if not size.blocks or i in size.blocks]
+
+
+def chosen_items(suite: str, size, qas: list[QA]) -> list[QA]:
+    """The items of the blocks this run makes and reports (``chosen_blocks``), in order."""
+    return [qa for b in chosen_blocks(suite, size, len(qas)) for qa in qas[b:b + size.block]]
 
 
 def answer_at_distances(ctx: EvalContext, size, suite: str, qas: list[QA], stream: np.ndarray, reader: Reader,
                         timer: Timer) -> tuple[dict, dict, float, list[str]]:
-    """Every entrant of ``size.entrants`` answering each of ``qas`` with its passage spliced ``d`` tokens of
-    ``stream`` before it, for each ``d`` of ``size.distances``; blocks of ``size.block`` questions at one distance
-    are ``suite``'s work units (``--resume`` reuses them). Returns (entrant -> distance -> ``summary``, finder ->
-    distance -> share of questions whose gold passage was read, seconds of work in all, where the units were made)."""
-    units = ctx.task_log(suite, size, selects=("distances",))  # a unit: a block of questions at one distance
+    """Every entrant of ``size.entrants`` answering each of ``qas`` (those of the chosen blocks: ``chosen_blocks``)
+    with its passage spliced ``d`` tokens of ``stream`` before it, for each ``d`` of ``size.distances``; blocks of
+    ``size.block`` questions at one distance are ``suite``'s work units (``--resume`` reuses them). Returns (entrant
+    -> distance -> ``summary``, finder -> distance -> share of questions whose gold passage was read, seconds of work
+    in all, where the units were made)."""
+    chosen = [(b, qas[b:b + size.block]) for b in chosen_blocks(suite, size, len(qas))]
+    units = ctx.task_log(suite, size, selects=("distances", "blocks"))  # a unit: a block of questions at one distance
     results: dict = {k: {} for k in size.entrants}
     gold_read: dict = {f: {} for f in finders(size.entrants)}
     seconds = 0.0  # of every distance, those reused from an earlier run included
     for d in size.distances:
-        blocks = [(f"{d}/{b}", qas[b:b + size.block]) for b in range(0, len(qas), size.block)]
+        blocks = [(f"{d}/{b}", block) for b, block in chosen]
         todo = [(key, block) for key, block in blocks if units.get(key) is None]
         if todo:
             _at_distance(ctx, size, suite, d, todo, stream, reader, timer, units.put)

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import time
+import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
@@ -236,6 +237,10 @@ class TaskLog:
 def apply_overrides(size, values: dict[str, str], suite: str = "suite"):
     """``size`` (a dataclass) with fields set from strings, converted to each field's type (lists: comma-separated)."""
     known = {f.name: f for f in fields(size)}
+    try:
+        hints = typing.get_type_hints(type(size))
+    except (NameError, TypeError):  # an annotation that does not resolve: go by the current values alone
+        hints = {}
     changes = {}
     for name, text in values.items():
         if name not in known:
@@ -245,7 +250,8 @@ def apply_overrides(size, values: dict[str, str], suite: str = "suite"):
             if isinstance(current, bool):
                 value = text.lower() in ("1", "true", "yes")
             elif isinstance(current, (list, tuple)):
-                kind = type(current[0]) if current else str
+                of = [a for a in typing.get_args(hints.get(name)) if isinstance(a, type)]  # list[int] -> int
+                kind = of[0] if of else type(current[0]) if current else str
                 value = type(current)(kind(x) for x in text.split(",") if x)
             else:
                 value = type(current)(text)

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from longmem.eval.answering import DEFAULT_READER, FINDER_ENTRANTS, LABELS, ReadingSize, reader_for, versus_notes
-from longmem.eval.bookqa import answer_at_distances, plot_distances, reads_table, run_notes
+from longmem.eval.bookqa import answer_at_distances, chosen_blocks, chosen_items, plot_distances, reads_table, run_notes
 from longmem.eval.core import EvalContext, SuiteResult, Timer, table
 from longmem.eval.datasets.recall import make_fact_passage
 from longmem.eval.datasets.squad import QA
@@ -36,6 +36,8 @@ class Size(ReadingSize):
     facts: int = 20  # items, the same at every distance (numbers and names, at random)
     excerpt: int = 160  # tokens of book text around each fact
     block: int = 10  # items per recorded work unit (--resume goes on from the last finished block)
+    blocks: list[int] = field(default_factory=list)  # which blocks this run makes and reports, numbered from 0
+    #                   (empty: all); runs that split them between processes make one record (as bookqa's)
 
 
 QUICK = Size(distances=[4096], facts=2, excerpt=60,  # bookqa's quick size runs every entrant; this one the
@@ -62,10 +64,12 @@ def items(ctx: EvalContext, size: Size, stream: np.ndarray) -> list[QA]:
 def run(ctx: EvalContext) -> SuiteResult:
     size: Size = ctx.size("facts", QUICK, FULL)
     timer = Timer()
+    chosen_blocks("facts", size, size.facts)  # a block number the size does not have fails before any work
     reader = reader_for(ctx, size, "facts")
     stream, borrowed = filler(ctx, max(max(size.distances), size.excerpt))
     qas = items(ctx, size, stream)
     results, gold_read, seconds, commits = answer_at_distances(ctx, size, "facts", qas, stream, reader, timer)
+    qas = chosen_items("facts", size, qas)  # those this run reports
     ds = [str(d) for d in size.distances]
     kinds = sorted({q.id.rsplit("-", 1)[1] for q in qas})
 
