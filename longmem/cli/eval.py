@@ -211,10 +211,11 @@ def write_document(out: Path, docs: Path) -> Path:
     record can be run suite by suite, each in a folder of its own (to drop a suite, delete its copy and report again).
     Run from that folder, a plain ``<suite>.json`` copied into it replaces the suite's gzipped copy."""
     data_dir = docs.parent / docs.stem
-    files = {name: file for name in SUITES if (file := result_file(out, name) or result_file(data_dir, name))}
-    results = [read_result(file) for file in files.values()]
-    if not any(result_file(out, name) for name in SUITES):
+    run = {name: file for name in SUITES if (file := result_file(out, name))}
+    if not run:
         raise FileNotFoundError(f"{out}: no suite results (<suite>.json) to write a document from")
+    files = {name: file for name in SUITES if (file := run.get(name) or result_file(data_dir, name))}
+    results = [read_result(file) for file in files.values()]
     data_dir.mkdir(parents=True, exist_ok=True)
     for (name, file), r in zip(files.items(), results):
         copy = data_dir / f"{name}.json.gz"

@@ -43,14 +43,21 @@ from longmem.text.passages import PassageCutter
 
 
 @dataclass
-class Size(ReadingSize):
-    """The suite's items (and how every entrant reads: ``ReadingSize``)."""
+class SplicedSize(ReadingSize):
+    """The size fields of the suites that splice their items into filler D tokens before the question (``bookqa``,
+    ``facts``): the distances and the recorded blocks, beside how every entrant reads (``ReadingSize``)."""
 
     distances: list[int] = field(default_factory=lambda: [4096, 16384, 65536, 262144, 1048576])  # D, in tokens
-    questions: int = 100  # SQuAD dev questions, one per paragraph, the same at every distance
-    block: int = 10  # questions per recorded work unit (--resume goes on from the last finished block)
+    block: int = 10  # items per recorded work unit (--resume goes on from the last finished block)
     blocks: list[int] = field(default_factory=list)  # which blocks this run makes and reports, numbered from 0
     #                   (empty: all); runs that split them between processes make one record (``chosen_blocks``)
+
+
+@dataclass
+class Size(SplicedSize):
+    """The suite's items (and where and how they are asked: ``SplicedSize``)."""
+
+    questions: int = 100  # SQuAD dev questions, one per paragraph, the same at every distance
 
 
 QUICK = Size(distances=[4096], questions=2)
@@ -115,7 +122,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     return _result(ctx, size, chosen_items("bookqa", size, qas), results, gold_read, borrowed, seconds, commits)
 
 
-def chosen_blocks(suite: str, size, n: int) -> list[int]:
+def chosen_blocks(suite: str, size: SplicedSize, n: int) -> list[int]:
     """Where the blocks of ``size.block`` items (of ``n``) that this run makes and reports start: those numbered in
     ``size.blocks``, or all. A block is a work unit under the same key whichever run makes it, and the choice is not
     part of the units' signature, so runs that split the blocks between them (each in its own ``--out``, the filler
@@ -131,7 +138,7 @@ def chosen_blocks(suite: str, size, n: int) -> list[int]:
     return [b for i, b in enumerate(starts) if not size.blocks or i in size.blocks]
 
 
-def chosen_items(suite: str, size, qas: list[QA]) -> list[QA]:
+def chosen_items(suite: str, size: SplicedSize, qas: list[QA]) -> list[QA]:
     """The items of the blocks this run makes and reports (``chosen_blocks``), in order."""
     return [qa for b in chosen_blocks(suite, size, len(qas)) for qa in qas[b:b + size.block]]
 

@@ -16,12 +16,13 @@ ingestion per distance rather than one per item: 1M tokens is within reach on a 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from longmem.eval.answering import DEFAULT_READER, FINDER_ENTRANTS, LABELS, ReadingSize, reader_for, versus_notes
-from longmem.eval.bookqa import answer_at_distances, chosen_blocks, chosen_items, plot_distances, reads_table, run_notes
+from longmem.eval.answering import DEFAULT_READER, FINDER_ENTRANTS, LABELS, reader_for, versus_notes
+from longmem.eval.bookqa import (SplicedSize, answer_at_distances, chosen_blocks, chosen_items, plot_distances,
+                                 reads_table, run_notes)
 from longmem.eval.core import EvalContext, SuiteResult, Timer, table
 from longmem.eval.datasets.recall import make_fact_passage
 from longmem.eval.datasets.squad import QA
@@ -29,15 +30,11 @@ from longmem.eval.recall import distance_label, filler
 
 
 @dataclass
-class Size(ReadingSize):
-    """The suite's items (and how every entrant reads: ``ReadingSize``)."""
+class Size(SplicedSize):
+    """The suite's items (and where and how they are asked: ``SplicedSize``)."""
 
-    distances: list[int] = field(default_factory=lambda: [4096, 16384, 65536, 262144, 1048576])  # D, in tokens
     facts: int = 20  # items, the same at every distance (numbers and names, at random)
     excerpt: int = 160  # tokens of book text around each fact
-    block: int = 10  # items per recorded work unit (--resume goes on from the last finished block)
-    blocks: list[int] = field(default_factory=list)  # which blocks this run makes and reports, numbered from 0
-    #                   (empty: all); runs that split them between processes make one record (as bookqa's)
 
 
 QUICK = Size(distances=[4096], facts=2, excerpt=60,  # bookqa's quick size runs every entrant; this one the
