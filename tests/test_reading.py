@@ -14,8 +14,8 @@ from longmem.service.workspace import Settings, Workspace
 from longmem.storage import BankDirectory
 from longmem.model.lm import Sampling
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import (INSTRUCTION, READING_TOPK, PassageFinder, Reading, citations, find_for_chat, fit,
-                                   fuse, reading_prompt)
+from longmem.tasks.reading import (INSTRUCTION, PASSAGES_READ, READING_TOPK, PassageFinder, Reading, citations,
+                                   find_for_chat, fit, fuse, reading_prompt)
 
 QUESTION = "What drifted over the harbour? A zeppelin?"
 
@@ -35,6 +35,18 @@ def test_reading_settings_are_checked():
         Reading(passages=-1)
     with pytest.raises(ValueError, match="topk must be >= 1"):
         Reading(topk=0)
+
+
+def test_the_app_the_cli_and_the_records_read_as_many_passages():
+    """One default for how many passages an answer reads: the app's chat, ``longmem chat`` and the reading suites'
+    full sizes (what the records measure is what the app does)."""
+    from longmem.cli.main import build_parser
+    from longmem.eval import bookqa, facts, natural
+
+    cli = build_parser().parse_args(["chat", "--bank", "b", "--ask", "q"]).passages
+    got = [Settings().passages, Reading().passages, cli, bookqa.FULL.passages, natural.FULL.passages,
+           facts.FULL.passages]
+    assert got == [PASSAGES_READ] * 6
 
 
 def test_an_answer_reads_fewer_memory_tokens_while_it_reads_passages():

@@ -227,7 +227,7 @@ def cmd_bench(args, rest: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from longmem.tasks.reading import DEFAULT_FINDER, FINDERS
+    from longmem.tasks.reading import DEFAULT_FINDER, FINDERS, PASSAGES_READ
 
     parser = argparse.ArgumentParser(prog="longmem", description="A language model with a long-term memory.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
@@ -241,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how the passages an answer reads are found: BM25 over the bank's passages (lexical), "
                            "LongMem's memory retrieval and BM25 fused, memory retrieval alone, or none (the paper's "
                            "memory fusion alone)")
-    chat.add_argument("--passages", type=int, default=4, help="passages an answer reads at most")
+    chat.add_argument("--passages", type=int, default=PASSAGES_READ,
+                      help=f"passages an answer reads at most (default {PASSAGES_READ})")
     chat.add_argument("--backbone-stops", default="yes", choices=["yes", "no"],
                       help="end an answer where the frozen backbone would end it (yes), or only where LongMem "
                            "itself emits the end-of-turn token (no)")

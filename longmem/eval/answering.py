@@ -39,8 +39,8 @@ from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import (DEFAULT_FINDER, READING_TOPK, SEARCH_EXCERPTS, Found, PassageFinder, Reading,
-                                   find_for_chat, fit_for_chat, reading_prompt)
+from longmem.tasks.reading import (DEFAULT_FINDER, PASSAGES_READ, READING_TOPK, SEARCH_EXCERPTS, Found,
+                                   PassageFinder, Reading, find_for_chat, fit_for_chat, reading_prompt)
 from longmem.util.files import write_file_atomic
 
 FINDER_ENTRANTS = {"longmem_memory": "memory", "longmem_lexical": "lexical", "longmem_fused": "fused"}
@@ -66,7 +66,7 @@ class ReadingSize:
     each entrant reads and says, and how LongMem reads, at the app's chat defaults. Each suite's ``Size`` adds its
     items and distances."""
 
-    passages: int = 4  # passages an answer reads at most
+    passages: int = PASSAGES_READ  # passages an answer reads at most, as the chat does
     budget: int = 640  # tokens of passages an answer reads at most (what fits the window is the other bound)
     new_tokens: int = 24  # tokens generated per answer at most
     best_last: bool = True  # passages shown best last, nearest the question, as the chat does (false: best first)

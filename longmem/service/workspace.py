@@ -43,8 +43,8 @@ from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.records import BankBusy, BankError, BankExists
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import (DEFAULT_FINDER, Citation, Found, PassageFinder, Reading, citations, find_for_chat,
-                                   reading_prompt)
+from longmem.tasks.reading import (DEFAULT_FINDER, PASSAGES_READ, Citation, Found, PassageFinder, Reading, citations,
+                                   find_for_chat, reading_prompt)
 from longmem.text.io import InputError, stream_text
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class Settings:
     seed: int | None = None  # for reproducible sampling
     reading: str = DEFAULT_FINDER  # passages a chat reads before answering: found by "lexical", "fused" or "memory"
     #                                ranking (``longmem.tasks.reading``), or "none" (the paper's memory fusion alone)
-    passages: int = 4  # passages read at most (within what the window leaves after the question and the answer)
+    passages: int = PASSAGES_READ  # passages read at most (within what the window leaves for them)
     backbone_stops: bool = True  # an answer also ends where the frozen backbone would end it (``Sampling``)
 
     def sampling(self, stop_ids: tuple[int, ...] = ()) -> Sampling:

@@ -40,6 +40,8 @@ from longmem.storage.passages import ChunkPlaces, PassageRef
 FINDERS = ("lexical", "fused", "memory", "none")
 DEFAULT_FINDER = "lexical"  # what a chat reads unless told: chosen by measurement (docs/notes-issue-26.md)
 RRF_K = 60  # reciprocal rank fusion's constant (the paper's)
+PASSAGES_READ = 1  # passages an answer reads at most unless told: BM25's best alone answers more than its best 4
+#                   on book QA and as much on the other suites (measured: docs/notes-issue-26.md, session 12)
 READING_TOPK = 256  # memory tokens each query token reads while an answer reads excerpts (measured: docs/)
 SEARCH_EXCERPTS = False  # the excerpts' tokens read the window alone; the question and answer search memory: the
 #                          same answers, a first token that does not grow with the bank (measured: docs/)
@@ -51,7 +53,7 @@ class Reading:
     """How an answer reads its bank: which finder, how many passages, how many tokens of them."""
 
     finder: str = DEFAULT_FINDER  # "lexical", "fused", "memory", or "none" (read nothing: the paper's memory fusion)
-    passages: int = 4  # passages read at most
+    passages: int = PASSAGES_READ  # passages read at most
     budget: int = 640  # tokens of excerpts at most in the prompt
     depth: int = 50  # candidates each finder ranks before fusion
     best_last: bool = True  # excerpts from the worst to the best, the best nearest the question (measured: docs/)
