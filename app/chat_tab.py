@@ -8,7 +8,7 @@ import html
 
 import gradio as gr
 
-from longmem.service.workspace import PassageHit, Settings, Workspace
+from longmem.service.workspace import CONTINUE, PassageHit, Settings, Workspace
 from longmem.tasks.reading import FINDERS, READING_TOPK, Citation
 
 from .common import BOOK_TYPES, file_paths, friendly, job_html
@@ -32,19 +32,35 @@ def passages_message(passages: list[PassageHit]) -> dict:
             "metadata": {"title": "Passages memory retrieved", "status": "done"}}
 
 
-def citations_message(citations: list[Citation]) -> dict:
-    """The block of what an answer read: each passage with its place; opening one shows its surrounding text."""
+def _words(text: str, n: int) -> str:
+    w = text.split()
+    return " ".join(w[:n]) + ("…" if len(w) > n else "")
+
+
+def marked(c: Citation) -> str:
+    """The passage as HTML, the sentence that supports the answer in bold."""
+    if not c.support:
+        return html.escape(c.text)
+    a, b = c.support
+    return html.escape(c.text[:a]) + "<b>" + html.escape(c.text[a:b]) + "</b>" + html.escape(c.text[b:])
+
+
+def citations_message(citations: list[Citation], said: bool = True) -> dict:
+    """The block of what an answer read: each passage with its place and the sentence that supports the answer (or
+    its opening); opening one shows the passage, that sentence in bold, in its surrounding text."""
     parts = []
     for c in citations:
-        excerpt = html.escape(" ".join(c.text.split()[:18]) + ("…" if len(c.text.split()) > 18 else ""))
+        quote = c.text[c.support[0]:c.support[1]] if c.support else c.text
         before, _, after = c.context.partition(c.text)
-        around = (html.escape(before) + "<mark>" + html.escape(c.text) + "</mark>" + html.escape(after)
-                  if c.text in c.context else html.escape(c.text))
-        parts.append(f"<details><summary><b>[{c.number}]</b> {html.escape(c.place)}: “{excerpt}”</summary>\n\n"
+        around = (html.escape(before) + "<mark>" + marked(c) + "</mark>" + html.escape(after)
+                  if c.text in c.context else marked(c))
+        parts.append(f"<details><summary><b>[{c.number}]</b> {html.escape(c.place)}: "
+                     f"“{html.escape(_words(quote, 40 if c.support else 18))}”</summary>\n\n"
                      f"<blockquote>{around.strip()}</blockquote></details>")
-    return {"role": "assistant", "content": "\n".join(parts),
-            "metadata": {"title": f"Read from the book: {len(citations)} passage{'s' * (len(citations) != 1)}",
-                         "status": "done"}}
+    n = len(citations)
+    title = (f"Read from the book: {n} passage{'s' * (n != 1)}" if said
+             else f"The closest passages the book has: {n}")
+    return {"role": "assistant", "content": "\n".join(parts), "metadata": {"title": title, "status": "done"}}
 
 
 def history_messages(turns: list[dict]) -> list[dict]:
@@ -53,15 +69,16 @@ def history_messages(turns: list[dict]) -> list[dict]:
     for t in turns:
         out.append({"role": t["role"], "content": t["content"]})
         if t.get("citations"):
-            out.append(citations_message(t["citations"]))
+            out.append(citations_message(t["citations"], t.get("said", True)))
         if t["passages"]:
             out.append(passages_message(t["passages"]))
     return out
 
 
-def settings_panel(ws: Workspace, max_tokens: int, reading: bool = False) -> list:
+def settings_panel(ws: Workspace, defaults: Settings, reading: bool = False) -> list:
     """Temperature, max tokens, memory chunks per query, chunk size (and with ``reading``, how an answer finds the
-    passages it reads, and how many): an accordion with sensible defaults."""
+    passages it reads, how many, and whether an unsupported answer says that the book does not say): an accordion
+    starting at ``defaults``."""
     model = ws.model
     with gr.Accordion("Settings", open=False):
         extra = []
@@ -72,10 +89,13 @@ def settings_panel(ws: Workspace, max_tokens: int, reading: bool = False) -> lis
                                      info="none: the paper's memory fusion alone"),
                          gr.Slider(0, 8, value=Settings.passages, step=1, label="Passages read at most"),
                          gr.Checkbox(value=Settings.backbone_stops, label="End answers where the backbone would",
-                                     info="the SideNet, trained on book text, ends a chat turn late")]
+                                     info="the SideNet, trained on book text, ends a chat turn late"),
+                         gr.Checkbox(value=Settings.abstain, label="Say when the book does not say",
+                                     info="an answer whose words the passages read do not hold is not shown")]
         with gr.Row():
-            temperature = gr.Slider(0.0, 1.5, value=0.7, step=0.05, label="Temperature (0 = greedy)")
-            tokens = gr.Slider(8, 512, value=max_tokens, step=8, label="Max new tokens")
+            temperature = gr.Slider(0.0, 1.5, value=defaults.temperature, step=0.05,
+                                    label="Temperature (0 = the most likely words)")
+            tokens = gr.Slider(8, 512, value=defaults.max_new_tokens, step=8, label="Max new tokens")
         with gr.Row():
             top = model.config.topk // model.chunk_size  # the model's own: what it was evaluated with
             reads = max(1, min(READING_TOPK, model.config.topk) // model.chunk_size)
@@ -88,10 +108,11 @@ def settings_panel(ws: Workspace, max_tokens: int, reading: bool = False) -> lis
 
 
 def make_settings(temperature, tokens, chunks, chunk_size, reading=Settings.reading,
-                  passages=Settings.passages, backbone_stops=Settings.backbone_stops) -> Settings:
+                  passages=Settings.passages, backbone_stops=Settings.backbone_stops,
+                  abstain=Settings.abstain) -> Settings:
     return Settings(max_new_tokens=int(tokens), temperature=float(temperature), chunks=int(chunks) or None,
                     chunk_size=int(chunk_size) if chunk_size else None, reading=reading or "none",
-                    passages=int(passages), backbone_stops=bool(backbone_stops))
+                    passages=int(passages), backbone_stops=bool(backbone_stops), abstain=bool(abstain))
 
 
 def loading_html(ws: Workspace, name: str | None) -> str:
@@ -126,7 +147,7 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         question = gr.Textbox(placeholder="Ask about the book…", show_label=False, scale=5, elem_id="question")
         send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
         stop = gr.Button("Stop", scale=1, elem_id="stop")
-    settings = settings_panel(ws, 200, reading=True)
+    settings = settings_panel(ws, Settings(), reading=True)
 
     @friendly
     def load_history(name):
@@ -157,7 +178,7 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         finally:
             reply.cancel()
         if reply.citations:
-            history.append(citations_message(reply.citations))
+            history.append(citations_message(reply.citations, reply.said))
         if reply.passages:
             history.append(passages_message(reply.passages))
         yield history, ""
@@ -199,7 +220,7 @@ def build_continue(ws: Workspace, shared: Shared) -> None:
     output = gr.Textbox(label="Continuation", lines=12, interactive=False, elem_id="continuation")
     with gr.Accordion("Passages memory retrieved", open=False):
         found = gr.Markdown()
-    settings = settings_panel(ws, 160)
+    settings = settings_panel(ws, CONTINUE)
 
     @friendly
     def run(name, text, *s):

@@ -16,7 +16,7 @@ from gradio_client.exceptions import AppError  # noqa: E402
 from tiny import chat_model  # noqa: E402
 
 from app.main import build_parser, launch  # noqa: E402
-from longmem.service.workspace import Workspace  # noqa: E402
+from longmem.service.workspace import Settings, Workspace  # noqa: E402
 from longmem.storage import BankDirectory  # noqa: E402
 
 BOOK = "".join(f"Chapter {i}. The keeper of the lighthouse counted {i * 7} gulls at dawn.\n" for i in range(30))
@@ -96,8 +96,8 @@ def test_ingestion_shows_progress_and_bank_is_listed(server, book_bank):
 
 def test_chat_streams_and_shows_what_it_read_and_the_passages(server, book_bank):
     ws, client, _ = server
-    job = client.submit(book_bank, "How many gulls did the keeper count?", [], 0.0, 16, 8, 2, "lexical", 3,
-                        api_name="/chat")
+    job = client.submit(book_bank, "How many gulls did the keeper count?", [], 0.0, 16, 8, 2, "lexical", 3, True,
+                        False, api_name="/chat")  # every answer shown (a random model's would say the book does not)
     final = job.result()
     outputs = job.outputs()
     assert len(outputs) >= 3  # the question, then the answer piece by piece
@@ -129,9 +129,10 @@ def test_a_dropped_book_loads_in_the_chat_tab_and_answers(server):
         time.sleep(0.2)
     assert f"{len(BOOK):,} tokens in memory" in panel
     chat = client.predict(bank, "How many gulls did the keeper count?", [], 0.0, 8, 8, 2, "lexical", 2,
-                          api_name="/chat")[0]
-    read = [m for m in chat if (m.get("metadata") or {}).get("title", "").startswith("Read from the book: ")]
-    assert read and "Gull Point" in text_of(read[0])
+                          api_name="/chat")[0]  # checked: a random model's answer says the book does not say
+    assert text_of(chat[1]).startswith("The book does not say.")
+    closest = [m for m in chat if (m.get("metadata") or {}).get("title", "").startswith("The closest passages")]
+    assert closest and "Gull Point" in text_of(closest[0])
     csv = root / "reviews.csv"
     csv.write_text("text,label\nfine,1\n")
     with pytest.raises(AppError, match="file type"):  # the drop box takes books only
@@ -297,12 +298,14 @@ def test_settings_slider_starts_automatic_and_reaches_the_model_own_k(tmp_path):
                    work_dir=tmp_path / "work")
     try:
         with gr.Blocks():
-            _, _, chunks, chunk_size = settings_panel(ws, 200)
+            temperature, _, chunks, chunk_size = settings_panel(ws, Settings())
+        assert temperature.value == 0  # greedy by default in the chat
         assert chunks.value == 0 and chunks.maximum >= 512 and chunk_size.value == 2
         assert "128 while passages are read, else the model's 512" in chunks.info
         assert make_settings(0.0, 16, 0, 2).chunks is None and make_settings(0.0, 16, 7, 2).chunks == 7
         with gr.Blocks():
-            *_, reading, passages, stops = settings_panel(ws, 200, reading=True)
+            *_, reading, passages, stops, abstain = settings_panel(ws, Settings(), reading=True)
+        assert abstain.value is True and make_settings(0.0, 16, 0, 2, abstain=False).reading_config().abstain == 0
         assert stops.value is True and "backbone" in stops.label  # answers end where the backbone would, or unticked
         assert make_settings(0.0, 16, 0, 2, reading.value, passages.value, stops.value).sampling().backbone_stops
         assert not make_settings(0.0, 16, 0, 2, "lexical", 4, False).sampling().backbone_stops

@@ -37,14 +37,14 @@ def test_a_run_answers_every_fact_at_each_distance_and_resumes(tmp_path):
     if not (data_dir() / "MANIFEST.md").is_file():
         pytest.skip("the shared data folder is not beside the checkout")
     out, logs = tmp_path / "out", []
-    setting = {"entrants": "longmem,longmem_lexical,rag_bm25,oracle", "facts": "3", "excerpt": "80",
+    setting = {"entrants": "longmem,app,rag_bm25,oracle", "facts": "3", "excerpt": "80",
                "distances": "600,1200", "block": "2", "new_tokens": "4"}
     ctx = EvalContext(chat_model(segment_len=256), [], data_dir(), out, overrides={"facts": setting}, resume=True,
                       log=logs.append)
     result = run(ctx)
     data = result.data
     assert [f["id"].rsplit("-", 1)[1] in ("number", "name") for f in data["facts"]] == [True] * 3
-    assert set(data["results"]) == {"longmem", "longmem_lexical", "rag_bm25", "oracle"}
+    assert set(data["results"]) == {"longmem", "app", "rag_bm25", "oracle"}
     for by_d in data["results"].values():
         assert set(by_d) == {"600", "1200"} and all(len(r["items"]) == 3 for r in by_d.values())
     assert set(data["gold_read"]) == {"lexical"}  # BM25 reads for LongMem and for BM25-RAG

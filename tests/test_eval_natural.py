@@ -1,5 +1,6 @@
 """The natural suite on a tiny llama and real banks: a whole book in memory, a reader's question, the passage that
-states the answer marked gold; questions whose evidence a cut book lacks are left out; a run resumes per book."""
+states the answer marked gold; a question the book does not answer scored by whether the reply says so; questions
+whose evidence a cut book lacks are left out; a run resumes per set and book."""
 
 from __future__ import annotations
 
@@ -41,8 +42,11 @@ def test_questions_are_read_and_a_malformed_line_is_named(tmp_path):
     with pytest.raises(ValueError, match="bad.jsonl, line 2: not a natural question"):
         read_questions(bad)
     bad.write_text(json.dumps({**QUESTIONS[0], "answers": []}) + "\n")
-    with pytest.raises(ValueError, match="line 1: a question needs answers and evidence"):
+    with pytest.raises(ValueError, match="line 1: a question needs answers and evidence, or neither"):
         read_questions(bad)
+    none = {"book": "tale.txt", "question": "Who sang?", "answers": [], "why_unanswerable": "nobody sings"}
+    bad.write_text(json.dumps(none) + "\n")
+    assert read_questions(bad)[0].evidence == "" and read_questions(bad)[0].answers == ()
 
 
 def test_the_passage_holding_the_evidence_is_gold(tmp_path):
@@ -61,17 +65,27 @@ def test_the_passage_holding_the_evidence_is_gold(tmp_path):
 
 def test_a_run_answers_each_book_once_and_leaves_out_cut_evidence(tmp_path):
     data, out = data_folder(tmp_path), tmp_path / "out"
+    none = {"book": "tale.txt", "question": "What colour was the captain's hat?", "answers": [],
+            "why_unanswerable": "no hat"}
+    (data / "bookqa" / "unanswerable-dev.jsonl").write_text(json.dumps(none) + "\n")
     logs: list[str] = []
-    setting = {"entrants": "longmem,longmem_lexical,rag_bm25,oracle", "max_tokens": "3000"}  # the last line is cut off
+    setting = {"entrants": "app,rag_bm25,oracle", "max_tokens": "3000", "new_tokens": "24",  # the last line: cut
+               "sets": "natural-dev,unanswerable-dev"}
     ctx = EvalContext(chat_model(segment_len=256), [], data, out, overrides={"natural": setting}, resume=True,
                       log=logs.append)
     result = run(ctx)
-    assert result.data["questions"] == {"tale.txt": ["What drifted over the harbour?"]}
+    assert result.data["questions"] == {"natural-dev/tale.txt": ["What drifted over the harbour?"],
+                                        "unanswerable-dev/tale.txt": [none["question"]]}
     assert result.data["gold_read"] == {"lexical": 1.0}  # BM25 reads the zeppelin's passage
-    assert set(result.data["results"]) == {"longmem", "longmem_lexical", "rag_bm25", "oracle"}
-    assert all(len(r["all"]["items"]) == 1 for r in result.data["results"].values())
+    results = result.data["results"]
+    assert set(results) == {"app", "rag_bm25", "oracle"}
+    assert set(results["app"]) == {"natural-dev", "unanswerable-dev"}
+    assert set(results["oracle"]) == {"natural-dev"}  # no gold passage to read for a question the book lacks
+    app = results["app"]["natural-dev"]["items"][0]
+    assert {"said", "draft", "draft_contains"} <= app.keys()  # the app's answer before its check is kept
+    assert all(len(r[n]["items"]) == 1 for r in results.values() for n in r)
     assert (out / "natural.png").stat().st_size > 1000
-    assert len((out / "natural.tasks.jsonl").read_text().splitlines()) == 1
+    assert len((out / "natural.tasks.jsonl").read_text().splitlines()) == 2  # a unit per set and book
     logs.clear()
     again = run(ctx)  # resumed: the book's unit is reused, nothing is asked again
     assert again.data["results"] == result.data["results"]
@@ -81,15 +95,29 @@ def test_a_run_answers_each_book_once_and_leaves_out_cut_evidence(tmp_path):
 def test_evidence_missing_from_a_whole_book_is_an_error_naming_the_question(tmp_path):
     rows = [{**QUESTIONS[0], "evidence": "A golden zeppelin."}]
     ctx = EvalContext(chat_model(segment_len=256), [], data_folder(tmp_path, rows), tmp_path / "out",
-                      overrides={"natural": {"entrants": "oracle"}}, log=lambda m: None)
+                      overrides={"natural": {"entrants": "oracle", "sets": "natural-dev"}}, log=lambda m: None)
     with pytest.raises(ValueError, match="the evidence of 'What drifted over the harbour\\?' is not in the book"):
         run(ctx)
 
 
 @pytest.mark.parametrize("setting, message", [({"entrants": "oracle,nobody"}, "unknown: \\['nobody'\\]"),
-                                              ({"max_tokens": "-1"}, "must be >= 0")])
+                                              ({"max_tokens": "-1"}, "must be >= 0"),
+                                              ({"sets": "natural-dev,natural-dev"}, "give each set once"),
+                                              ({"sets": "no-such-set"}, "no question set 'no-such-set'")])
 def test_bad_natural_settings_are_refused_before_any_work(tmp_path, setting, message):
     ctx = EvalContext(None, [], tmp_path, tmp_path, overrides={"natural": setting})  # no model: nothing may load
     with pytest.raises(ValueError, match=message):
         run(ctx)
+
+
+def test_the_team_s_tuning_sets_ship_with_the_package_and_read_cleanly():
+    """The sets choices were tuned on are the package's own (on training-split books, apart from the dev sets)."""
+    from longmem.eval.natural import TUNE_SETS, set_path
+
+    ctx = EvalContext(None, [], Path("/nonexistent"), Path("/nonexistent"))
+    answerable, unanswerable = (read_questions(set_path(ctx, n)) for n in TUNE_SETS)
+    assert len(answerable) >= 60 and all(q.answers and q.evidence for q in answerable)
+    assert len(unanswerable) >= 24 and all(not q.answers for q in unanswerable)
+    dev_books = {"pg65636.txt", "pg66829.txt", "pg61262.txt", "pg68229.txt"}
+    assert not {q.book for q in answerable + unanswerable} & dev_books
 

@@ -154,7 +154,7 @@ def test_chat_history_survives_a_new_workspace_and_moves_old_turns_into_memory(w
     assert [t["content"] for t in again.chat_history("b")][::2] == ["first question about the keeper", "second one",
                                                                      "a third, longer question about the gulls"]
     before = len(again.run_locked(lambda: again.loaded_memory("b")))
-    list(again.chat("b", "and now?", FAST))
+    list(again.chat("b", "and the gulls now?", FAST))  # found in the book: the model answers
     chat = again.session("b").chat
     assert chat.moved_turns > 0  # the 64-token window cannot hold them all: the oldest went into memory
     assert len(again.session("b").memory) > before

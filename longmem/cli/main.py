@@ -34,9 +34,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     add_runtime_flags(p)
 
 
-def _sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per answer")
-    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (0 = greedy)")
+def _sampling_args(p: argparse.ArgumentParser, tokens: int = 200, temperature: float = 0.7) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=tokens, help=f"tokens to generate at most (default {tokens})")
+    p.add_argument("--temperature", type=float, default=temperature,
+                   help=f"sampling temperature (0 = greedy; default {temperature:g})")
     p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling mass")
     p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
 
@@ -78,9 +79,11 @@ def _memorize_ids(model, ids, memory) -> int:
 
 def _sampling(args):
     from longmem.model.lm import Sampling
+    from longmem.tasks.answer import ANSWER_SAMPLING
 
     return Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                    seed=args.seed, backbone_stops=getattr(args, "backbone_stops", "no") == "yes")
+                    seed=args.seed, backbone_stops=getattr(args, "backbone_stops", "no") == "yes",
+                    no_repeat=ANSWER_SAMPLING.no_repeat if args.command == "chat" else 0)
 
 
 def _stream(model, prompt_ids, memory, sampling) -> None:
@@ -126,12 +129,14 @@ def _questions(args) -> Iterator[str]:
 
 def cmd_chat(args) -> int:
     from longmem.ingest.readers import open_source
-    from longmem.memory.memory import MemoryView
+    from longmem.tasks.answer import answer
     from longmem.tasks.chat import Chat
-    from longmem.tasks.reading import PassageFinder, Reading, citations, find_for_chat, reading_prompt
+    from longmem.tasks.reading import PassageFinder, Reading
 
     if args.file and args.bank:
         raise ValueError("give --file or --bank, not both (`longmem bank ingest NAME FILE` adds a file to a bank)")
+    reading = Reading(finder=args.reading, passages=args.passages,  # bad settings fail before the model loads
+                      **({} if args.abstain == "yes" else {"abstain": 0.0}))
     with contextlib.ExitStack() as stack:
         # the file is read once (within the extraction limits), before the model loads: bad input fails first
         source = stack.enter_context(open_source(args.file)) if args.file else None
@@ -140,21 +145,23 @@ def cmd_chat(args) -> int:
         bank = _chat_bank(args, model, stack, source)
         memory = cli_bank.load_memory(bank, model) if bank is not None else model.new_memory(capacity=None)
         finder = PassageFinder(bank, model, memory) if bank is not None and args.reading != "none" else None
-        reading = Reading(finder=args.reading, passages=args.passages)
         chat = Chat(model, memory, _sampling(args))
         for question in _questions(args):
-            found = find_for_chat(finder, chat, question, reading) if finder is not None else []
-            chat.memory = MemoryView(memory, reading.chunks(memory, found, model.config.topk))  # K while reading
-            prompt = reading_prompt(question, found) if found else None
-            for piece in chat.ask(question, prompt, reading.search_excerpts):
+            try:
+                reply = answer(chat, finder, question, reading)
+            except ValueError as e:  # a question that cannot be asked: say why and go on
+                print(f"error: {e}", file=sys.stderr)
+                continue
+            for piece in reply:
                 print(piece, end="", flush=True)
             print()
-            for c in citations(bank, found, context_chars=0):
-                print(f"  [{c.number}] {c.place}: \u201c{_excerpt(c.text)}\u201d")
+            for c in reply.citations:
+                quote = c.text[c.support[0]:c.support[1]] if c.support else c.text
+                print(f"  [{c.number}] {c.place}: \u201c{_excerpt(quote)}\u201d")
     return 0
 
 
-def _excerpt(text: str, words: int = 24) -> str:
+def _excerpt(text: str, words: int = 40) -> str:
     w = text.split()
     return " ".join(w[:words]) + (" \u2026" if len(w) > words else "")
 
@@ -227,6 +234,7 @@ def cmd_bench(args, rest: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from longmem.tasks.answer import ANSWER_SAMPLING
     from longmem.tasks.reading import DEFAULT_FINDER, FINDERS, PASSAGES_READ
 
     parser = argparse.ArgumentParser(prog="longmem", description="A language model with a long-term memory.")
@@ -243,11 +251,15 @@ def build_parser() -> argparse.ArgumentParser:
                            "memory fusion alone)")
     chat.add_argument("--passages", type=int, default=PASSAGES_READ,
                       help=f"passages an answer reads at most (default {PASSAGES_READ})")
-    chat.add_argument("--backbone-stops", default="yes", choices=["yes", "no"],
+    chat.add_argument("--backbone-stops", default="yes" if ANSWER_SAMPLING.backbone_stops else "no",
+                      choices=["yes", "no"],
                       help="end an answer where the frozen backbone would end it (yes), or only where LongMem "
                            "itself emits the end-of-turn token (no)")
+    chat.add_argument("--abstain", default="yes", choices=["yes", "no"],
+                      help="say that the book does not say when the passages read do not hold the answer's words "
+                           "(yes), or show every answer as made (no)")
     _model_args(chat)
-    _sampling_args(chat)
+    _sampling_args(chat, ANSWER_SAMPLING.max_new_tokens, ANSWER_SAMPLING.temperature)
 
     gen = sub.add_parser("generate", help="continue a text file from its end, or a prompt with a file in memory")
     gen.add_argument("--file", help="text file (continued from its end unless --prompt is given)")

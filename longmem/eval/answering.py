@@ -1,31 +1,38 @@
 """Questions answered by reading a bank, shared by the suites that ask them (``bookqa``: a SQuAD paragraph spliced
-into book text; ``natural``: natural questions about whole books): the entrants, how each answers, how an answer is
-scored, and the bank and embeddings of a text, built once under the run's output folder.
+into book text; ``natural``: natural questions about whole books; ``facts``): the entrants, how each answers, how an
+answer is scored, and the bank and embeddings of a text, built once under the run's output folder.
 
-Entrants, each answering greedily in the chat template, up to ``new_tokens`` tokens, with up to ``passages``
-passages read (what fits the window after the question and the answer):
+Every entrant that reads answers through the app's own function (``longmem.tasks.answer.answer``), with the app's
+sampling (``ANSWER_SAMPLING``: greedy, the same answer length, ending where the backbone would); they differ only in
+the model that reads, its memory, what finds the passages, and whether an answer the passages do not support is
+replaced by "the book does not say":
 
+- ``app``: the app's answer: LongMem with the bank in memory, reading what the app's finder finds, as the chat does;
+  its answer before that check (``Answer.draft``) is kept too (``draft_contains``);
+- ``app_memory_off``: the same, with no memory attached (the SideNet alone);
 - ``longmem``: LongMem with the bank in memory, reading nothing (the paper's memory fusion alone);
-- ``longmem_memory``, ``longmem_lexical``, ``longmem_fused``: LongMem reading the passages that finder found
-  (``longmem.tasks.reading``), memory attached;
-- ``rag_bm25``: the backbone (same window, no memory) reading the best BM25 passages;
+- ``longmem_memory``, ``longmem_fused``: as the app, with that finder;
+- ``rag_bm25``: the frozen backbone (same window, no memory) reading BM25's best passages, as many as the app reads:
+  retrieval-augmented generation with the same backbone, what a user would pick instead; it always answers;
 - ``rag_embed``: the backbone reading the passages closest to the question under all-MiniLM-L6-v2
   (``longmem.model.embedder``), what a document-chat app would use;
 - ``backbone_full``: the backbone reading the last tokens before the question that fit its native context (8k);
-- ``oracle`` and ``oracle_backbone``: LongMem and the backbone reading the gold passage alone: what reading can
-  give at best with each model. The targets compare LongMem to its own oracle.
+- ``oracle`` and ``oracle_backbone``: LongMem (as the app reads, without the check) and the backbone reading the
+  gold passage alone: what reading can give at best with each model.
 
 Scores. A chat model answers in sentences ("The V&A co-owns Canova's The Three Graces."), so the headline is the
 rule of the project's ``bookqa/natural-dev.jsonl``: an answer counts when it contains a gold answer (both under
 SQuAD's normalisation). SQuAD EM and F1 of the same answer are reported beside it (EM is near 0 for every entrant
-for that reason). The answer is the whole generation (``new_tokens`` at most), lines joined.
+for that reason). The answer is the whole generation, lines joined. An answer to a question the book does not
+answer counts when it says so (``says_not_said``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -33,22 +40,23 @@ import numpy as np
 from longmem.eval.core import EvalContext, mean_std
 from longmem.eval.datasets.squad import exact_match, f1, normalize_answer
 from longmem.ingest.pipeline import ingest
-from longmem.memory.memory import Memory, MemoryView
-from longmem.model.lm import Sampling
+from longmem.memory.memory import Memory
 from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces
+from longmem.tasks.answer import ANSWER_SAMPLING, NOT_SAID, answer
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import (DEFAULT_FINDER, PASSAGES_READ, READING_TOPK, SEARCH_EXCERPTS, Found,
-                                   PassageFinder, Reading, find_for_chat, fit_for_chat, reading_prompt)
+from longmem.tasks.reading import (ABSTAIN, DEFAULT_FINDER, PASSAGES_READ, READING_TOPK, SEARCH_EXCERPTS, SIDE_WEIGHT,
+                                   Found, PassageFinder, Reading, find_for_chat)
 from longmem.util.files import write_file_atomic
 
-FINDER_ENTRANTS = {"longmem_memory": "memory", "longmem_lexical": "lexical", "longmem_fused": "fused"}
-DEFAULT_READER = next(k for k, f in FINDER_ENTRANTS.items() if f == DEFAULT_FINDER)  # what the app's chat does
+FINDER_ENTRANTS = {"app": DEFAULT_FINDER, "longmem_memory": "memory", "longmem_fused": "fused"}
+DEFAULT_READER = "app"  # what the app's chat does
 LABELS = {
+    "app": f"the app's answer: LongMem reading what {DEFAULT_FINDER} finding finds, with its checks",
+    "app_memory_off": "the app's answer with the memory off (the SideNet alone)",
     "longmem": "LongMem, memory fusion alone (reads nothing)",
     "longmem_memory": "LongMem reading what its memory retrieval finds",
-    "longmem_lexical": "LongMem reading what BM25 finds",
     "longmem_fused": "LongMem reading both, fused",
     "rag_bm25": "BM25-RAG: the backbone reading what BM25 finds",
     "rag_embed": "embedding RAG: the backbone reading what all-MiniLM-L6-v2 finds",
@@ -56,8 +64,13 @@ LABELS = {
     "oracle": "oracle: LongMem reading the gold passage",
     "oracle_backbone": "oracle: the backbone reading the gold passage",
 }
-LABELS[DEFAULT_READER] += " (the app's default)"
+LEGACY_LABELS = {"longmem_lexical": "LongMem reading what BM25 finds (the app before issue 42)"}  # older records
 TEXT_PROMPT = "Answer the question from this text.\n\n{text}\n\nQuestion: {question}"
+
+
+def label(key: str) -> str:
+    """An entrant's label, for this code's entrants and those of older records."""
+    return LABELS.get(key) or LEGACY_LABELS.get(key, key)
 
 
 @dataclass
@@ -67,12 +80,15 @@ class ReadingSize:
     items and distances."""
 
     passages: int = PASSAGES_READ  # passages an answer reads at most, as the chat does
-    budget: int = 640  # tokens of passages an answer reads at most (what fits the window is the other bound)
-    new_tokens: int = 24  # tokens generated per answer at most
+    budget: int = Reading.budget  # tokens of passages an answer reads at most (what fits the window: the other bound)
+    new_tokens: int = ANSWER_SAMPLING.max_new_tokens  # tokens generated per answer at most, as the chat does
     best_last: bool = True  # passages shown best last, nearest the question, as the chat does (false: best first)
     reading_topk: int = READING_TOPK  # memory tokens per query while LongMem reads, as the chat does (0: model's K)
     search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too, as the chat does
-    backbone_stops: bool = False  # LongMem's answers also end where the frozen backbone would (the chat's default)
+    backbone_stops: bool = ANSWER_SAMPLING.backbone_stops  # LongMem's answers also end where the backbone would
+    side_weight: float = SIDE_WEIGHT  # LongMem's share of the next-token logits while it reads, as the chat's
+    abstain: float = ABSTAIN  # the grounding below which the app's answer says the book does not say, as the chat's
+    no_repeat: int = ANSWER_SAMPLING.no_repeat  # n-grams an answer never repeats (0: off), as the chat's
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
 
 
@@ -109,9 +125,9 @@ def check_entrants(suite: str, entrants: list[str]) -> None:
 
 def finders(entrants: list[str]) -> list[str]:
     """The finders whose gold-passage reads ``entrants`` record: one per reading LongMem entrant, and the
-    embedder's for embedding RAG (BM25-RAG reads what the lexical finder found)."""
+    embedder's for embedding RAG (BM25-RAG and the app with its memory off read what the lexical finder found)."""
     out = [f for k, f in FINDER_ENTRANTS.items() if k in entrants]
-    if "rag_bm25" in entrants and "lexical" not in out:
+    if {"rag_bm25", "app_memory_off"} & set(entrants) and "lexical" not in out:
         out.append("lexical")
     return out + ["embed"] * ("rag_embed" in entrants)
 
@@ -163,36 +179,59 @@ def indexed_haystack(bank: Bank, memory: Memory, tokens: np.ndarray, embedder) -
     return Haystack(bank, memory, tokens, index=index, indexed=indexed)
 
 
-def answer(lm, memory, question: str, reading: str | None, new_tokens: int, search_reading: bool = True,
-           backbone_stops: bool = False) -> str:
-    """The entrant's greedy answer to ``question`` (reading ``reading`` in its place, its excerpts searching
-    ``memory`` unless not ``search_reading``: ``Chat.ask``; ending where the frozen backbone would too with
-    ``backbone_stops``: ``Sampling``), its lines joined."""
-    tok = lm.backbone.tokenizer
-    stop = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
-    sampling = Sampling(max_new_tokens=new_tokens, temperature=0, stop_ids=stop, backbone_stops=backbone_stops)
-    chat = Chat(lm, memory, sampling)
-    return " ".join("".join(chat.ask(question, reading, search_reading)).split())
-
-
 def contains(answer: str, golds) -> float:
     """1.0 when the normalised answer contains a normalised gold answer as whole words, else 0.0."""
     text = f" {normalize_answer(answer)} "
     return float(any(f" {g} " in text for g in map(normalize_answer, golds) if g))
 
 
-def scored(got: str, golds) -> dict:
-    """An answer with its scores: contains a gold answer, SQuAD EM and F1."""
-    return {"answer": got, "contains": contains(got, golds), "em": exact_match(got, golds), "f1": f1(got, golds)}
+# what a reply says when it says that the book does not say (the app's NOT_SAID, and a backbone's own wordings)
+_NOT_SAID = re.compile(r"\b(does not|doesn't|do not|did not|didn't|is not|isn't)\s+(say|says|mention|specify|state|"
+                       r"tell|provide|give|reveal|name|indicate)|\bnot (mentioned|specified|stated|given|provided|"
+                       r"named|revealed|known|clear)\b|\bno (information|mention|indication)\b|\bunknown\b|"
+                       r"\bcannot be (determined|found)\b", re.IGNORECASE)
+
+
+def says_not_said(answer: str) -> float:
+    """1.0 when the answer says that the book (or text) does not say, in the app's words or plainer ones."""
+    return float(answer.strip().startswith(NOT_SAID.split(".")[0]) or _NOT_SAID.search(answer) is not None)
+
+
+def scored(got: str | dict, golds) -> dict:
+    """An answer with its scores: contains a gold answer (a question with no gold: says that the book does not say),
+    SQuAD EM and F1; an entrant's reply (``Reader.answers``) also keeps whether it was shown and its draft."""
+    reply = got if isinstance(got, dict) else {"answer": got}
+    text = reply["answer"]
+    if golds:
+        row = {"answer": text, "contains": contains(text, golds), "em": exact_match(text, golds),
+               "f1": f1(text, golds)}
+    else:
+        row = {"answer": text, "contains": says_not_said(text), "em": 0.0, "f1": 0.0}
+    if reply.get("draft") is not None:
+        draft = reply["draft"]
+        row |= {"said": reply["said"], "draft": draft,
+                "draft_contains": contains(draft, golds) if golds else says_not_said(draft)}
+    return row
 
 
 def window_text(lm, question: str, tokens: np.ndarray, new_tokens: int) -> str:
     """The backbone's full-context prompt: the last ``tokens`` that fit with the question and the answer."""
     tok = lm.backbone.tokenizer
-    chat = Chat(lm, None, Sampling(max_new_tokens=new_tokens))
+    chat = Chat(lm, None, replace(ANSWER_SAMPLING, max_new_tokens=new_tokens))
     room = lm.segment_len - new_tokens - chat.prompt_ids(TEXT_PROMPT.format(text="", question=question),
                                                          history=False).shape[1] - 8
     return TEXT_PROMPT.format(text=tok.decode(tokens[-room:].tolist()), question=question)
+
+
+class FixedFinder:
+    """A finder that always finds the same passages (what an oracle reads, or another ranker's best), with the
+    interface ``tasks.answer`` uses: ``bank`` and ``find``."""
+
+    def __init__(self, bank: Bank, found: list[Found]):
+        self.bank, self.found = bank, found
+
+    def find(self, question: str, reading: Reading, question_ids=None) -> list[Found]:
+        return list(self.found)
 
 
 @dataclass
@@ -206,53 +245,72 @@ class Reader:
     size: ReadingSize
     embedder: object = None  # needed by ``rag_embed``
 
-    def answers(self, want: set[str], asked: Asked, hay: Haystack, reads: dict) -> dict[str, str]:
-        """The wanted entrants' answers to one question (entrant -> answer); appends to ``reads`` (finder -> list)
-        whether each finder read a gold passage."""
-        model, q, size = self.model, asked.question, self.size
-        n = size.new_tokens
+    def answers(self, want: set[str], asked: Asked, hay: Haystack, reads: dict) -> dict[str, dict]:
+        """The wanted entrants' replies to one question (entrant -> {"answer", and for the app "said" and "draft"});
+        appends to ``reads`` (finder -> list) whether each finder read a gold passage."""
+        model, q = self.model, asked.question
         finder = PassageFinder(hay.bank, model, hay.memory, hay.places)
-        chat = Chat(model, hay.memory, Sampling(max_new_tokens=n))
         got = {}
+
+        def ask(lm, memory, finder, reading: Reading) -> dict:
+            reply = answer(Chat(lm, memory, self.sampling()), finder, q, reading)
+            text = " ".join("".join(reply).split())
+            out = {"answer": text, "found": reply.found}
+            if lm is model and reading.abstain > 0 and finder is not None:
+                out |= {"said": reply.said, "draft": " ".join((reply.draft or text).split())}
+            return out
+
         if "longmem" in want:
-            got["longmem"] = answer(model, hay.memory, q, None, n, backbone_stops=size.backbone_stops)
+            got["longmem"] = ask(model, hay.memory, None, self.reading("none"))
         for key, how in FINDER_ENTRANTS.items():
             if how not in reads:
                 continue
-            found = find_for_chat(finder, chat, q, self.reading(how))
-            reads[how].append(any(map(asked.is_gold, found)))
             if key in want:
-                got[key] = answer(model, self.memory(hay, found), q, reading_prompt(q, found), n, size.search_excerpts,
-                                  size.backbone_stops)
+                got[key] = ask(model, hay.memory, finder, self.reading(how))
+                found = got[key]["found"]
+            else:  # only what it finds is recorded
+                found = find_for_chat(finder, Chat(model, hay.memory, self.sampling()), q, self.reading(how))
+            reads[how].append(any(map(asked.is_gold, found)))
+            if key == "app" and "app_memory_off" in want:
+                got["app_memory_off"] = ask(model, None, finder, self.reading(how))
             if how == "lexical" and "rag_bm25" in want:
-                got["rag_bm25"] = answer(self.backbone, None, q, reading_prompt(q, found), n)
+                got["rag_bm25"] = ask(self.backbone, None, finder, self.reading(how, checks=False))
         if "rag_embed" in want:
-            found = fit_for_chat(self.embedded(asked, hay), chat, q, self.reading("none"))
-            reads["embed"].append(any(map(asked.is_gold, found)))
-            got["rag_embed"] = answer(self.backbone, None, q, reading_prompt(q, found), n)
+            embedded = FixedFinder(hay.bank, self.embedded(asked, hay))
+            reply = ask(self.backbone, None, embedded, self.reading("lexical", checks=False))
+            reads["embed"].append(any(map(asked.is_gold, reply["found"])))
+            got["rag_embed"] = reply
         if "backbone_full" in want:
-            got["backbone_full"] = answer(self.full, None, q, window_text(self.full, q, hay.tokens, n), n)
-        gold = reading_prompt(q, asked.gold)
+            n = self.size.new_tokens
+            chat = Chat(self.full, None, self.sampling())
+            got["backbone_full"] = {"answer": " ".join("".join(
+                chat.ask(q, window_text(self.full, q, hay.tokens, n))).split())}
+        gold = FixedFinder(hay.bank, asked.gold)
         if "oracle" in want:
-            got["oracle"] = answer(model, self.memory(hay, asked.gold), q, gold, n, size.search_excerpts,
-                                   size.backbone_stops)
+            got["oracle"] = ask(model, hay.memory, gold, self.reading("lexical", checks=False))
         if "oracle_backbone" in want:
-            got["oracle_backbone"] = answer(self.backbone, None, q, gold, n)
+            got["oracle_backbone"] = ask(self.backbone, None, gold, self.reading("lexical", checks=False))
+        for reply in got.values():
+            reply.pop("found", None)
         return got
 
-    def reading(self, finder: str) -> Reading:
+    def sampling(self):
+        """How every entrant decodes: the app's sampling at the run's size."""
+        size = self.size
+        return replace(ANSWER_SAMPLING, max_new_tokens=size.new_tokens, backbone_stops=size.backbone_stops,
+                       no_repeat=size.no_repeat)
+
+    def reading(self, finder: str, checks: bool = True) -> Reading:
+        """How an entrant reads: the app's reading at the run's size, with ``finder``; without the app's check that
+        the passages support the answer unless ``checks``."""
         size = self.size
         return Reading(finder=finder, passages=size.passages, budget=size.budget, best_last=size.best_last,
-                       topk=size.reading_topk or None, search_excerpts=size.search_excerpts)
-
-    def memory(self, hay: Haystack, found: list[Found]) -> MemoryView:
-        """The haystack's memory as LongMem reads it with ``found`` in its window (``Reading.chunks``; a
-        ``reading_topk`` of 0 reads the model's own K)."""
-        reading = Reading(topk=self.size.reading_topk or None)
-        return MemoryView(hay.memory, reading.chunks(hay.memory, found, self.model.config.topk))
+                       topk=size.reading_topk or None, search_excerpts=size.search_excerpts,
+                       side_weight=size.side_weight, abstain=size.abstain if checks else 0.0)
 
     def embedded(self, asked: Asked, hay: Haystack) -> list[Found]:
-        """The passages closest to the question under the embedder: the indexed ones and the item's own."""
+        """The passages closest to the question under the embedder, best first: the indexed ones and the item's
+        own."""
         embedder, k = self.embedder, self.size.passages
         query = embedder.encode([asked.question])[0]
         ranked = [(hay.indexed[i][0], s) for i, s in hay.index.search_vector(query, k)]

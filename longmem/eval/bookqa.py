@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from longmem.eval.answering import (LABELS, Asked, Haystack, Reader, ReadingSize, finders, indexed_haystack,
+from longmem.eval.answering import (LABELS, Asked, Haystack, Reader, label, ReadingSize, finders, indexed_haystack,
                                     reader_for, scored, summary, text_bank, versus_notes)
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, legend_below, table
 from longmem.eval.datasets.squad import QA, read_squad
@@ -215,10 +215,10 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
     header = (["model"] + [f"{distance_label(int(d))}: answered / EM / F1" for d in ds] + ["average answered"])
     rows = []
     for k in results:
-        r, label = results[k], LABELS[k]
+        r, name = results[k], label(k)
         cells = [f"{r[d]['contains']:.0f} ± {r[d]['contains_ci95']:.0f} / {r[d]['em']:.0f} / {r[d]['f1']:.1f}"
                  for d in ds]
-        rows.append([label, *cells, f"{np.mean([r[d]['contains'] for d in ds]):.1f}"])
+        rows.append([name, *cells, f"{np.mean([r[d]['contains'] for d in ds]):.1f}"])
     reads = reads_table(gold_read, ds)
     avg = {k: float(np.mean([results[k][d]["contains"] for d in ds])) for k in results}
     notes = [f"{len(qas)} SQuAD dev questions (one per paragraph) at each distance. Answered: % of answers that "
@@ -230,7 +230,7 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
                           "answers containing a gold answer, %")
     return SuiteResult("bookqa", "Questions about a long text (beyond the paper): a SQuAD paragraph D tokens before "
                        "its question", [table(header, rows), reads],
-                       {"results": results, "gold_read": gold_read, "models": {k: LABELS[k] for k in results},
+                       {"results": results, "gold_read": gold_read, "models": {k: label(k) for k in results},
                         "questions": [q.id for q in qas], "borrowed_train_tokens": borrowed},
                        asdict(size), [plot], notes, seconds)
 
@@ -255,7 +255,7 @@ def plot_distances(ctx: EvalContext, distances: list[int], results: dict, name: 
     fig = figure(6.4, 4.2)
     ax = fig.add_subplot()
     for k in results:
-        ax.plot(distances, [results[k][str(d)]["contains"] for d in distances], marker="o", label=LABELS[k],
+        ax.plot(distances, [results[k][str(d)]["contains"] for d in distances], marker="o", label=label(k),
                 ls="--" if k.startswith(("oracle", "rag", "backbone")) else "-")
     ax.set_xscale("log", base=2)
     ax.set_xticks(distances, [distance_label(d) for d in distances])

@@ -1,54 +1,70 @@
 """Suite 9, natural questions about whole books (beyond the paper): what a user does with the product. A whole book
 goes into a bank, then a reader's question is asked about it ("In which town do the Forresters live?"), answered by
-every entrant of ``longmem.eval.answering`` on the same questions.
+every entrant of ``longmem.eval.answering`` on the same questions, the app's answer through the app's own function.
 
-Data: ``bookqa/natural-dev.jsonl`` in the shared data (24 questions about two held-out books, each with its accepted
-answers and the book's own words that state it, the *evidence*). Unlike the SQuAD questions of ``bookqa``, these are
-worded as a reader asks, not copied from the paragraph, so finding the passage is part of the test.
+Data: question sets of JSON lines, each line a book (a file in the data's ``books/``), a question, its accepted
+answers and the book's own words that state it (the *evidence*); or, for a question the book does not answer, no
+answers and ``why_unanswerable``. A set name is a file of the shared data's ``bookqa/`` (``natural-dev``: 24
+questions about two held-out books; ``natural-dev2``: 40 about two others; ``unanswerable-dev``: 30 the four books
+do not answer), or of this package's ``eval/data/`` (``natural-tune``, ``unanswerable-tune``: questions the team
+wrote on four books of the training split, the set its choices were tuned on; the dev sets are not tuned on).
 
 Each book is ingested once into a bank under the output folder (kept and reused by later runs). A passage read is
-gold when it overlaps the evidence; the oracles read the gold passages alone. Each book's questions are one recorded
-work unit (``--resume``). The set is small: the table gives 95% intervals, and it is for seeing how real questions
-fare, not for tuning on.
+gold when it overlaps the evidence; the oracles read the gold passages alone and skip unanswerable questions. An
+answer to an answerable question counts when it contains an accepted answer; to an unanswerable one, when it says
+that the book does not say (``answering.says_not_said``). Each set's questions about one book are one recorded work
+unit (``--resume``). The sets are small: the tables give 95% intervals and paired counts.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
-from longmem.eval.answering import (LABELS, Asked, Reader, ReadingSize, finders, indexed_haystack, reader_for,
-                                    scored, summary, text_bank, versus_notes)
-from longmem.eval.compare import discordant
+from longmem.eval.answering import (DEFAULT_READER, Asked, Reader, ReadingSize, check_entrants, finders,
+                                    indexed_haystack, label, reader_for, scored, summary, text_bank)
+from longmem.eval.compare import discordant, sign_test
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, table
+from longmem.eval.datasets.recall import template_wording
 from longmem.storage.bank import Bank
 from longmem.tasks.reading import Found
+
+DEV_SETS = ["natural-dev", "natural-dev2", "unanswerable-dev"]
+TUNE_SETS = ["natural-tune", "unanswerable-tune"]  # the team's own, on training-split books (``eval/data``)
+ENTRANTS = ["app", "app_memory_off", "rag_bm25", "rag_embed", "oracle", "oracle_backbone"]
+TARGET_OF_ORACLE = 0.9  # the app's answered count against the backbone's oracle
+TARGET_OVER_RAG = 10.0  # points over BM25-RAG on the answerable questions
+TARGET_ABSTAINED = 70.0  # % of unanswerable questions the app says the book does not say
+TARGET_LOST = 10.0  # % of the answers the app's drafts get right that its check may lose
 
 
 @dataclass
 class Size(ReadingSize):
     """The suite's items (and how every entrant reads: ``ReadingSize``)."""
 
-    questions: int = 0  # questions asked, in file order (0: all)
+    sets: list[str] = field(default_factory=lambda: list(DEV_SETS))  # question sets asked (see the module doc)
+    questions: int = 0  # questions asked per set, in file order (0: all)
     max_tokens: int = 0  # each book cut to its first tokens (0: whole); questions whose evidence is cut are left out
+    entrants: list[str] = field(default_factory=lambda: list(ENTRANTS))  # which entrants answer
 
 
-QUICK = Size(questions=2, max_tokens=2048)
+QUICK = Size(sets=["natural-dev"], questions=2, max_tokens=2048)
 FULL = Size()
 
 
 @dataclass(frozen=True)
 class Question:
-    """One line of ``natural-dev.jsonl``."""
+    """One line of a question set."""
 
     book: str  # file in the data's books/
     question: str
-    answers: tuple[str, ...]
-    evidence: str  # the book's words that state the answer, verbatim
+    answers: tuple[str, ...]  # empty: the book does not answer it
+    evidence: str  # the book's words that state the answer, verbatim ("" when it does not answer)
 
 
 def read_questions(path: Path) -> list[Question]:
@@ -59,13 +75,25 @@ def read_questions(path: Path) -> list[Question]:
             continue
         try:
             row = json.loads(line)
-            q = Question(row["book"], row["question"], tuple(row["answers"]), row["evidence"])
+            q = Question(row["book"], row["question"], tuple(row["answers"]), row.get("evidence") or "")
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}, line {n}: not a natural question ({e})") from None
-        if not q.answers or not q.evidence:
-            raise ValueError(f"{path}, line {n}: a question needs answers and evidence")
+        if bool(q.answers) != bool(q.evidence) or (not q.answers and not row.get("why_unanswerable")):
+            raise ValueError(f"{path}, line {n}: a question needs answers and evidence, or neither and "
+                             "why_unanswerable")
         out.append(q)
     return out
+
+
+def set_path(ctx: EvalContext, name: str) -> Path:
+    """The file of question set ``name``: the package's own (``eval/data``), else the shared data's ``bookqa/``."""
+    own = resources.files("longmem.eval") / "data" / f"{name}.jsonl"
+    if own.is_file():
+        return Path(str(own))
+    path = ctx.data_dir / "bookqa" / f"{name}.jsonl"
+    if not path.is_file():
+        raise ValueError(f"natural.sets: no question set {name!r} (no {path}, and the package has none of that name)")
+    return path
 
 
 def book_text(ctx: EvalContext, book: str, max_tokens: int) -> str:
@@ -90,32 +118,32 @@ def run(ctx: EvalContext) -> SuiteResult:
     size: Size = ctx.size("natural", QUICK, FULL)
     if size.questions < 0 or size.max_tokens < 0:
         raise ValueError("natural.questions and natural.max_tokens must be >= 0 (0: all, whole books)")
+    if not size.sets or len(set(size.sets)) < len(size.sets):
+        raise ValueError(f"natural.sets: give each set once, at least one (got {size.sets})")
+    check_entrants("natural", size.entrants)
+    paths = {name: set_path(ctx, name) for name in size.sets}
     timer = Timer()
     reader = reader_for(ctx, size, "natural")
-    questions = read_questions(ctx.data_dir / "bookqa" / "natural-dev.jsonl")
-    units = ctx.task_log("natural", size)  # a unit: one book's questions
-    done, asked_n = {}, 0
-    for book in dict.fromkeys(q.book for q in questions):  # in file order
-        if size.questions and asked_n >= size.questions:
-            break
-        done[book] = units.get(book)
-        if done[book] is None:
-            done[book] = _book(ctx, size, book, [q for q in questions if q.book == book],
-                               size.questions - asked_n if size.questions else 0, reader, timer)
-            units.put(book, done[book])
-        asked_n += len(done[book]["questions"])
-    if not asked_n:
+    units = ctx.task_log("natural", size, selects=("sets",))  # a unit: one set's questions about one book
+    done: dict[str, dict] = {}
+    for name, path in paths.items():
+        questions = read_questions(path)[: size.questions or None]
+        for book in dict.fromkeys(q.book for q in questions):  # in file order
+            key = f"{name}/{book}"
+            done[key] = units.get(key)
+            if done[key] is None:
+                done[key] = _book(ctx, size, book, [q for q in questions if q.book == book], reader, timer)
+                units.put(key, done[key])
+    if not any(u["questions"] for u in done.values()):
         raise ValueError("natural: no question's evidence lies within the books as cut (natural.max_tokens)")
     return _result(ctx, size, done, units.commits())
 
 
-def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], most: int, reader: Reader,
-          timer: Timer) -> dict:
-    """Every entrant's answers to ``book``'s questions (at most ``most``; 0: all) whose evidence is in the book as
-    cut: {"questions", "scores": entrant -> per-question scores, "reads": finder -> per-question gold read,
-    "seconds"}."""
+def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], reader: Reader, timer: Timer) -> dict:
+    """Every entrant's answers to ``book``'s questions whose evidence is in the book as cut: {"questions", "scores":
+    entrant -> per-question scores, "reads": finder -> per-question gold read (answerable ones), "seconds"}."""
     t0 = time.perf_counter()
-    model, want = ctx.model, set(size.entrants)
+    model = ctx.model
     text = book_text(ctx, book, size.max_tokens)
     out = {"questions": [], "scores": {k: [] for k in size.entrants}, "reads": {f: [] for f in finders(size.entrants)}}
     with text_bank(ctx, "natural-banks", Path(book).stem, text, Path(book).stem) as bank:
@@ -124,72 +152,131 @@ def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], mo
         tokens = np.asarray(ctx.tokenizer(stored, add_special_tokens=False).input_ids)
         hay = indexed_haystack(bank, bank.load_memory(model), tokens, reader.embedder)
         for q in questions:
-            gold = gold_passages(bank, doc.id, stored, q)
+            gold = gold_passages(bank, doc.id, stored, q) if q.answers else []
             if gold is None and not size.max_tokens:
                 raise ValueError(f"{book}: the evidence of {q.question!r} is not in the book: {q.evidence!r}")
             if gold is None:  # cut off
                 continue
-            if most and len(out["questions"]) >= most:
-                break
             refs = bank.passages(gold)
+            want = set(size.entrants) - ({"oracle", "oracle_backbone"} if not gold else set())
+            reads = {f: [] for f in out["reads"]}
             asked = Asked(q.question, q.answers, [Found(r, 0.0) for r in refs],
                           lambda f, g=frozenset(gold): f.passage.id in g, [])
-            got = reader.answers(want, asked, hay, out["reads"])
+            got = reader.answers(want, asked, hay, reads)
+            if q.answers:
+                for f, r in reads.items():
+                    out["reads"][f] += r
             out["questions"].append(q.question)
             for k in size.entrants:
-                out["scores"][k].append({"id": f"{book}:{q.question}", **scored(got[k], q.answers)})
-            ctx.log(f"natural, {book}, question {len(out['questions'])}: answered: "
-                    + ", ".join(f"{k} {out['scores'][k][-1]['contains']:.0f}" for k in size.entrants)
+                out["scores"][k].append({"id": f"{book}:{q.question}", "answerable": bool(q.answers),
+                                         **(scored(got[k], q.answers) if k in got else {})})
+            ctx.log(f"natural, {book}, question {len(out['questions'])}: "
+                    + ", ".join(f"{k} {out['scores'][k][-1]['contains']:.0f}" for k in got)
                     + f" ({timer.seconds / 60:.1f} min)")
     out["seconds"] = time.perf_counter() - t0
     return out
 
 
+def _rows(done: dict, names: list[str], k: str, answerable: bool | None = None) -> list[dict]:
+    """Entrant ``k``'s scored answers over the units of sets ``names`` (those it answered; only the answerable or
+    unanswerable questions when told)."""
+    return [r for key, u in done.items() if key.split("/")[0] in names for r in u["scores"][k]
+            if "contains" in r and (answerable is None or r["answerable"] == answerable)]
+
+
 def _result(ctx: EvalContext, size: Size, done: dict, commits: list[str]) -> SuiteResult:
-    books = list(done)
-    results = {k: {"all": summary([r for u in done.values() for r in u["scores"][k]]),
-                   **{b: summary(done[b]["scores"][k]) for b in books}} for k in size.entrants}
-    n = len(results[size.entrants[0]]["all"]["items"])
-    header = ["model", f"all {n}: answered / EM / F1"] + [f"{Path(b).stem} ({len(done[b]['questions'])})"
-                                                          for b in books]
-    rows = [[LABELS[k], f"{r['all']['contains']:.0f} ± {r['all']['contains_ci95']:.0f} / {r['all']['em']:.0f} / "
-                        f"{r['all']['f1']:.1f}", *[f"{r[b]['contains']:.0f}" for b in books]]
-            for k, r in results.items()]
-    gold_read = {f: float(np.mean([x for u in done.values() for x in u["reads"][f]])) for f in finders(size.entrants)}
-    reads = table(["finder", "gold passage read"], [[f, f"{100 * v:.0f}%"] for f, v in gold_read.items()])
-    avg = {k: r["all"]["contains"] for k, r in results.items()}
-    notes = [f"{n} questions from bookqa/natural-dev.jsonl, each book whole in memory"
+    names = list(dict.fromkeys(key.split("/")[0] for key in done))
+    answerable = [n for n in names if any(r["answerable"] for k in done for r in done[k]["scores"][size.entrants[0]]
+                                          if k.startswith(n + "/"))]
+    unanswerable = [n for n in names if n not in answerable]
+    results: dict = {}
+    for k in size.entrants:
+        results[k] = {n: summary(_rows(done, [n], k)) for n in names if _rows(done, [n], k)}
+        if len(answerable) > 1 and _rows(done, answerable, k):
+            results[k]["answerable"] = summary(_rows(done, answerable, k))
+    columns = [n for n in [*answerable, "answerable" * (len(answerable) > 1), *unanswerable] if n]
+
+    def count(n: str) -> int:
+        return len(_rows(done, [n] if n != "answerable" else answerable, size.entrants[0]))
+
+    header = ["entrant"] + [f"{n} ({count(n)})" for n in columns] + ["templates written"]
+    rows = []
+    for k, r in results.items():
+        cells = [f"{r[n]['contains']:.0f} ± {r[n]['contains_ci95']:.0f}" if n in r else "" for n in columns]
+        written = sum(template_wording(x["answer"]) is not None for x in _rows(done, names, k))
+        rows.append([label(k), *cells, str(written)])
+    gold_read = {f: float(np.mean([x for u in done.values() for x in u["reads"][f]] or [np.nan]))
+                 for f in finders(size.entrants)}
+    reads = table(["finder", "gold passage read (answerable questions)"],
+                  [[f, f"{100 * v:.0f}%"] for f, v in gold_read.items()])
+    notes = [f"Question sets {', '.join(names)}, each book whole in memory"
              + (f" (cut to its first {size.max_tokens:,} tokens)" if size.max_tokens else "")
-             + ". Answered: % of answers that contain an accepted answer (± a 95% interval); then SQuAD EM and F1, "
-             "in %. A gold passage overlaps the book's words that state the answer. The second table: the share of "
-             "questions with a gold passage among the passages read, per finder.", *versus_notes(avg)]
-    items = {k: r["all"]["items"] for k, r in results.items()}
-    for a, b in (("longmem_lexical", "longmem_fused"), ("longmem_lexical", "rag_bm25"), ("longmem_fused", "rag_bm25")):
-        if {a, b} <= items.keys():
-            won, lost = discordant([x["contains"] for x in items[a]], [x["contains"] for x in items[b]])
-            notes.append(f"Paired, {a} vs {b}: {won} questions answered only by the first, {lost} only by the second.")
-    if set(results) != set(LABELS):
-        notes.append(f"Entrants run: {', '.join(results)} (natural.entrants).")
+             + ". A cell: % of answers that contain an accepted answer (a question the book does not answer: % that "
+             "say it does not), ± a 95% interval. Templates written: answers holding a training template's wording "
+             "(``datasets.recall.template_wording``). The second table: the share of answerable questions with a "
+             "gold passage among the passages read, per finder.", *_targets(done, size, answerable, unanswerable)]
     seconds = sum(u["seconds"] for u in done.values())
-    notes.append(f"Books run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
+    notes.append(f"Units run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
     return SuiteResult("natural", "Natural questions about whole books (beyond the paper): the book in memory, a "
                        "reader's question", [table(header, rows), reads],
-                       {"results": results, "gold_read": gold_read, "models": {k: LABELS[k] for k in results},
-                        "questions": {b: u["questions"] for b, u in done.items()}},
-                       asdict(size), [_plot(ctx, results)], notes, seconds)
+                       {"results": results, "gold_read": gold_read, "models": {k: label(k) for k in results},
+                        "questions": {key: u["questions"] for key, u in done.items()}},
+                       asdict(size), [_plot(ctx, results, columns)], notes, seconds)
 
 
-def _plot(ctx: EvalContext, results: dict) -> str:
+def _paired(a: list[dict], b: list[dict], field_a: str = "contains", field_b: str = "contains") -> str:
+    """'won vs lost (p = ...)' of two entrants over the same items."""
+    won, lost = discordant([x[field_a] for x in a], [x[field_b] for x in b])
+    return f"{won} vs {lost} (sign test p = {sign_test(won, lost):.2f})"
+
+
+def _targets(done: dict, size: Size, answerable: list[str], unanswerable: list[str]) -> list[str]:
+    """The answers issue's targets, read off the run: answered against the oracle backbone and BM25-RAG, abstention
+    and what it costs, and the full model against its backbone on the same passages."""
+    me, notes = DEFAULT_READER, []
+    if me not in size.entrants:
+        return notes
+    mine = _rows(done, answerable, me, answerable=True)
+    right = sum(x["contains"] for x in mine)
+    if mine and "oracle_backbone" in size.entrants:
+        oracle = sum(x["contains"] for x in _rows(done, answerable, "oracle_backbone", answerable=True))
+        notes.append(f"The app answers {right:.0f} of {len(mine)} answerable questions, "
+                     f"{right / oracle if oracle else float('nan'):.2f}x the backbone's oracle ({oracle:.0f}; "
+                     f"target >= {TARGET_OF_ORACLE}x).")
+    if mine and "rag_bm25" in size.entrants:
+        rag = _rows(done, answerable, "rag_bm25", answerable=True)
+        points = 100 * (right - sum(x["contains"] for x in rag)) / len(mine)
+        drafts = _paired(mine, rag, "draft_contains")
+        notes.append(f"Against BM25-RAG: {points:+.1f} points (target >= +{TARGET_OVER_RAG:.0f}); paired, only the "
+                     f"app / only BM25-RAG: {_paired(mine, rag)}. The app's drafts (the full model's answers before "
+                     f"its check, reading the passages BM25-RAG reads) against BM25-RAG: {drafts}.")
+    if mine and any("draft_contains" in x for x in mine):
+        drafted = sum(x["draft_contains"] for x in mine)
+        lost = 100 * (drafted - right) / drafted if drafted else 0.0
+        notes.append(f"Its check keeps {right:.0f} of the {drafted:.0f} answers its drafts got right: {lost:.0f}% lost "
+                     f"(target <= {TARGET_LOST:.0f}%).")
+    none = _rows(done, unanswerable, me, answerable=False)
+    if none:
+        said = 100 * float(np.mean([x["contains"] for x in none]))
+        notes.append(f"On {len(none)} questions the books do not answer, the app says the book does not say for "
+                     f"{said:.0f}% (target >= {TARGET_ABSTAINED:.0f}%).")
+    return notes
+
+
+def _plot(ctx: EvalContext, results: dict, columns: list[str]) -> str:
     keys = list(results)
-    fig = figure(6.4, 0.45 * len(keys) + 1.2)
+    fig = figure(7.2, 0.5 * len(keys) * max(1, len(columns)) / 2 + 1.6)
     ax = fig.add_subplot()
+    height = 0.8 / max(1, len(columns))
     y = np.arange(len(keys))[::-1]
-    ax.barh(y, [results[k]["all"]["contains"] for k in keys], xerr=[results[k]["all"]["contains_ci95"] for k in keys],
-            color=["tab:gray" if k.startswith(("oracle", "rag", "backbone")) else "tab:blue" for k in keys],
-            capsize=3)
-    ax.set_yticks(y, [LABELS[k] for k in keys], fontsize=8)
-    ax.set_xlabel("answers containing an accepted answer, % (95% interval)")
+    for i, n in enumerate(columns):
+        vals = [results[k][n]["contains"] if n in results[k] else 0 for k in keys]
+        errs = [results[k][n]["contains_ci95"] if n in results[k] else 0 for k in keys]
+        ax.barh(y + (len(columns) / 2 - i - 0.5) * height, vals, height, xerr=errs, capsize=2, label=n)
+    ax.set_yticks(y, [label(k) for k in keys], fontsize=7)
+    ax.set_xlabel("answers containing an accepted answer (unanswerable: saying the book does not say), %")
     ax.set_xlim(0, 100)
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     path = Path(ctx.out_dir) / "natural.png"
     fig.savefig(path, bbox_inches="tight")

@@ -71,6 +71,17 @@ class Sampling:
     stop_ids: tuple[int, ...] = ()  # stop after emitting one of these (e.g. the tokenizer's EOS)
     backbone_stops: bool = False  # also stop where the frozen backbone would: where its own most likely next token
     #                               (``Step.reference``) is a stop id, that id is emitted (LongMem; a no-op elsewhere)
+    side_weight: float = 1.0  # the model's share of each next-token distribution beside the frozen backbone's:
+    #                           logits = w * the model's + (1 - w) * the backbone's (``Step.reference``; 1: the
+    #                           model's own, 0: the backbone's; LongMem; a no-op elsewhere)
+    no_repeat: int = 0  # n > 0: never choose a token that would repeat an n-gram the generation already holds (its
+    #                     own tokens, not the prompt's), which ends greedy loops; 0: off
+
+    def __post_init__(self):
+        if not 0.0 <= self.side_weight <= 1.0:
+            raise ValueError(f"side_weight must be in [0, 1], got {self.side_weight}")
+        if self.no_repeat < 0:
+            raise ValueError(f"no_repeat must be >= 0, got {self.no_repeat}")
 
 
 def _as_ids(x, device) -> torch.Tensor:
@@ -234,16 +245,23 @@ class SegmentLM(nn.Module):
         def last(step: Step) -> tuple[torch.Tensor, int | None]:
             """The next token's logits (V,), and the stop id the backbone would emit next (None: it goes on)."""
             logits = self.backbone.logits(step.hidden[:, -1:])[0, -1]
-            if not (sampling.backbone_stops and sampling.stop_ids) or step.reference is None:
+            stops = sampling.backbone_stops and bool(sampling.stop_ids)
+            if step.reference is None or not (stops or sampling.side_weight < 1):
                 return logits, None
-            own = int(self.backbone.logits(step.reference[:, -1:])[0, -1].argmax())
-            return logits, own if own in sampling.stop_ids else None
+            own = self.backbone.logits(step.reference[:, -1:])[0, -1]
+            if sampling.side_weight < 1:
+                w = sampling.side_weight
+                logits = w * logits.float() + (1 - w) * own.float()
+            ends = int(own.argmax()) if stops else None
+            return logits, ends if ends in sampling.stop_ids else None
 
         split = min(search_from, ids.shape[1]) if memory is not None else 0
         unsearched = self.step(ids[:, :split], None, window) if split else None
         logits, ends = last(self.step(ids[:, split:], memory, window) if split < ids.shape[1] else unsearched)
+        made: list[int] = []
         for _ in range(sampling.max_new_tokens):
-            tok = ends if ends is not None else _sample(logits, sampling, gen)
+            tok = ends if ends is not None else _sample(logits, sampling, gen, repeats(made, sampling.no_repeat))
+            made.append(tok)
             yield tok
             if tok in sampling.stop_ids:
                 return
@@ -268,8 +286,18 @@ def segment_starts(batch: int, length: int, device=None) -> torch.Tensor:
     return starts
 
 
-def _sample(logits: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> int:
+def repeats(made: list[int], n: int) -> list[int]:
+    """The tokens that would repeat an ``n``-gram of ``made`` if they came next (none when ``n`` is 0)."""
+    if n < 1 or len(made) < n:
+        return []
+    tail = made[len(made) - n + 1:]  # the n - 1 last tokens
+    return [made[i + n - 1] for i in range(len(made) - n + 1) if made[i:i + n - 1] == tail]
+
+
+def _sample(logits: torch.Tensor, s: Sampling, gen: torch.Generator | None, banned: list[int] = ()) -> int:
     logits = logits.float().cpu()
+    if banned:
+        logits[list(banned)] = float("-inf")
     if s.temperature <= 0:
         return int(logits.argmax())
     probs = torch.softmax(logits / s.temperature, dim=-1)

@@ -43,8 +43,8 @@ from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.records import BankBusy, BankError, BankExists
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import (DEFAULT_FINDER, PASSAGES_READ, Citation, Found, PassageFinder, Reading, citations,
-                                   find_for_chat, reading_prompt)
+from longmem.tasks.answer import ANSWER_SAMPLING, answer
+from longmem.tasks.reading import DEFAULT_FINDER, PASSAGES_READ, Citation, PassageFinder, Reading
 from longmem.text.io import InputError, stream_text
 
 log = logging.getLogger(__name__)
@@ -56,17 +56,24 @@ PASSAGES = 3  # passages shown under an answer
 
 @dataclass
 class Settings:
-    """Generation and retrieval settings of one request."""
-    max_new_tokens: int = 200  # tokens to generate at most
-    temperature: float = 0.7  # 0 = greedy
-    top_p: float = 0.9  # nucleus sampling mass
+    """Generation and retrieval settings of one request; the defaults are an answer's (``tasks.answer``), and
+    ``CONTINUE`` is the Continue tab's."""
+    max_new_tokens: int = ANSWER_SAMPLING.max_new_tokens  # tokens to generate at most
+    temperature: float = ANSWER_SAMPLING.temperature  # 0 = greedy
+    top_p: float = ANSWER_SAMPLING.top_p  # nucleus sampling mass
     chunks: int | None = None  # memory chunks per query token and head; None: READING_TOPK tokens' worth while reading
     chunk_size: int | None = None  # chunk size used for retrieval, a divisor of the bank's; None = the bank's own
     seed: int | None = None  # for reproducible sampling
     reading: str = DEFAULT_FINDER  # passages a chat reads before answering: found by "lexical", "fused" or "memory"
     #                                ranking (``longmem.tasks.reading``), or "none" (the paper's memory fusion alone)
     passages: int = PASSAGES_READ  # passages read at most (within what the window leaves for them)
-    backbone_stops: bool = True  # an answer also ends where the frozen backbone would end it (``Sampling``)
+    backbone_stops: bool = ANSWER_SAMPLING.backbone_stops  # an answer also ends where the frozen backbone would
+    abstain: bool = True  # an answer the passages read do not support says that the book does not say
+
+    def reading_config(self) -> Reading:
+        """How a chat answer reads its bank under these settings (``tasks.reading.Reading``)."""
+        return Reading(finder=self.reading, passages=self.passages,
+                       **({} if self.abstain else {"abstain": 0.0}))
 
     def sampling(self, stop_ids: tuple[int, ...] = ()) -> Sampling:
         if self.max_new_tokens < 1:
@@ -74,7 +81,11 @@ class Settings:
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"temperature must be >= 0 and top-p in (0, 1], got {self.temperature}, {self.top_p}")
         return Sampling(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                        seed=self.seed, stop_ids=stop_ids, backbone_stops=self.backbone_stops)
+                        seed=self.seed, stop_ids=stop_ids, backbone_stops=self.backbone_stops,
+                        no_repeat=ANSWER_SAMPLING.no_repeat)
+
+
+CONTINUE = Settings(max_new_tokens=160, temperature=0.7, backbone_stops=False)  # the Continue tab samples
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,12 @@ class BankSummary:
     updated: str
 
 
+def _citation(stored: dict) -> Citation:
+    """A citation as the bank stored it (JSON: the support span is a list, absent before it existed)."""
+    support = stored.get("support")
+    return Citation(**{**stored, "support": tuple(support) if support else None})
+
+
 class Reply:
     """The streamed output of a request: iterate for text pieces; ``text`` and ``passages`` once it is finished.
     ``cancel()`` stops the generation between two tokens (also done when the iterator is closed early)."""
@@ -110,6 +127,7 @@ class Reply:
         self.pieces: list[str] = []
         self.passages: list[PassageHit] = []  # what memory retrieved most while answering
         self.citations: list[Citation] = []  # the passages the answer read, numbered as in its prompt
+        self.said = True  # False: the reply says that the book does not say (the citations are the closest passages)
         self.notes: list[str] = []  # facts about the request worth telling the reader (e.g. a prompt was cut)
         self.done = threading.Event()
         self._queue: queue.Queue = queue.Queue()
@@ -421,14 +439,15 @@ class Workspace:
     # -- chat -----------------------------------------------------------------------------------------------------
     def chat_history(self, name: str) -> list[dict]:
         """The bank's stored conversation, oldest first: {"role", "content", "passages": [PassageHit], "citations":
-        [Citation]} per turn (what memory retrieved, what the answer read)."""
+        [Citation], "said"} per turn (what memory retrieved, what the answer read, False when the answer said that
+        the book does not say)."""
         with self.directory.open(name) as bank:
             turns = bank.chat_turns(passages=True)
         out = []
         for t in turns:
             stored = t["passages"] if isinstance(t["passages"], dict) else {"retrieved": t["passages"]}  # before 0.2
             out.append({**t, "passages": [PassageHit(**p) for p in stored.get("retrieved", [])],
-                        "citations": [Citation(**c) for c in stored.get("read", [])]})
+                        "citations": [_citation(c) for c in stored.get("read", [])], "said": stored.get("said", True)})
         return out
 
     def clear_chat(self, name: str) -> None:
@@ -450,42 +469,33 @@ class Workspace:
                 s.chat = Chat(self.model, s.memory, history=s.bank.chat_turns())
             chat = s.chat
             chat.sampling = settings.sampling(chat.sampling.stop_ids)
-            reading = Reading(finder=settings.reading, passages=settings.passages)
-            found = self._find(s, chat, question, reading)
-            reply.citations = citations(s.bank, found)
-            auto = reading.chunks(s.memory, found, self.model.config.topk)  # fewer memory tokens while reading
-            chat.memory = view = MemoryView(s.memory, settings.chunks if settings.chunks is not None else auto)
-            answer = chat.ask(question, reading_prompt(question, found) if found else None, reading.search_excerpts)
+            if settings.reading != "none" and s.finder is None:
+                s.finder = PassageFinder(s.bank, self.model, s.memory)
+            made = answer(chat, s.finder, question, settings.reading_config(), settings.chunks)
+            reply.citations = made.citations
             try:
-                for piece in answer:
+                for piece in made:
                     reply._emit(piece)
                     if reply.cancelled:
                         break
             finally:
-                answer.close()
-                chat.memory = s.memory
-            if reply.cancelled:  # an unfinished answer is not part of the conversation
-                if chat.history and chat.history[-1]["role"] == "user":
-                    chat.history.pop()
+                made.close()
+            if not made.complete:  # stopped: an unfinished answer is not part of the conversation
                 return
-            reply.passages = self._passages(s, view)
+            reply.citations, reply.said = made.citations, made.said
+            reply.passages = self._passages(s, made.view)
             question_turn, answer_turn = chat.history[-2:]
-            stored = {"read": [asdict(c) for c in reply.citations], "retrieved": [asdict(p) for p in reply.passages]}
+            stored = {"read": [asdict(c) for c in reply.citations], "retrieved": [asdict(p) for p in reply.passages],
+                      "said": reply.said}
             s.bank.add_chat_turns([question_turn, {**answer_turn, "passages": stored}])
 
         return self._start(run)
-
-    def _find(self, s: _Session, chat: Chat, question: str, reading: Reading) -> list[Found]:
-        """The passages a chat answer reads (``reading.find_for_chat``)."""
-        if reading.finder != "none" and s.finder is None:
-            s.finder = PassageFinder(s.bank, self.model, s.memory)
-        return find_for_chat(s.finder, chat, question, reading) if s.finder is not None else []
 
     # -- continue -------------------------------------------------------------------------------------------------
     def continue_text(self, name: str, prompt: str | None = None, settings: Settings | None = None) -> Reply:
         """Continue the bank's text from its end (``prompt`` None) or from ``prompt``, with the bank in memory.
         The prompt keeps its last tokens so that the generation never pushes anything into the bank's memory."""
-        settings = settings or Settings()
+        settings = settings or CONTINUE
         if prompt is not None and not prompt.strip():
             raise InputError("the passage to continue is empty")
         self.directory.open(name).close()

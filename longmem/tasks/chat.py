@@ -65,7 +65,8 @@ class Chat:
         return self._encode(earlier + [{"role": "user", "content": reading or question}], True)
 
     def ask(self, question: str, reading: str | None = None, search_reading: bool = True) -> Iterator[str]:
-        """Stream the answer to ``question`` as text pieces; the turn is recorded once the answer is complete.
+        """Stream the answer to ``question`` as text pieces; the turn is recorded once the answer is complete (an
+        answer left unfinished leaves the conversation as it was, but for turns moved into memory to make room).
         ``reading``: what the model reads in the question's place this once (excerpts of the book, then the
         question: ``longmem.tasks.reading.reading_prompt``); the conversation keeps the question alone, so the excerpts
         of earlier turns do not crowd the window. ``search_reading=False``: the prompt up to the question (the
@@ -78,9 +79,25 @@ class Chat:
         self._fit_window(last)
         ids = self._encode(self._turns(last), True)
         start = 0 if search_reading or not reading else self._question_start(last)
-        pieces = []
+        pieces, complete = [], False
         answer = self.model.generate(ids, self.memory, self.sampling, search_from=start)
-        for piece in stream_text(self.model.backbone.tokenizer, answer):
-            pieces.append(piece)
-            yield piece
-        self.history.append({"role": "assistant", "content": "".join(pieces)})
+        try:
+            for piece in stream_text(self.model.backbone.tokenizer, answer):
+                pieces.append(piece)
+                yield piece
+            complete = True
+        finally:
+            if complete:
+                self.history.append({"role": "assistant", "content": "".join(pieces)})
+            elif self.history and self.history[-1]["role"] == "user":
+                self.history.pop()
+
+    def record(self, question: str, answer: str) -> None:
+        """Record a turn whose answer was not generated (e.g. a reply that the book does not say)."""
+        self.history += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+
+    def revise_last(self, answer: str) -> None:
+        """Replace the last answer recorded (the conversation keeps what the reader was shown)."""
+        if not self.history or self.history[-1]["role"] != "assistant":
+            raise ValueError("the conversation has no answer to revise")
+        self.history[-1] = {"role": "assistant", "content": answer}

@@ -40,11 +40,14 @@ from longmem.storage.passages import ChunkPlaces, PassageRef
 FINDERS = ("lexical", "fused", "memory", "none")
 DEFAULT_FINDER = "lexical"  # what a chat reads unless told: chosen by measurement (docs/notes-issue-26.md)
 RRF_K = 60  # reciprocal rank fusion's constant (the paper's)
-PASSAGES_READ = 1  # passages an answer reads at most unless told: BM25's best alone answers more than its best 4
-#                   on book QA and as much on the other suites (measured: docs/notes-issue-26.md, session 12)
+PASSAGES_READ = 4  # passages an answer reads at most unless told (measured: docs/design.md)
 READING_TOPK = 256  # memory tokens each query token reads while an answer reads excerpts (measured: docs/)
 SEARCH_EXCERPTS = False  # the excerpts' tokens read the window alone; the question and answer search memory: the
 #                          same answers, a first token that does not grow with the bank (measured: docs/)
+SIDE_WEIGHT = 0.25  # LongMem's share of an answer's next-token logits beside its frozen backbone's while it reads
+#                    excerpts (measured: docs/design.md)
+ABSTAIN = 0.5  # an answer whose added words are less grounded than this in what it read says the book does not say
+#               (measured: docs/design.md)
 INSTRUCTION = "Answer the question from these excerpts of the book."
 
 
@@ -54,12 +57,17 @@ class Reading:
 
     finder: str = DEFAULT_FINDER  # "lexical", "fused", "memory", or "none" (read nothing: the paper's memory fusion)
     passages: int = PASSAGES_READ  # passages read at most
-    budget: int = 640  # tokens of excerpts at most in the prompt
+    budget: int = 1024  # tokens of excerpts at most in the prompt (the window, less the question and the answer, is
+    #                     the other bound)
     depth: int = 50  # candidates each finder ranks before fusion
     best_last: bool = True  # excerpts from the worst to the best, the best nearest the question (measured: docs/)
     topk: int | None = READING_TOPK  # memory tokens per query token while excerpts are read (None: the model's K)
     search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too (False: only the question's
     #                                          and the answer's do)
+    side_weight: float = SIDE_WEIGHT  # the model's share of the answer's next-token logits while excerpts are read,
+    #                                   beside the frozen backbone's (``Sampling.side_weight``; 1: the model's own)
+    abstain: float = ABSTAIN  # the least grounding (``tasks.evidence``) an answer needs to be shown; below it the
+    #                           reply says the book does not say (0: every answer is shown as made)
 
     def __post_init__(self):
         if self.finder not in FINDERS:
@@ -68,6 +76,8 @@ class Reading:
             raise ValueError("passages and budget must be >= 0 and depth >= 1")
         if self.topk is not None and self.topk < 1:
             raise ValueError(f"topk must be >= 1 or None (the model's K), got {self.topk}")
+        if not 0.0 <= self.side_weight <= 1.0 or not 0.0 <= self.abstain <= 1.0:
+            raise ValueError(f"side_weight and abstain must be in [0, 1], got {self.side_weight}, {self.abstain}")
 
     def chunks(self, memory, found: list, model_topk: int) -> int | None:
         """Memory chunks each query token reads while answering: ``topk`` tokens' worth of ``memory``'s chunks (at
@@ -98,6 +108,7 @@ class Citation:
     context: str  # the passage with the text around it
     passage_id: int
     finders: dict  # finder -> rank that brought it
+    support: tuple[int, int] | None = None  # text[start:end]: the sentence that supports the answer (None: none)
 
 
 def fuse(rankings: dict[str, list[int]], k: int = RRF_K) -> list[tuple[int, float]]:

@@ -126,6 +126,21 @@ class PassageCutter:
         return [span] if span is not None else []
 
 
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """The sentences of ``text`` as (start, end) character offsets, by the passages' own rule (a sentence end or a
+    paragraph break), without surrounding whitespace; together they hold every non-space character of ``text``."""
+    out, start = [], 0
+    for m in [*_BOUNDARY.finditer(text), None]:
+        # closing quotes stay with their sentence; a paragraph break's whitespace goes with neither
+        end = len(text) if m is None else m.end() if m.group().strip() else m.start()
+        piece = text[start:end]
+        lead = len(piece) - len(piece.lstrip())
+        if piece.strip():
+            out.append((start + lead, start + len(piece.rstrip())))
+        start = end
+    return out
+
+
 def cut_passages(text: str, n_tokens: int | None = None, demonstrations: bool = False) -> list[Span]:
     """All passages of a whole document (``n_tokens``: its token count, else ~4 characters a token)."""
     cutter = PassageCutter(demonstrations=demonstrations)

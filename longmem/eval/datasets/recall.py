@@ -18,6 +18,7 @@ The book text is never re-tokenized: the sentence, question and answer are token
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,6 +139,35 @@ def make_recall_item(tokenizer, filler: np.ndarray, rng: np.random.Generator, di
     ids = np.concatenate([window[:pre], fact, window[pre:], ask, ans])  # (total,)
     return RecallItem(ids=ids, answer_start=len(ids) - len(ans), answer=answer, fact_pos=pre,
                       answer_pos=pre + _find(fact, ans), kind=kind)
+
+
+_TEMPLATE_TURN = re.compile(r"(^|\n|[.!?\"”]\s)\s*(Question|Answer)\s*:", re.IGNORECASE)
+
+
+def template_wording(answer: str) -> str | None:
+    """The training template an answer writes, if any: a "Question:" or "Answer:" turn of the recall items'
+    format, or a fact sentence's or question's wording of ``NUMBER_FACTS`` / ``NAME_FACTS`` (the part before the
+    value). None when it writes none. (A model trained on these items may write them instead of answering.)"""
+    if (m := _TEMPLATE_TURN.search(answer)) is not None:
+        return m.group(2) + ":"
+    text = " ".join(answer.lower().split())
+    for wording in _WORDINGS:
+        if wording in text:
+            return wording
+    return None
+
+
+def _wordings() -> list[str]:
+    """The fact sentences (up to the value) and questions of the recall items, lower case, each also with "is" and
+    "was" swapped (an answer may change the tense)."""
+    out = []
+    for sentence, question in NUMBER_FACTS + NAME_FACTS:
+        for w in (sentence.split("{}")[0].strip().rstrip(" ,").lower(), question.lower().rstrip("?")):
+            out += [w, re.sub(r"\bwas\b", "is", w), re.sub(r"\bis\b", "was", w)]
+    return list(dict.fromkeys(out))
+
+
+_WORDINGS = _wordings()
 
 
 def _question(sentence: str, question: str) -> str:

@@ -1,0 +1,165 @@
+"""One way to answer a question about a bank: find the passages, read them, answer, cite them, or say that the book
+does not say. The app's chat (``service.Workspace.chat``), ``longmem chat``, the evaluation's app entrant
+(``eval.answering``) and the benchmark (``bench.bank``) all call ``answer``, with the same defaults.
+
+    chat = Chat(model, memory, ANSWER_SAMPLING)           # the bank's memory as ``bank.load_memory`` gives it
+    reply = answer(chat, PassageFinder(bank, model, memory), "Whom did Mrs. Forrester marry?")
+    for piece in reply:                                   # the answer's text, streamed
+        print(piece, end="")
+    reply.citations                                       # what it read, each with the sentence that supports it
+
+How it reads (``Reading``, ``tasks.reading``): the finder's best passages go into the prompt before the question; the
+model answers with its memory attached (fewer memory tokens per query while it reads), its next-token logits mixed
+with the frozen backbone's (``Reading.side_weight``). With ``Reading.abstain`` > 0 the answer is checked as it is
+made, sentence by sentence (``tasks.evidence.Checker``): a sentence is shown once enough of the words it adds to the
+question are in the passages read, and the first that is not ends the answer. When no sentence is, the reply is
+``NOT_SAID`` and the passages read are still cited, as the closest the book has. Without the check, pieces stream
+as they are made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterator
+
+from longmem.memory.memory import MemoryView
+from longmem.model.lm import Sampling
+from longmem.tasks.chat import Chat
+from longmem.tasks.evidence import Checker, grounding, support
+from longmem.tasks.reading import Citation, Found, PassageFinder, Reading, citations, fit_for_chat, reading_prompt
+
+ANSWER_TOKENS = 64  # tokens an answer says at most: a book question's answer is a sentence or two
+NO_REPEAT = 4  # an answer never repeats a 4-gram of its own: the 135M reader's greedy loops end
+NOT_SAID = "The book does not say. The passages closest to the question are below."
+
+
+def answer_sampling(max_new_tokens: int = ANSWER_TOKENS) -> Sampling:
+    """How an answer is decoded unless told otherwise: greedily, ending where the frozen backbone would end it, with
+    no 4-gram said twice."""
+    return Sampling(max_new_tokens=max_new_tokens, temperature=0.0, backbone_stops=True, no_repeat=NO_REPEAT)
+
+
+ANSWER_SAMPLING = answer_sampling()
+
+
+class Answer:
+    """An answer being made: iterate for its text pieces (once); ``citations`` are known before the first piece;
+    ``text``, ``said`` (False: the reply says the book does not say) and ``grounding`` once it is complete.
+    ``close()`` (or leaving the iteration early) stops the generation between two tokens."""
+
+    def __init__(self, question: str, found: list[Found], cited: list[Citation], pieces: Iterator[str],
+                 view: MemoryView | None):
+        self.question = question
+        self.found = found  # the passages read, in prompt order
+        self.citations = cited
+        self.view = view  # the memory as the answer read it (what it retrieved: ``view.top``)
+        self.pieces: list[str] = []
+        self.said = True  # False when the reply is NOT_SAID
+        self.grounding: float | None = None  # share of the answer's added words in the passages read
+        self.draft: str | None = None  # what the model answered, when the reply replaced it with NOT_SAID
+        self.complete = False
+        self._source = pieces
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def __iter__(self) -> Iterator[str]:
+        for piece in self._source:
+            self.pieces.append(piece)
+            yield piece
+
+    def close(self) -> None:
+        self._source.close()
+
+
+def answer(chat: Chat, finder: PassageFinder | None, question: str, reading: Reading | None = None,
+           chunks: int | None = None) -> Answer:
+    """Answer ``question`` in ``chat`` (its model, memory and sampling) from the passages ``finder`` finds by
+    ``reading`` (default ``Reading()``; no finder, or ``finder="none"``: read nothing, the paper's memory fusion
+    alone). ``chunks``: memory chunks per query token and head (None: ``Reading.chunks``). When the finder finds
+    nothing, the reply is ``NOT_SAID`` without asking the model (it would answer from what it knows, not from the
+    book); when what it finds does not fit the window, the model answers from memory alone, unchecked. The turn is
+    recorded in the chat once the answer is complete; an answer left unfinished is not."""
+    reading = reading or Reading()
+    if not question or not question.strip():
+        raise ValueError("the question is empty")
+    n, room = chat.prompt_ids(question, history=False).shape[1], chat.model.segment_len - chat.sampling.max_new_tokens
+    if n > room:
+        raise ValueError(f"the question is too long: {n:,} tokens with the prompt, and the {chat.model.segment_len:,}"
+                         f"-token window leaves {room:,} beside the answer; ask in fewer words")
+    reads = finder is not None and reading.finder != "none" and reading.passages > 0
+    ranked = finder.find(question, reading) if reads else []
+    found = fit_for_chat(ranked, chat, question, reading)  # none may fit a small window: then memory alone answers
+    cited = citations(finder.bank, found) if found else []
+    view = None
+    if chat.memory is not None:
+        model_topk = chat.model.config.topk
+        view = MemoryView(chat.memory, chunks if chunks is not None else reading.chunks(chat.memory, found, model_topk))
+    reply = Answer(question, found, cited, iter(()), view)
+    if reads and not ranked:
+        reply._source = _not_said(chat, reply)
+    else:
+        reply._source = _stream(chat, reply, reading, view, checks=bool(found) and reading.abstain > 0)
+    return reply
+
+
+def _not_said(chat: Chat, reply: Answer) -> Iterator[str]:
+    """The reply when nothing was found to read: NOT_SAID, recorded as the turn's answer."""
+    reply.said = False
+    yield NOT_SAID
+    chat.record(reply.question, NOT_SAID)
+    reply.complete = True
+
+
+def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None, checks: bool) -> Iterator[str]:
+    """The answer's pieces: generated with ``view`` as the chat's memory (put back after) and the reading's blend of
+    the backbone's logits while excerpts are read; when ``checks``, shown sentence by sentence as the passages read
+    support them (``evidence.Checker``), and NOT_SAID when none is. The turn records what was shown."""
+    question, found = reply.question, reply.found
+    memory, sampling = chat.memory, chat.sampling
+    chat.memory = view
+    if found:
+        chat.sampling = replace(sampling, side_weight=reading.side_weight)
+    checker = Checker(question, [f.passage.text for f in found], reading.abstain) if checks else None
+    made, completed = [], False
+    try:
+        pieces = chat.ask(question, reading_prompt(question, found) if found else None, reading.search_excerpts)
+        try:
+            for piece in pieces:
+                made.append(piece)
+                shown = piece if checker is None else checker.feed(piece)
+                if shown:
+                    yield shown
+                if checker is not None and checker.stopped:
+                    break
+            else:
+                completed = True
+                if checker is not None and (shown := checker.finish()):
+                    yield shown
+        finally:
+            pieces.close()
+    finally:
+        chat.memory, chat.sampling = memory, sampling
+    draft = "".join(made)
+    text = draft if checker is None else checker.shown
+    if found:
+        reply.grounding = grounding(draft, question, [f.passage.text for f in found])
+    if checker is not None and not text:
+        reply.said, text = False, NOT_SAID
+        yield text
+    if text != draft:
+        reply.draft = draft
+    if completed:
+        chat.revise_last(text)
+    else:  # stopped at a sentence the passages do not support: the turn is what was shown
+        chat.record(question, text)
+    if reply.said and found:
+        reply.citations = [replace(c, support=_supporting(text, question, c.text)) for c in reply.citations]
+    reply.complete = True
+
+
+def _supporting(text: str, question: str, passage: str) -> tuple[int, int] | None:
+    """Where in ``passage`` the sentence supporting the answer ``text`` is (``evidence.support``)."""
+    found = support(text, question, passage)
+    return (found.start, found.end) if found is not None else None

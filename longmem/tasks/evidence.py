@@ -1,0 +1,134 @@
+"""Evidence: whether the passages an answer read hold what the answer says, and which sentence of a passage supports
+it. Both work on words, so they are cheap, need no model and read the same for every backbone.
+
+Words are compared by a light stem (lower case, a possessive 's and a plural or verb ending dropped: "married" and
+"marries" meet, "kept" and "keep" do not). An answer's *added words* are its content words (no stopwords, none of
+the words an answer uses about itself or the book, no lone digit) that the question does not hold: "Mrs. Forrester
+married Henry Collins." asked "Whom did Mrs. Forrester marry?" adds "married", "Henry" and "Collins". Its
+*grounding* in the passages read is the share of its added words found in them. A small model that invents an
+answer invents words the book does not have ("Colorado Springs" for a town the book calls Sweet Water), or adds
+nothing at all (restating the question); both ground poorly, which is what lets the answer say that the book does
+not say (``tasks.answer``).
+
+An answer is checked as it is made (``Checker``), sentence by sentence: a sentence is shown once the share of its
+added words that the passages hold reaches a bound, a sentence that adds nothing waits for the next one, and the
+first sentence below the bound ends the answer, as does one that opens a new "Question:" or "Answer:" (the reading
+prompt's own format, which a small model goes on writing). A small model's first sentence usually says what the passage says,
+and what it writes after it is where it invents.
+
+The *support* of an answer in a passage is the sentence holding most of the answer's added words (ties: the one
+holding most of the question's words, then the first); the app marks it and the CLI prints it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from longmem.storage.passages import STOPWORDS
+from longmem.text.passages import sentence_spans
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)  # "_Araminta_" (italics in a Gutenberg text) is the word "araminta"
+_POSSESSIVE = re.compile(r"['\u2019]s\b", re.IGNORECASE)
+_SUFFIXES = ("ing", "ed", "es", "s", "ly")
+_NEW_TURN = re.compile(r"\W*(question|answer)\s*:", re.IGNORECASE)  # the excerpts' format: the answer is over
+# words an answer uses about itself, the book or the conversation ("Sure. The answer is...", "the passage does not
+# mention..."): they add nothing
+SELF_WORDS = frozenset("answer question passage passages excerpt excerpts text book story mention mentioned say "
+                       "says said name named called sure yes okay ok well certainly indeed course according".split())
+
+
+def stem(word: str) -> str:
+    """A light stem: one plural or verb ending dropped from a word long enough to keep four letters."""
+    for suffix in _SUFFIXES:
+        if len(word) > len(suffix) + 3 and word.endswith(suffix):
+            return word[: -len(suffix)]
+    return word
+
+
+def content_words(text: str) -> list[str]:
+    """The stems of the words of ``text`` that carry content, in order: lower case, without stopwords or a
+    possessive 's."""
+    words = (w.lower() for w in _WORD.findall(_POSSESSIVE.sub("", text)))
+    return [stem(w) for w in words if w not in STOPWORDS]
+
+
+def added_words(answer: str, question: str) -> list[str]:
+    """The answer's content words that the question does not hold (each once, in order), without the words an answer
+    uses about itself (``SELF_WORDS``) or a lone digit (a list's numbering)."""
+    asked = set(content_words(question)) | {stem(w) for w in SELF_WORDS}
+    return [w for w in dict.fromkeys(content_words(answer)) if w not in asked and not (w.isdigit() and len(w) == 1)]
+
+
+def grounding(answer: str, question: str, passages: list[str]) -> float:
+    """The share of the answer's added words (``added_words``) found in ``passages``; 0.0 when it adds none."""
+    added = added_words(answer, question)
+    if not added:
+        return 0.0
+    held = set(w for p in passages for w in content_words(p))
+    return sum(w in held for w in added) / len(added)
+
+
+class Checker:
+    """Checks an answer to ``question`` against ``passages`` as it is made (see the module doc): ``feed`` each piece
+    of text, then ``finish``; each returns the text newly shown (possibly ""). ``stopped``: a sentence was below
+    ``least`` (the answer ends before it); ``shown``: all the text shown so far."""
+
+    def __init__(self, question: str, passages: list[str], least: float):
+        self.question, self.least = question, least
+        self.held = {w for p in passages for w in content_words(p)}
+        self.text = ""  # everything fed
+        self.judged = 0  # characters of ``text`` judged
+        self.end = 0  # characters of ``text`` shown
+        self.stopped = False
+
+    @property
+    def shown(self) -> str:
+        return self.text[: self.end].strip()
+
+    def feed(self, piece: str) -> str:
+        self.text += piece
+        return self._judge(final=False)
+
+    def finish(self) -> str:
+        """The answer is complete: judge its last sentence too."""
+        return self._judge(final=True)
+
+    def _judge(self, final: bool) -> str:
+        before, base = self.end, self.judged
+        spans = sentence_spans(self.text[base:])
+        for start, end in spans if final else spans[:-1]:  # the last one may still grow
+            if self.stopped:
+                break
+            sentence = self.text[base + start: base + end]
+            added = added_words(sentence, self.question)
+            if _NEW_TURN.match(sentence) or added and sum(w in self.held for w in added) / len(added) < self.least:
+                self.stopped = True
+                break
+            if added:
+                self.end = base + end  # shown, with the sentences before it that added nothing
+            self.judged = base + end
+        return self.text[before: self.end]
+
+
+@dataclass(frozen=True)
+class Support:
+    """The sentence of a passage that supports an answer: ``text[start:end]`` of the passage's text."""
+
+    start: int
+    end: int
+    words: int  # how many of the answer's added words it holds (>= 1)
+
+
+def support(answer: str, question: str, text: str) -> Support | None:
+    """The sentence of ``text`` that holds most of the answer's added words (see the module doc); None when no
+    sentence holds any."""
+    added = set(added_words(answer, question))
+    asked = set(content_words(question))
+    best, key = None, (0, 0)
+    for start, end in sentence_spans(text):
+        words = set(content_words(text[start:end]))
+        k = (len(words & added), len(words & asked))
+        if k[0] and k > key:
+            best, key = Support(start, end, k[0]), k
+    return best

@@ -1,0 +1,267 @@
+"""One way to answer (``tasks.answer``): the same answer through the app's workspace, ``longmem chat`` and the
+evaluation's app entrant; the reply that the book does not say; the evidence check, the supporting sentence, the
+template detector, and the decoding knobs an answer uses (the backbone's share of the logits, no repeated n-grams).
+Real banks (SQLite, FTS5, faiss) and tiny llamas built in code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_passages import story
+from tiny import CHAT_TEMPLATE, chat_model, small_config, tiny_llama
+
+from longmem.eval.answering import Asked, Haystack, Reader, ReadingSize, says_not_said, scored
+from longmem.eval.datasets.recall import template_wording
+from longmem.ingest.pipeline import ingest
+from longmem.model.baselines import BackboneLM
+from longmem.model.lm import Sampling, repeats
+from longmem.model.longmem import LongMemModel
+from longmem.service.workspace import Settings, Workspace
+from longmem.storage import BankDirectory
+from longmem.tasks.answer import ANSWER_SAMPLING, NOT_SAID, answer
+from longmem.tasks.chat import Chat
+from longmem.tasks.evidence import Checker, added_words, content_words, grounding, support
+from longmem.tasks.reading import PassageFinder, Reading
+
+QUESTION = "What drifted over the harbour? A zeppelin?"
+
+
+# -- evidence -------------------------------------------------------------------------------------------------------
+def test_an_answer_s_added_words_are_its_content_words_the_question_lacks():
+    assert content_words("Captain Forrester\u2019s wife is Marian.") == ["captain", "forrester", "wife", "marian"]
+    assert added_words("Mrs. Forrester married Henry Collins.", "Whom did Mrs. Forrester marry?") == [
+        "marri", "henry", "collin"]  # light stems
+    assert added_words("The answer is: 1. a cook on the _Araminta_.", "What was Hash's job?") == ["cook", "araminta"]
+    assert added_words("Forrester's wife is Forrester's wife.", "Who is Forrester's wife?") == []  # restated
+
+
+def test_grounding_is_the_share_of_added_words_the_passages_hold():
+    passages = ["He had made his home there--Baker at the portals of Oregon."]
+    q = "What is the name of Harkness's hometown in Oregon?"
+    assert grounding("His hometown is Baker, Oregon.", q, passages) == 1.0
+    assert grounding("His hometown is Portland.", q, passages) == 0.0  # invented
+    assert grounding("Baker or Portland.", q, passages) == 0.5
+    assert grounding("The name of Harkness's hometown in Oregon.", q, passages) == 0.0  # adds nothing
+    assert grounding("Baker", q, []) == 0.0
+
+
+def test_the_supporting_sentence_holds_most_of_the_answer_s_added_words():
+    text = "It rained all day. He had made his home there--Baker at the portals of Oregon. Baker left."
+    q = "What is Harkness's hometown in Oregon?"
+    s = support("Baker, Oregon, his home", q, text)
+    assert text[s.start:s.end] == "He had made his home there--Baker at the portals of Oregon." and s.words == 2
+    assert support("Portland", q, text) is None
+
+
+def test_the_checker_shows_supported_sentences_and_ends_at_the_first_unsupported_one():
+    passages = ["He made his home there--Baker at the portals of Oregon. He never saw Portland."]
+    checker = Checker("What is Harkness's hometown in Oregon?", passages, 0.5)
+    shown = [checker.feed(p) for p in ["Sure. His home", "town is Baker", ", Oregon. ", "He was a ", "famous surgeon",
+                                       " in Seattle. He "]]
+    assert shown == ["", "", "", "Sure. His hometown is Baker, Oregon.", "", ""]  # "Sure." waited, added nothing
+    assert checker.stopped and checker.shown == "Sure. His hometown is Baker, Oregon."
+    never = Checker("What is Harkness's hometown in Oregon?", passages, 0.5)
+    assert never.feed("It is Denver. It is Baker.") == "" and never.stopped and never.shown == ""
+    turn = Checker("What is Harkness's hometown in Oregon?", passages, 0.5)
+    assert turn.feed("Baker, Oregon. Question: What is Portland? It") == "Baker, Oregon." and turn.stopped
+    whole = Checker("What is Harkness's hometown in Oregon?", passages, 0.5)
+    assert whole.feed("Baker") == "" and whole.finish() == "Baker" and not whole.stopped  # the last sentence too
+
+
+def test_the_template_detector_finds_the_recall_items_wording():
+    assert template_wording("Question: What was the man called?") == "Question:"
+    assert template_wording("He left. Answer: yes") == "Answer:"
+    assert template_wording("The combination of the captain's sea chest was 4817.") is not None
+    assert template_wording("What is the name of the new doctor in the village") is not None
+    assert template_wording("Mrs. Forrester married Henry Collins.") is None
+    assert template_wording("The question: is it?") is None
+
+
+def test_a_reply_that_the_book_does_not_say_is_scored_as_such():
+    assert says_not_said(NOT_SAID) and says_not_said("The text does not mention his first name.")
+    assert says_not_said("His name is not given in the excerpts.") and not says_not_said("His name is Arthur.")
+    assert scored("The book does not say.", ())["contains"] == 1.0
+    assert scored({"answer": NOT_SAID, "said": False, "draft": "It was Denver."}, ("Denver",)) | {} == {
+        "answer": NOT_SAID, "contains": 0.0, "em": 0.0, "f1": 0.0, "said": False, "draft": "It was Denver.",
+        "draft_contains": 1.0}
+
+
+# -- decoding -------------------------------------------------------------------------------------------------------
+def test_no_repeat_bans_the_token_that_would_repeat_an_n_gram():
+    assert repeats([1, 2, 3, 1, 2], 3) == [3] and repeats([1, 2, 3, 1, 2], 2) == [3]
+    assert repeats([1, 2], 3) == [] and repeats([5, 6], 0) == []
+    with pytest.raises(ValueError, match="no_repeat"):
+        Sampling(no_repeat=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_repeat_ends_a_greedy_loop(dtype):
+    model = chat_model(dtype=dtype)
+    ids = model.backbone.tokenizer("the the the the", return_tensors="pt").input_ids
+    for n in (2, 3):
+        out = list(model.generate(ids, None, Sampling(max_new_tokens=40, temperature=0, no_repeat=n)))
+        grams = [tuple(out[i:i + n]) for i in range(len(out) - n + 1)]
+        assert len(grams) == len(set(grams)), n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_side_weight_of_zero_decodes_as_the_frozen_backbone(dtype, monkeypatch):
+    """w = 0: the next-token logits are the backbone's own, whatever the SideNet says; w = 1: LongMem's own; between,
+    the mix."""
+    import longmem.model.lm as lm
+
+    backbone = tiny_llama(dtype=dtype)
+    model = LongMemModel(backbone, small_config(segment_len=64))
+    with torch.no_grad():  # open the ReZero branches: the SideNet now changes the output
+        for layer in model.sidenet.layers:
+            layer.alpha_attn.fill_(0.7)
+            layer.alpha_mlp.fill_(0.7)
+    seen: list[torch.Tensor] = []
+    sample = lm._sample
+    monkeypatch.setattr(lm, "_sample", lambda logits, *a: seen.append(logits.float().clone()) or sample(logits, *a))
+    ids = torch.randint(1, 90, (1, 20), generator=torch.Generator().manual_seed(0))
+
+    def first_logits(lm_, w: float = 1.0) -> torch.Tensor:
+        seen.clear()
+        list(lm_.generate(ids, None, Sampling(max_new_tokens=1, temperature=0, side_weight=w)))
+        return seen[0]
+
+    own, side = first_logits(BackboneLM(backbone, 64)), first_logits(model)
+    assert torch.equal(first_logits(model, 0.0), own) and not torch.allclose(side, own)
+    assert torch.allclose(first_logits(model, 0.25), 0.25 * side + 0.75 * own, atol=1e-5)
+    with pytest.raises(ValueError, match="side_weight"):
+        Sampling(side_weight=1.5)
+
+
+# -- answering ------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def loaded(tmp_path):
+    model = chat_model(segment_len=512)
+    book = tmp_path / "story.txt"
+    book.write_text(story())
+    bank = BankDirectory(tmp_path / "banks").create("b", model)
+    ingest(bank, model, book)
+    memory = bank.load_memory(model)
+    yield model, bank, memory
+    bank.close()
+
+
+def test_an_answer_the_passages_do_not_support_says_the_book_does_not_say(loaded):
+    model, bank, memory = loaded
+    finder = PassageFinder(bank, model, memory)
+    chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
+    unchecked = answer(chat, finder, QUESTION, Reading(abstain=0.0))
+    draft = "".join(unchecked)
+    assert unchecked.said and unchecked.citations and "zeppelin" in unchecked.citations[-1].text
+    assert chat.history[-1]["content"] == draft
+    checked = answer(chat, finder, QUESTION, Reading(abstain=1.0))  # nothing a random model says is all grounded
+    assert "".join(checked) == NOT_SAID and not checked.said and checked.draft == draft
+    assert checked.citations and all(c.support is None for c in checked.citations)  # the closest passages, shown
+    assert chat.history[-2:] == [{"role": "user", "content": QUESTION},  # the turn is what the reader saw
+                                 {"role": "assistant", "content": NOT_SAID}]
+
+
+def test_a_supported_answer_marks_its_sentence_in_the_passage(loaded, monkeypatch):
+    model, bank, memory = loaded
+    finder = PassageFinder(bank, model, memory)
+    chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
+    def said(self, q, reading=None, search=True):
+        yield "A silver zeppelin."
+        self.history += [{"role": "user", "content": q}, {"role": "assistant", "content": "A silver zeppelin."}]
+
+    monkeypatch.setattr(Chat, "ask", said)
+    reply = answer(chat, finder, "What drifted over the harbour?")
+    assert "".join(reply) == "A silver zeppelin." and reply.said and reply.grounding == 1.0
+    c = reply.citations[-1]
+    assert c.support is not None and "zeppelin" in c.text[c.support[0]:c.support[1]]
+
+
+def test_nothing_found_is_said_without_asking_the_model(loaded, monkeypatch):
+    model, bank, memory = loaded
+    chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
+    monkeypatch.setattr(model, "generate", lambda *a, **k: pytest.fail("the model was asked"))
+    reply = answer(chat, PassageFinder(bank, model, memory), "What is the capital of Australia?")
+    assert "".join(reply) == NOT_SAID and not reply.said and reply.citations == []
+    assert chat.history == [{"role": "user", "content": "What is the capital of Australia?"},
+                            {"role": "assistant", "content": NOT_SAID}]
+
+
+def test_questions_that_cannot_be_asked_are_refused_clearly(loaded):
+    model, bank, memory = loaded
+    chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
+    finder = PassageFinder(bank, model, memory)
+    with pytest.raises(ValueError, match="the question is empty"):
+        answer(chat, finder, "   ")
+    with pytest.raises(ValueError, match="the question is too long: .* ask in fewer words"):
+        answer(chat, finder, "why " * 2000)
+    reply = answer(chat, finder, "Qu'est-ce qui flottait au-dessus du port?")  # another language: an answer
+    assert "".join(reply) and chat.history[-1]["role"] == "assistant"
+
+
+def test_a_bank_with_no_text_gets_a_clear_reply(tmp_path):
+    ws = Workspace(chat_model(segment_len=512), BankDirectory(tmp_path / "banks"))
+    try:
+        ws.create_bank("empty")
+        reply = ws.chat("empty", "Who is the keeper of the lighthouse?")
+        assert "".join(reply) == NOT_SAID and not reply.said and reply.citations == []
+    finally:
+        ws.close()
+
+
+def test_an_answer_left_unfinished_is_not_recorded(loaded):
+    model, bank, memory = loaded
+    chat = Chat(model, memory, Sampling(max_new_tokens=20, temperature=0))
+    reply = answer(chat, PassageFinder(bank, model, memory), QUESTION, Reading(abstain=0.0))
+    next(iter(reply))
+    reply.close()
+    assert chat.history == [] and not reply.complete
+
+
+# -- the same answer everywhere -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny chat llama saved as a Hugging Face directory with an (untrained) LongMem checkpoint naming it, and a
+    bank of the story built with it."""
+    root = tmp_path_factory.mktemp("same")
+    backbone = tiny_llama()
+    backbone.tokenizer.chat_template = CHAT_TEMPLATE
+    backbone.model.save_pretrained(root / "backbone")
+    backbone.tokenizer.save_pretrained(root / "backbone")
+    model = LongMemModel(backbone, small_config(backbone=str(root / "backbone"), segment_len=512))
+    ckpt = str(model.save(root / "ckpt"))
+    (root / "story.txt").write_text(story())
+    with BankDirectory(root / "banks").create("lib", model) as bank:
+        ingest(bank, model, root / "story.txt")
+    return ckpt, root / "banks"
+
+
+@pytest.mark.parametrize("checks", [True, False])
+def test_the_workspace_the_cli_and_the_eval_give_the_same_answer(saved, capsys, checks):
+    """Item 1 of the answers issue: one function, one set of defaults, whoever asks."""
+    from longmem.cli.main import main
+
+    ckpt, banks = saved
+    question = "What drifted over the harbour?"
+    assert main(["chat", "--bank", "lib", "--ask", question, "--checkpoint", ckpt, "--banks-dir", str(banks),
+                 "--abstain", "yes" if checks else "no"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    cli = printed[printed.index(f"> {question}") + 1]
+
+    model = LongMemModel.load(ckpt)
+    ws = Workspace(model, BankDirectory(banks))
+    try:
+        reply = ws.chat("lib", question, Settings(abstain=checks))
+        app = "".join(reply)
+    finally:
+        ws.close()
+
+    with BankDirectory(banks).open("lib") as bank:
+        memory = bank.load_memory(model)
+        reader = Reader(model, BackboneLM(model.backbone, model.segment_len), None,
+                        ReadingSize(entrants=["app"], **({} if checks else {"abstain": 0.0})))
+        hay = Haystack(bank, memory, np.zeros(0, dtype=np.int64))
+        got = reader.answers({"app"}, Asked(question, ("zeppelin",), [], lambda f: False, []), hay, {"lexical": []})
+    norm = " ".join
+    assert norm(cli.split()) == norm(app.split()) == got["app"]["answer"]
+    assert ANSWER_SAMPLING.temperature == 0 == Settings().temperature  # greedy by default everywhere
