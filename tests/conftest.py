@@ -39,6 +39,41 @@ def random_ids(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.fixture
+def loaded(tmp_path):
+    """A tiny chat llama with a 512-token window (room to read a passage), a bank of the story
+    (``test_passages.story``) and its memory."""
+    from test_passages import story
+    from tiny import chat_model
+
+    from longmem.ingest.pipeline import ingest
+    from longmem.storage import BankDirectory
+
+    model = chat_model(segment_len=512)
+    book = tmp_path / "story.txt"
+    book.write_text(story())
+    bank = BankDirectory(tmp_path / "banks").create("b", model)
+    ingest(bank, model, book)
+    memory = bank.load_memory(model)
+    yield model, bank, memory
+    bank.close()
+
+
+@pytest.fixture(scope="module")
+def chat_checkpoint(tmp_path_factory) -> str:
+    """A tiny llama with a chat template and a window big enough to read passages, saved as a Hugging Face
+    directory, and an (untrained) LongMem checkpoint that names it."""
+    from tiny import CHAT_TEMPLATE
+
+    root = tmp_path_factory.mktemp("tiny-chat")
+    backbone = tiny_llama()
+    backbone.tokenizer.chat_template = CHAT_TEMPLATE
+    backbone.model.save_pretrained(root / "backbone")
+    backbone.tokenizer.save_pretrained(root / "backbone")
+    model = LongMemModel(backbone, small_config(backbone=str(root / "backbone"), segment_len=512))
+    return str(model.save(root / "ckpt"))
+
+
+@pytest.fixture
 def searched_queries(monkeypatch) -> list[int]:
     """The query tokens of each memory search a test makes (``Memory.search`` or ``select``), in order."""
     from longmem.memory.memory import Memory

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from test_passages import story
-from tiny import CHAT_TEMPLATE, chat_model, small_config, tiny_llama
+from tiny import chat_model, small_config, tiny_llama
 
 from longmem.eval.answering import Asked, Haystack, Reader, ReadingSize, says_not_said, scored
 from longmem.eval.datasets.recall import template_wording
@@ -135,18 +135,6 @@ def test_a_side_weight_of_zero_decodes_as_the_frozen_backbone(dtype, monkeypatch
 
 
 # -- answering ------------------------------------------------------------------------------------------------------
-@pytest.fixture
-def loaded(tmp_path):
-    model = chat_model(segment_len=512)
-    book = tmp_path / "story.txt"
-    book.write_text(story())
-    bank = BankDirectory(tmp_path / "banks").create("b", model)
-    ingest(bank, model, book)
-    memory = bank.load_memory(model)
-    yield model, bank, memory
-    bank.close()
-
-
 def test_an_answer_the_passages_do_not_support_says_the_book_does_not_say(loaded):
     model, bank, memory = loaded
     finder = PassageFinder(bank, model, memory)
@@ -220,20 +208,14 @@ def test_an_answer_left_unfinished_is_not_recorded(loaded):
 
 # -- the same answer everywhere -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """A tiny chat llama saved as a Hugging Face directory with an (untrained) LongMem checkpoint naming it, and a
-    bank of the story built with it."""
+def saved(chat_checkpoint, tmp_path_factory):
+    """``chat_checkpoint`` and a bank of the story built with it."""
     root = tmp_path_factory.mktemp("same")
-    backbone = tiny_llama()
-    backbone.tokenizer.chat_template = CHAT_TEMPLATE
-    backbone.model.save_pretrained(root / "backbone")
-    backbone.tokenizer.save_pretrained(root / "backbone")
-    model = LongMemModel(backbone, small_config(backbone=str(root / "backbone"), segment_len=512))
-    ckpt = str(model.save(root / "ckpt"))
     (root / "story.txt").write_text(story())
+    model = LongMemModel.load(chat_checkpoint)
     with BankDirectory(root / "banks").create("lib", model) as bank:
         ingest(bank, model, root / "story.txt")
-    return ckpt, root / "banks"
+    return chat_checkpoint, root / "banks"
 
 
 @pytest.mark.parametrize("checks", [True, False])

@@ -145,20 +145,6 @@ def test_classifier_scores_every_label_and_reads_the_bank_template(tmp_path, fil
         Classifier.from_documents(model, None, [])
 
 
-@pytest.fixture(scope="module")
-def chat_checkpoint(tmp_path_factory):
-    """A tiny llama with a chat template and a window big enough to read passages, saved like ``checkpoint``."""
-    from tiny import CHAT_TEMPLATE
-
-    root = tmp_path_factory.mktemp("tiny-chat")
-    backbone = tiny_llama()
-    backbone.tokenizer.chat_template = CHAT_TEMPLATE
-    backbone.model.save_pretrained(root / "backbone")
-    backbone.tokenizer.save_pretrained(root / "backbone")
-    model = LongMemModel(backbone, small_config(backbone=str(root / "backbone"), segment_len=512))
-    return str(model.save(root / "ckpt"))
-
-
 def test_chat_reads_and_cites_the_passages_of_a_file_or_a_bank(tmp_path, chat_checkpoint, capsys):
     from test_passages import story
 

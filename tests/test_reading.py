@@ -105,18 +105,6 @@ def test_the_excerpts_read_need_not_search_memory(searched_queries):
         chat.history = chat.history[:2]
 
 
-@pytest.fixture
-def loaded(tmp_path):
-    model = chat_model(segment_len=256)
-    book = tmp_path / "story.txt"
-    book.write_text(story())
-    bank = BankDirectory(tmp_path / "banks").create("b", model)
-    ingest(bank, model, book)
-    memory = bank.load_memory(model)
-    yield model, bank, memory
-    bank.close()
-
-
 def test_each_finder_ranks_passages_and_fusion_keeps_their_ranks(loaded):
     model, bank, memory = loaded
     finder = PassageFinder(bank, model, memory)

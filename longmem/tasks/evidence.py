@@ -13,8 +13,8 @@ not say (``tasks.answer``).
 An answer is checked as it is made (``Checker``), sentence by sentence: a sentence is shown once the share of its
 added words that the passages hold reaches a bound, a sentence that adds nothing waits for the next one, and the
 first sentence below the bound ends the answer, as does one that opens a new "Question:" or "Answer:" (the reading
-prompt's own format, which a small model goes on writing). A small model's first sentence usually says what the passage says,
-and what it writes after it is where it invents.
+prompt's own format, which a small model goes on writing). A small model's first sentence usually says what the
+passage says, and what it writes after it is where it invents.
 
 The *support* of an answer in a passage is the sentence holding most of the answer's added words (ties: the one
 holding most of the question's words, then the first); the app marks it and the CLI prints it.
