@@ -121,3 +121,18 @@ def test_the_team_s_tuning_sets_ship_with_the_package_and_read_cleanly():
     dev_books = {"pg65636.txt", "pg66829.txt", "pg61262.txt", "pg68229.txt"}
     assert not {q.book for q in answerable + unanswerable} & dev_books
 
+
+
+def test_no_answer_of_the_committed_record_writes_a_training_template():
+    """The answers issue's rule, on the record itself: the app's answers (shown, and the drafts behind them) and the
+    full model's reading of the gold passage hold no wording of the SideNet's training templates."""
+    import gzip
+
+    from longmem.eval.datasets.recall import template_wording
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "results" / "natural.json.gz"
+    results = json.loads(gzip.open(path).read())["data"]["results"]
+    answers = [(k, x.get(field) or "") for k in ("app", "app_memory_off", "oracle") if k in results
+               for n in results[k] if n != "answerable" for x in results[k][n]["items"] for field in ("answer", "draft")]
+    assert len(answers) > 100
+    assert [(k, a) for k, a in answers if template_wording(a) is not None] == []

@@ -47,8 +47,7 @@ class Answer:
     ``text``, ``said`` (False: the reply says the book does not say) and ``grounding`` once it is complete.
     ``close()`` (or leaving the iteration early) stops the generation between two tokens."""
 
-    def __init__(self, question: str, found: list[Found], cited: list[Citation], pieces: Iterator[str],
-                 view: MemoryView | None):
+    def __init__(self, question: str, found: list[Found], cited: list[Citation], view: MemoryView | None):
         self.question = question
         self.found = found  # the passages read, in prompt order
         self.citations = cited
@@ -56,9 +55,10 @@ class Answer:
         self.pieces: list[str] = []
         self.said = True  # False when the reply is NOT_SAID
         self.grounding: float | None = None  # share of the answer's added words in the passages read
-        self.draft: str | None = None  # what the model answered, when the reply replaced it with NOT_SAID
+        self.draft: str | None = None  # what the model answered, when the reply shows less of it (cut at a sentence
+        #                                the passages do not support, or NOT_SAID)
         self.complete = False
-        self._source = pieces
+        self._source: Iterator[str] = iter(())  # the pieces, made by ``answer``
 
     @property
     def text(self) -> str:
@@ -96,7 +96,7 @@ def answer(chat: Chat, finder: PassageFinder | None, question: str, reading: Rea
     if chat.memory is not None:
         model_topk = chat.model.config.topk
         view = MemoryView(chat.memory, chunks if chunks is not None else reading.chunks(chat.memory, found, model_topk))
-    reply = Answer(question, found, cited, iter(()), view)
+    reply = Answer(question, found, cited, view)
     if reads and not ranked:
         reply._source = _not_said(chat, reply)
     else:
@@ -148,7 +148,7 @@ def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None
     if checker is not None and not text:
         reply.said, text = False, NOT_SAID
         yield text
-    if text != draft:
+    if text != draft.strip():
         reply.draft = draft
     if completed:
         chat.revise_last(text)
