@@ -63,6 +63,10 @@ def test_the_checker_shows_supported_sentences_and_ends_at_the_first_unsupported
     assert checker.stopped and checker.shown == "Sure. His hometown is Baker, Oregon."
     never = Checker("What is Harkness's hometown in Oregon?", passages, 0.5)
     assert never.feed("It is Denver. It is Baker.") == "" and never.stopped and never.shown == ""
+    said = Checker("What is Harkness's hometown in Oregon?", passages, 0.5)
+    assert said.feed("The answer to this question is: Baker. It") == "Baker." and said.shown == "Baker."
+    title = Checker("Who married Forrester?", ["Then Mrs. Forrester married Henry Collins."], 0.5)
+    assert title.feed("Mrs. Forrester married Henry Collins. Later") == "Mrs. Forrester married Henry Collins."
     turn = Checker("What is Harkness's hometown in Oregon?", passages, 0.5)
     assert turn.feed("Baker, Oregon. Question: What is Portland? It") == "Baker, Oregon." and turn.stopped
     whole = Checker("What is Harkness's hometown in Oregon?", passages, 0.5)

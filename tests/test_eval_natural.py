@@ -133,6 +133,7 @@ def test_no_answer_of_the_committed_record_writes_a_training_template():
     path = Path(__file__).resolve().parents[1] / "docs" / "results" / "natural.json.gz"
     results = json.loads(gzip.open(path).read())["data"]["results"]
     answers = [(k, x.get(field) or "") for k in ("app", "app_memory_off", "oracle") if k in results
-               for n in results[k] if n != "answerable" for x in results[k][n]["items"] for field in ("answer", "draft")]
+               for n in results[k] if n != "answerable" for x in results[k][n]["items"]
+               for field in ("answer", "draft")]
     assert len(answers) > 100
     assert [(k, a) for k, a in answers if template_wording(a) is not None] == []

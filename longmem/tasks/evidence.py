@@ -13,7 +13,8 @@ not say (``tasks.answer``).
 An answer is checked as it is made (``Checker``), sentence by sentence: a sentence is shown once the share of its
 added words that the passages hold reaches a bound, a sentence that adds nothing waits for the next one, and the
 first sentence below the bound ends the answer, as does one that opens a new "Question:" or "Answer:" (the reading
-prompt's own format, which a small model goes on writing). A small model's first sentence usually says what the
+prompt's own format, which a small model goes on writing). A preamble ("The answer to this question is:") is not
+shown. A small model's first sentence usually says what the
 passage says, and what it writes after it is where it invents.
 
 The *support* of an answer in a passage is the sentence holding most of the answer's added words (ties: the one
@@ -31,6 +32,7 @@ from longmem.text.passages import sentence_spans
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)  # "_Araminta_" (italics in a Gutenberg text) is the word "araminta"
 _POSSESSIVE = re.compile(r"['\u2019]s\b", re.IGNORECASE)
 _SUFFIXES = ("ing", "ed", "es", "s", "ly")
+_PREAMBLE = re.compile(r"\s*(the )?answer( to (this|the|your) question)? is\s*:\s*", re.IGNORECASE)  # said, not shown
 _NEW_TURN = re.compile(r"\W*(question|answer)\s*:", re.IGNORECASE)  # the excerpts' format: the answer is over
 # words an answer uses about itself, the book or the conversation ("Sure. The answer is...", "the passage does not
 # mention..."): they add nothing
@@ -79,12 +81,13 @@ class Checker:
         self.held = {w for p in passages for w in content_words(p)}
         self.text = ""  # everything fed
         self.judged = 0  # characters of ``text`` judged
+        self.start = 0  # where the text shown begins (after a preamble such as "The answer is:")
         self.end = 0  # characters of ``text`` shown
         self.stopped = False
 
     @property
     def shown(self) -> str:
-        return self.text[: self.end].strip()
+        return self.text[self.start: self.end].strip()
 
     def feed(self, piece: str) -> str:
         self.text += piece
@@ -95,7 +98,9 @@ class Checker:
         return self._judge(final=True)
 
     def _judge(self, final: bool) -> str:
-        before, base = self.end, self.judged
+        if not self.end and (m := _PREAMBLE.match(self.text)) is not None and m.end() < len(self.text):
+            self.start = self.judged = max(self.judged, m.end())
+        before, base = max(self.end, self.start), self.judged
         spans = sentence_spans(self.text[base:])
         for start, end in spans if final else spans[:-1]:  # the last one may still grow
             if self.stopped:

@@ -30,6 +30,9 @@ MIN_TOKENS = 100  # a passage ends at a paragraph break once it has this many to
 TARGET_TOKENS = 180  # ... else at the last sentence end before this many
 MAX_TOKENS = 250  # a longer sentence is cut at spaces
 # a sentence end: end punctuation, any closing quotes/brackets, then whitespace; or a blank line (paragraph break)
+# a title or an initial just before a full stop: not a sentence's end (``sentence_spans``; passages keep ``_BOUNDARY``)
+_ABBREVIATION = re.compile(r"(?:^|[\s(\"'\u201c\u2018])(?:Mrs?|Ms|Dr|St|Jr|Sr|Capt|Col|Gen|Lt|Sgt|Rev|Prof|Mt|Messrs|"
+                           r"Mme|Mlle|No|vs|[A-Z])\.$")
 _BOUNDARY = re.compile(r"(?<=[.!?\u2026])[\"'\u201d\u2019\u00bb)\]]*(?=\s)|\n[ \t]*\n")
 
 
@@ -128,9 +131,13 @@ class PassageCutter:
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
     """The sentences of ``text`` as (start, end) character offsets, by the passages' own rule (a sentence end or a
-    paragraph break), without surrounding whitespace; together they hold every non-space character of ``text``."""
+    paragraph break), except after a title or an initial ("Mrs. Forrester", "J. Sheringham Adair"), without
+    surrounding whitespace; together they hold every non-space character of ``text``."""
     out, start = [], 0
     for m in [*_BOUNDARY.finditer(text), None]:
+        if m is not None and not m.group().strip() and "\n" not in m.group() \
+                and _ABBREVIATION.search(text, 0, m.start()):
+            continue  # "Mrs." does not end a sentence
         # closing quotes stay with their sentence; a paragraph break's whitespace goes with neither
         end = len(text) if m is None else m.end() if m.group().strip() else m.start()
         piece = text[start:end]
