@@ -151,7 +151,7 @@ def test_an_answer_the_passages_do_not_support_says_the_book_does_not_say(loaded
     assert "".join(checked) == NOT_SAID and not checked.said and checked.draft == draft
     assert checked.citations and all(c.support is None for c in checked.citations)  # the closest passages, shown
     assert chat.history[-2:] == [{"role": "user", "content": QUESTION},  # the turn is what the reader saw
-                                 {"role": "assistant", "content": NOT_SAID}]
+                                 {"role": "assistant", "content": NOT_SAID, "said": False}]
 
 
 def test_a_supported_answer_marks_its_sentence_in_the_passage(loaded, monkeypatch):
@@ -169,14 +169,58 @@ def test_a_supported_answer_marks_its_sentence_in_the_passage(loaded, monkeypatc
     assert c.support is not None and "zeppelin" in c.text[c.support[0]:c.support[1]]
 
 
-def test_nothing_found_is_said_without_asking_the_model(loaded, monkeypatch):
+def test_a_question_with_no_word_of_the_book_reads_what_memory_retrieves(loaded):
     model, bank, memory = loaded
     chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
+    question = "What is the capital of Australia?"
+    assert bank.search_passages(question, 4) == []  # no word of it in the book
+    reply = answer(chat, PassageFinder(bank, model, memory), question, Reading(abstain=1.0))
+    assert reply.found and all(set(f.ranks) == {"memory"} for f in reply.found) and reply.citations
+    assert "".join(reply) == NOT_SAID and not reply.said  # a random model's answer is not in them
+
+
+def test_nothing_to_read_is_said_without_asking_the_model(loaded, monkeypatch):
+    model, bank, memory = loaded
+    chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
+    finder = PassageFinder(bank, model, memory)
+    monkeypatch.setattr(finder, "rank", lambda *a, **k: [])
     monkeypatch.setattr(model, "generate", lambda *a, **k: pytest.fail("the model was asked"))
-    reply = answer(chat, PassageFinder(bank, model, memory), "What is the capital of Australia?")
+    reply = answer(chat, finder, "What is the capital of Australia?")
     assert "".join(reply) == NOT_SAID and not reply.said and reply.citations == []
     assert chat.history == [{"role": "user", "content": "What is the capital of Australia?"},
-                            {"role": "assistant", "content": NOT_SAID}]
+                            {"role": "assistant", "content": NOT_SAID, "said": False}]
+
+
+def test_a_reply_that_the_book_does_not_say_stays_out_of_later_prompts(loaded):
+    """A 135M reader copies an earlier 'the book does not say' into the next answers: the conversation keeps such a
+    turn for the reader, and prompts leave it out (its question too)."""
+    model, _, memory = loaded
+    chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
+    chat.record("Who kept the lighthouse?", NOT_SAID, said=False)
+    chat.record("What drifted over the harbour?", "A zeppelin.")
+    tok = model.backbone.tokenizer
+    prompt = tok.decode(chat.prompt_ids("And then?")[0])
+    assert "A zeppelin." in prompt and "harbour" in prompt
+    assert "lighthouse" not in prompt and "does not say" not in prompt
+    assert len(chat.history) == 4 and chat.history[1]["content"] == NOT_SAID
+
+
+def test_a_reloaded_conversation_keeps_its_replies_that_the_book_does_not_say_out_of_prompts(tmp_path):
+    ws = Workspace(chat_model(segment_len=512), BankDirectory(tmp_path / "banks"))
+    try:
+        ws.create_bank("empty")
+        list(ws.chat("empty", "Who is the keeper of the lighthouse?"))
+    finally:
+        ws.close()
+    ws = Workspace(chat_model(segment_len=512), BankDirectory(tmp_path / "banks"))
+    try:
+        assert [t["said"] for t in ws.chat_history("empty")] == [True, False]
+        list(ws.chat("empty", "Who rang the bell?"))
+        history = ws.session("empty").chat.history
+        assert [t.get("said", True) for t in history] == [True, False, True, False]
+        assert "lighthouse" not in ws.model.backbone.tokenizer.decode(ws.session("empty").chat.prompt_ids("Why?")[0])
+    finally:
+        ws.close()
 
 
 def test_questions_that_cannot_be_asked_are_refused_clearly(loaded):

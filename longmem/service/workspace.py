@@ -111,6 +111,17 @@ class BankSummary:
     updated: str
 
 
+def _stored(turn: dict) -> dict:
+    """What a stored turn keeps beside its text: {"retrieved", "read", "said"} (before 0.2, a list: retrieved)."""
+    return turn["passages"] if isinstance(turn["passages"], dict) else {"retrieved": turn["passages"]}
+
+
+def _chat_turns(bank: Bank) -> list[dict]:
+    """The bank's conversation as a ``Chat`` keeps it: an answer that said the book does not say is marked so."""
+    return [{"role": t["role"], "content": t["content"], **({} if _stored(t).get("said", True) else {"said": False})}
+            for t in bank.chat_turns(passages=True)]
+
+
 def _citation(stored: dict) -> Citation:
     """A citation as the bank stored it (JSON: the support span is a list, absent before it existed)."""
     support = stored.get("support")
@@ -445,7 +456,7 @@ class Workspace:
             turns = bank.chat_turns(passages=True)
         out = []
         for t in turns:
-            stored = t["passages"] if isinstance(t["passages"], dict) else {"retrieved": t["passages"]}  # before 0.2
+            stored = _stored(t)
             out.append({**t, "passages": [PassageHit(**p) for p in stored.get("retrieved", [])],
                         "citations": [_citation(c) for c in stored.get("read", [])], "said": stored.get("said", True)})
         return out
@@ -466,7 +477,7 @@ class Workspace:
         def run(reply: Reply) -> None:
             s = self.session(name, settings.chunk_size)
             if s.chat is None:
-                s.chat = Chat(self.model, s.memory, history=s.bank.chat_turns())
+                s.chat = Chat(self.model, s.memory, history=_chat_turns(s.bank))
             chat = s.chat
             chat.sampling = settings.sampling(chat.sampling.stop_ids)
             if settings.reading != "none" and s.finder is None:

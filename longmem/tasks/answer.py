@@ -108,7 +108,7 @@ def _not_said(chat: Chat, reply: Answer) -> Iterator[str]:
     """The reply when nothing was found to read: NOT_SAID, recorded as the turn's answer."""
     reply.said = False
     yield NOT_SAID
-    chat.record(reply.question, NOT_SAID)
+    chat.record(reply.question, NOT_SAID, said=False)
     reply.complete = True
 
 
@@ -151,9 +151,9 @@ def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None
     if text != draft.strip():
         reply.draft = draft
     if completed:
-        chat.revise_last(text)
+        chat.revise_last(text, reply.said)
     else:  # stopped at a sentence the passages do not support: the turn is what was shown
-        chat.record(question, text)
+        chat.record(question, text, reply.said)
     if reply.said and found:
         reply.citations = [replace(c, support=_supporting(text, question, c.text)) for c in reply.citations]
     reply.complete = True

@@ -20,7 +20,8 @@ class Chat:
     model: SegmentLM
     memory: Memory | None
     sampling: Sampling = field(default_factory=Sampling)
-    history: list[dict] = field(default_factory=list)  # turns still in the local window
+    history: list[dict] = field(default_factory=list)  # turns still in the local window; an answer turn with
+    #                                                   "said": False (the book does not say) is kept out of prompts
     moved_turns: int = 0  # turns already moved into memory
 
     def __post_init__(self):
@@ -37,12 +38,13 @@ class Chat:
 
     def _fit_window(self, last: str) -> None:
         """Move the oldest turns into memory until the conversation, its last user turn read as ``last``, fits the
-        window with room for the answer."""
+        window with room for the answer (a turn kept out of prompts is dropped from the window, not memorized)."""
         budget = self.model.segment_len - self.sampling.max_new_tokens
         while len(self.history) > 1 and self._encode(self._turns(last), True).shape[1] > budget:
+            unread = _unread(self.history)
             old = self.history.pop(0)
-            if self.memory is not None and self.model.uses_memory:
-                self.model.memorize(self._encode([old], False), self.memory)
+            if 0 not in unread and self.memory is not None and self.model.uses_memory:
+                self.model.memorize(self._encode([_turn(old)], False), self.memory)
             self.moved_turns += 1
 
     def _question_start(self, last: str) -> int:
@@ -56,12 +58,13 @@ class Chat:
         return len(tok(text[:head].rstrip(), add_special_tokens=False).input_ids)  # rstrip: a space joins the next word
 
     def _turns(self, last: str) -> list[dict]:
-        return self.history[:-1] + [{"role": "user", "content": last}]
+        """The turns a prompt reads: the earlier ones that are read (``_read``), then the last question as ``last``."""
+        return _read(self.history[:-1]) + [{"role": "user", "content": last}]
 
     def prompt_ids(self, question: str, reading: str | None = None, history: bool = True) -> torch.Tensor:
         """The prompt (1, T) the model would read for ``question`` now (with ``reading`` in its place, see ``ask``;
         without the earlier turns unless ``history``), without changing the conversation."""
-        earlier = self.history if history else []
+        earlier = _read(self.history) if history else []
         return self._encode(earlier + [{"role": "user", "content": reading or question}], True)
 
     def ask(self, question: str, reading: str | None = None, search_reading: bool = True) -> Iterator[str]:
@@ -92,12 +95,41 @@ class Chat:
             elif self.history and self.history[-1]["role"] == "user":
                 self.history.pop()
 
-    def record(self, question: str, answer: str) -> None:
-        """Record a turn whose answer was not generated (e.g. a reply that the book does not say)."""
-        self.history += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    def record(self, question: str, answer: str, said: bool = True) -> None:
+        """Record a turn whose answer was not generated (e.g. a reply that the book does not say). ``said=False``:
+        the answer says that the book does not say; the turn stays in the conversation, out of later prompts (a
+        small model copies such a reply into the next answers)."""
+        self.history += [{"role": "user", "content": question}, _answer_turn(answer, said)]
 
-    def revise_last(self, answer: str) -> None:
-        """Replace the last answer recorded (the conversation keeps what the reader was shown)."""
+    def revise_last(self, answer: str, said: bool = True) -> None:
+        """Replace the last answer recorded (the conversation keeps what the reader was shown); ``said`` as in
+        ``record``."""
         if not self.history or self.history[-1]["role"] != "assistant":
             raise ValueError("the conversation has no answer to revise")
-        self.history[-1] = {"role": "assistant", "content": answer}
+        self.history[-1] = _answer_turn(answer, said)
+
+
+def _answer_turn(answer: str, said: bool) -> dict:
+    return {"role": "assistant", "content": answer, **({} if said else {"said": False})}
+
+
+def _turn(turn: dict) -> dict:
+    """A turn as the chat template reads it."""
+    return {"role": turn["role"], "content": turn["content"]}
+
+
+def _unread(history: list[dict]) -> set[int]:
+    """Indices of the turns kept out of prompts: each answer with "said": False and the question before it."""
+    out = set()
+    for i, t in enumerate(history):
+        if t["role"] == "assistant" and t.get("said", True) is False:
+            out.add(i)
+            if i > 0 and history[i - 1]["role"] == "user":
+                out.add(i - 1)
+    return out
+
+
+def _read(history: list[dict]) -> list[dict]:
+    """The turns of ``history`` that prompts read, as the chat template reads them."""
+    unread = _unread(history)
+    return [_turn(t) for i, t in enumerate(history) if i not in unread]

@@ -9,7 +9,8 @@ Find. Two finders rank a bank's passages (``longmem.text.passages``) for a quest
 - ``memory``: LongMem's own retrieval. The question runs through the model with the bank's memory attached; each
   query token's memory-layer search retrieves chunks per head, and each retrieved chunk votes for the passage that
   holds it (``storage.passages.ChunkPlaces``). Passages are ranked by votes.
-- ``lexical``: BM25 over the passages' words (the FTS5 index in the bank's SQLite).
+- ``lexical``: BM25 over the passages' words (the FTS5 index in the bank's SQLite); a question none of whose words
+  the book has reads what ``memory`` finds.
 - ``fused``: both, by reciprocal rank fusion (Cormack et al. 2009): score = sum over finders of 1 / (60 + rank).
 
 Read. The best passages go into the prompt before the question as numbered excerpts with their place, within a token
@@ -175,10 +176,15 @@ class PassageFinder:
         return tok(question, return_tensors="pt", add_special_tokens=False).input_ids
 
     def find(self, question: str, reading: Reading, question_ids: torch.Tensor | None = None) -> list[Found]:
-        """The passages to read for ``question``: the best ``reading.passages`` of its finder."""
+        """The passages to read for ``question``: the best ``reading.passages`` of its finder. When the lexical
+        finder finds none (no word of the question is in the book: "Who is the narrator?"), the passages memory
+        retrieves most for the question are read instead; an answer's check still decides what they support."""
         if reading.finder == "none" or reading.passages == 0:
             return []
-        return self.rank(question, reading.finder, reading.depth, question_ids)[: reading.passages]
+        found = self.rank(question, reading.finder, reading.depth, question_ids)
+        if not found and reading.finder == "lexical":
+            found = self.rank(question, "memory", reading.depth, question_ids)
+        return found[: reading.passages]
 
 
 def find_for_chat(finder: PassageFinder, chat, question: str, reading: Reading) -> list[Found]:
