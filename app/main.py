@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
     p.add_argument("--auth", default=None, help="require a login, given as user:password")
     p.add_argument("--backbone", default="default",
-                   help="'default' (embedded SmolLM2-135M-Instruct) or a local Hugging Face model directory")
+                   help="'default' (embedded SmolLM2-135M-Instruct), a local .gguf file or Hugging Face model dir")
     p.add_argument("--checkpoint", default=None, help="SideNet checkpoint directory (default: the shipped one)")
     p.add_argument("--untrained", action="store_true", help="use an untrained SideNet (reproduces the backbone)")
     p.add_argument("--max-upload-mb", type=int, default=512, help="largest file accepted for upload, in MiB")

@@ -32,11 +32,15 @@ def info_markdown(ws: Workspace) -> str:
 def build(ws: Workspace, shared: Shared) -> None:
     info = gr.Markdown(value=lambda: info_markdown(ws), elem_id="model-info")
     refresh = gr.Button("Refresh")
-    gr.Markdown("### Load another model\nA local Hugging Face model directory (or `default` for the embedded "
-                "SmolLM2-135M-Instruct) and, optionally, a SideNet checkpoint directory trained for it. Banks keep "
-                "the backbone they were built with; they are usable again when that backbone is loaded.")
+    gr.Markdown("### Load another model\nA local `.gguf` file or Hugging Face model directory (or `default` for the "
+                "embedded SmolLM2-135M-Instruct) and, optionally, a SideNet checkpoint directory trained for it. A "
+                "GGUF file is converted once (about a minute for 0.5B parameters) and kept in the cache. Without a "
+                "trained SideNet the model answers as it is, and banks built with it work at once. Banks keep the "
+                "backbone they were built with; they are usable again when that backbone is loaded.")
     with gr.Row():
-        backbone = gr.Textbox(label="Backbone directory", value="default")
+        backbone = gr.Dropdown(ws.known_models(), value="default", allow_custom_value=True,
+                               label="Backbone: a .gguf file or a model directory",
+                               info="the models converted before are listed; type any other path")
         checkpoint = gr.Textbox(label="SideNet checkpoint directory (optional)")
         dtype = gr.Dropdown(["auto", *sorted(DTYPES)], value=ws.dtype, label="Dtype",
                             info="auto: bfloat16 where the CPU or GPU computes it natively, else float32")
@@ -47,8 +51,8 @@ def build(ws: Workspace, shared: Shared) -> None:
         progress(0.1, desc="loading the model")
         ws.load_model(path, ckpt or None, kind)
         gr.Info(f"loaded {ws.model.backbone.name}")
-        return info_markdown(ws), shared.bump()
+        return info_markdown(ws), shared.bump(), gr.Dropdown(choices=ws.known_models())
 
     refresh.click(lambda: info_markdown(ws), None, [info], api_name="model_info")
-    load.click(do_load, [backbone, checkpoint, dtype], [info, shared.version], concurrency_id="model",
+    load.click(do_load, [backbone, checkpoint, dtype], [info, shared.version, backbone], concurrency_id="model",
                concurrency_limit=1, api_name="load_model")

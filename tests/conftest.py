@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random llama (RoPE, GQA) and GPT-2 backbones built in code, float32 for exact checks."""
+"""Shared fixtures: tiny random llama (RoPE, GQA), Qwen2 (q/k/v biases, untied head) and GPT-2 backbones built in
+code, float32 for exact checks."""
 
 from __future__ import annotations
 
@@ -10,17 +11,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py, also for subprocess-based tests
 
-from tiny import VOCAB, small_config, tiny_gpt2, tiny_llama  # noqa: E402
+from tiny import VOCAB, small_config, tiny_backbone, tiny_gpt2, tiny_llama  # noqa: E402
 
 from longmem.model.backbone import Backbone  # noqa: E402
 from longmem.model.longmem import LongMemModel  # noqa: E402
 
-__all__ = ["VOCAB", "small_config", "tiny_gpt2", "tiny_llama", "random_ids"]
+__all__ = ["VOCAB", "small_config", "tiny_backbone", "tiny_gpt2", "tiny_llama", "random_ids"]
 
 
-@pytest.fixture(params=["llama", "gpt2"])
+@pytest.fixture(params=["llama", "qwen2", "gpt2"])
 def backbone(request) -> Backbone:
-    return tiny_llama() if request.param == "llama" else tiny_gpt2()
+    return tiny_backbone(request.param)
 
 
 @pytest.fixture

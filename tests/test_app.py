@@ -264,7 +264,7 @@ def test_model_panel_and_a_mismatched_checkpoint(server, tmp_path):
     ws.model.backbone.tokenizer.save_pretrained(backbone_dir)
     with pytest.raises(AppError, match="was trained for backbone"):
         client.predict(str(backbone_dir), str(tmp_path / "ckpt"), "float32", api_name="/load_model")
-    with pytest.raises(AppError, match="not a Hugging Face model directory"):
+    with pytest.raises(AppError, match="nor a Hugging Face model directory"):
         client.predict(str(tmp_path / "nothing"), "", "auto", api_name="/load_model")
     assert "tiny-llama" in client.predict(api_name="/model_info")  # the loaded model is unchanged
 

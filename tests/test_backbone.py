@@ -126,7 +126,7 @@ def test_resolve_dtype():
 def test_load_backbone_rejects_non_model_dir(tmp_path):
     from longmem.model.backbone import load_backbone
 
-    with pytest.raises(BackboneError, match="not a Hugging Face model directory"):
+    with pytest.raises(BackboneError, match="nor a Hugging Face model directory"):
         load_backbone(str(tmp_path))
 
 

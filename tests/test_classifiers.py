@@ -65,7 +65,7 @@ def slow_scores(clf: Classifier, text: str) -> dict[str, float]:
     return {w: clf.model.score(ids, tok(gap + w, add_special_tokens=False).input_ids, clf.memory) for w in clf.labels}
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("n_context", [0, 2, 12])  # 12 demonstrations overflow the 64-token window
 def test_fast_path_equals_one_score_per_label(family, n_context, monkeypatch):
     model = awake(tiny_model(family, segment_len=64))

@@ -33,7 +33,7 @@ from longmem.tasks.classify import Classifier
 BF16 = torch.bfloat16
 
 
-@pytest.fixture(params=["llama", "gpt2"])
+@pytest.fixture(params=["llama", "qwen2", "gpt2"])
 def family(request) -> str:
     return request.param
 

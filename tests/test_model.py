@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import random_ids, small_config, tiny_gpt2, tiny_llama
+from conftest import random_ids, small_config, tiny_backbone, tiny_llama
 
 from longmem.memory.memory import Memory
 from longmem.model import sidenet
@@ -99,9 +99,9 @@ def test_masked_dense_memory_attention_equals_the_gathered_one():
     torch.testing.assert_close(grad_d, grad_g)  # training reads memory through the query too
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
 def test_memory_layer_gives_the_same_output_on_either_path(family, monkeypatch):
-    bb = tiny_llama() if family == "llama" else tiny_gpt2()
+    bb = tiny_backbone(family)
     model = LongMemModel(bb, small_config())
     for layer in model.sidenet.layers:  # open the ReZero branches so the memory layer's output reaches the logits
         layer.alpha_attn.data.fill_(0.7)
@@ -136,9 +136,9 @@ def test_no_token_retrieves_its_own_or_a_later_segment(kind):
 
 
 @pytest.mark.parametrize("kind", ["longmem", "backbone", "memtrm"])
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
 def test_cached_decoding_equals_uncached(kind, family):
-    bb = tiny_llama() if family == "llama" else tiny_gpt2()
+    bb = tiny_backbone(family)
     if kind == "longmem":
         model = LongMemModel(bb, small_config())
         for layer in model.sidenet.layers:  # open the branches so the SideNet's own cache matters

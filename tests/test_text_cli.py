@@ -63,4 +63,4 @@ def test_cli_reports_bad_file_before_loading_the_model(tmp_path, capsys, command
 def test_cli_reports_unknown_backbone(tmp_path, capsys):
     (tmp_path / "b.txt").write_text("some text")
     assert main(["generate", "--file", str(tmp_path / "b.txt"), "--backbone", str(tmp_path / "nope")]) == 2
-    assert "not a Hugging Face model directory" in capsys.readouterr().err
+    assert "nor a Hugging Face model directory" in capsys.readouterr().err

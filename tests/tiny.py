@@ -1,4 +1,5 @@
-"""Tiny random backbones built in code (llama with RoPE + GQA, GPT-2) and a character tokenizer for them.
+"""Tiny random backbones built in code (llama with RoPE + GQA, Qwen2 with q/k/v biases and untied embeddings, GPT-2)
+and a character tokenizer for them.
 
 Importable on its own (not only through conftest) so that subprocess-based tests can build the same models.
 """
@@ -7,7 +8,8 @@ from __future__ import annotations
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 from longmem.model.backbone import Backbone
 from longmem.model.longmem import LongMemConfig, LongMemModel
@@ -34,6 +36,24 @@ def tiny_llama(n_layers: int = 4, seed: int = 0, dtype: torch.dtype = torch.floa
     return Backbone(LlamaForCausalLM(cfg).float().to(dtype), tokenizer=char_tokenizer(), name=f"tiny-llama-{n_layers}")
 
 
+def tiny_qwen2(n_layers: int = 4, seed: int = 0, dtype: torch.dtype = torch.float32) -> Backbone:
+    """Qwen2: biases on the q/k/v projections (random here, so that a path that drops them shows) and an output head
+    of its own (untied embeddings)."""
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=n_layers,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                      tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(cfg).float()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return Backbone(model.to(dtype), tokenizer=char_tokenizer(), name=f"tiny-qwen2-{n_layers}")
+
+
+FAMILIES = {"llama": tiny_llama, "qwen2": tiny_qwen2}  # and "gpt2" (tiny_gpt2, below)
+
+
 def tiny_gpt2(n_layers: int = 4, seed: int = 0, dtype: torch.dtype = torch.float32) -> Backbone:
     torch.manual_seed(seed)
     cfg = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=n_layers, n_head=4, n_positions=256,
@@ -48,7 +68,7 @@ def small_config(**kw) -> LongMemConfig:
 
 
 def tiny_backbone(family: str = "llama", dtype: torch.dtype = torch.float32, seed: int = 0) -> Backbone:
-    return (tiny_llama if family == "llama" else tiny_gpt2)(seed=seed, dtype=dtype)
+    return {**FAMILIES, "gpt2": tiny_gpt2}[family](seed=seed, dtype=dtype)
 
 
 def tiny_model(family: str = "llama", dtype: torch.dtype = torch.float32, **config) -> LongMemModel:

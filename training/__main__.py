@@ -22,7 +22,7 @@ HELP = {
     "out": "run directory: checkpoint/, metrics.jsonl, loss.png",
     "model": "'longmem' (train the SideNet) or 'memtrm' (train the MemTRM baseline: a memory layer inside the "
              "frozen backbone, same data and loop)",
-    "backbone": "'default' (embedded SmolLM2-135M-Instruct) or a local Hugging Face model directory",
+    "backbone": "'default' (embedded SmolLM2-135M-Instruct), a local .gguf file or Hugging Face model dir",
     "init": "start from this SideNet checkpoint directory instead of the untrained SideNet",
     "train_scope": "'compact' (memory layer + LoRA updates + scales: small checkpoints) or 'full' (every weight)",
     "lora_rank": "rank of the compact mode's low-rank updates",

@@ -52,7 +52,7 @@ LOSS_KEEP_BYTES = 1 << 30  # float32 log-probabilities up to this size are kept 
 class TrainConfig:
     out: str = "runs/longmem"  # run directory (checkpoint/, metrics.jsonl, loss.png)
     model: str = "longmem"  # "longmem" (the SideNet) or "memtrm" (the baseline: a memory layer inside the backbone)
-    backbone: str = "default"  # "default" (embedded SmolLM2-135M-Instruct) or a local HF model directory
+    backbone: str = "default"  # "default" (embedded SmolLM2-135M-Instruct), a local .gguf file or HF model dir
     init: str | None = None  # start from this SideNet checkpoint (default: the untrained SideNet)
     train_scope: str = "compact"  # "full" (every SideNet weight) or "compact" (memory layer + LoRA + scales)
     lora_rank: int = 16  # rank of the compact mode's low-rank updates

@@ -339,7 +339,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m longmem.bench.bank", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes (4k tokens ingested, a 64k-token bank, 1 rep)")
     p.add_argument("--out", default=None, help="also write the JSON results to this path")
-    p.add_argument("--backbone", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF model dir")
+    p.add_argument("--backbone", default="default",
+                   help="'default' (SmolLM2-135M-Instruct), a .gguf file or an HF model dir")
     add_runtime_flags(p)
     p.add_argument("--text", default=default_text(), help="UTF-8 text to ingest (a prefix of it)")
     p.add_argument("--ingest-tokens", type=int, default=None, help="tokens ingested (default 16384; quick 4096)")

@@ -354,7 +354,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="small sizes (8,192 memory tokens, 16 generated tokens, a 2k document, 1 rep) to check "
                         "in about a minute that everything runs")
     p.add_argument("--out", default=None, help="also write the JSON results to this path")
-    p.add_argument("--backbone", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF model dir")
+    p.add_argument("--backbone", default="default",
+                   help="'default' (SmolLM2-135M-Instruct), a .gguf file or an HF model dir")
     add_runtime_flags(p)
     p.add_argument("--text", default=default_text(), help="UTF-8 text to tokenize (repeated when too short)")
     p.add_argument("--segment-len", type=int, default=1024, help="LongMem local window (and backbone window)")

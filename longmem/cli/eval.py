@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also write the results document here (e.g. docs/results.md), plots in PATH's folder")
     add_data_flag(p, "books/, icl/, squad/, arxiv/, MANIFEST.md")
     p.add_argument("--backbone", default="default",
-                   help="'default' (embedded SmolLM2-135M-Instruct) or a local Hugging Face model directory")
+                   help="'default' (embedded SmolLM2-135M-Instruct), a local .gguf file or Hugging Face model dir")
     p.add_argument("--checkpoint", default=None,
                    help="SideNet checkpoint to evaluate (default: the one shipped for the backbone)")
     p.add_argument("--untrained", action="store_true", help="evaluate the untrained SideNet")

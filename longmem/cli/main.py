@@ -27,7 +27,7 @@ PLUGINS = "longmem.commands"  # entry points of commands that live outside the l
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backbone", default="default",
-                   help="'default' (embedded SmolLM2-135M-Instruct) or a local Hugging Face model directory")
+                   help="'default' (embedded SmolLM2-135M-Instruct), a local .gguf file or Hugging Face model dir")
     p.add_argument("--checkpoint", default=None,
                    help="SideNet checkpoint directory (default: the shipped trained SideNet of the backbone, if any)")
     p.add_argument("--untrained", action="store_true", help="use an untrained SideNet (reproduces the backbone)")

@@ -378,54 +378,105 @@ def default_gguf() -> Path:
     return files[0]
 
 
-def _materialise_default(target: Path) -> None:
-    """Convert the GGUF to a float32 safetensors model directory at ``target`` (atomic: temp dir + rename)."""
+def _materialise(gguf: Path, target: Path, name: str, source: dict) -> None:
+    """Convert ``gguf`` to a float32 safetensors model directory at ``target`` (atomic: temp dir + rename), with
+    ``source`` (what it was made from) written beside it as ``longmem_source.json``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils.quantization_config import GgufConfig
 
-    gguf = default_gguf()
     log.warning("first use: converting %s to safetensors in %s (about a minute, once)", gguf.name, target)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
-                                                 quantization_config=GgufConfig(dequantize=True))
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                     quantization_config=GgufConfig(dequantize=True))
+    except Exception as e:  # a damaged or unsupported file fails in many ways inside gguf and transformers
+        raise BackboneError(f"{gguf.name} could not be read as a GGUF causal language model: {e}") from e
     with atomic_directory(target) as tmp:
-        model.config._name_or_path = DEFAULT_NAME
+        model.config._name_or_path = name
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        source = {"format": _CACHE_FORMAT, "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size, "name": DEFAULT_NAME}
-        (tmp / "longmem_source.json").write_text(json.dumps(source, indent=2))
+        (tmp / "longmem_source.json").write_text(json.dumps({"format": _CACHE_FORMAT, **source}, indent=2))
+
+
+def _source(target: Path) -> dict | None:
+    try:
+        return json.loads((target / "longmem_source.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def default_backbone_dir() -> Path:
     """The cached safetensors copy of the default backbone, created on first use."""
     target = cache_root() / "backbones" / "smollm2-135m-instruct"
-    marker = target / "longmem_source.json"
-    ok = False
-    if marker.exists():
-        try:
-            src = json.loads(marker.read_text())
-            ok = src.get("format") == _CACHE_FORMAT and src.get("gguf_bytes") == default_gguf().stat().st_size
-        except (OSError, ValueError):
-            ok = False
-    if not ok:
-        _materialise_default(target)
+    gguf = default_gguf()
+    src = _source(target)
+    if not (src and src.get("format") == _CACHE_FORMAT and src.get("gguf_bytes") == gguf.stat().st_size):
+        _materialise(gguf, target, DEFAULT_NAME, {"gguf": gguf.name, "gguf_bytes": gguf.stat().st_size,
+                                                  "name": DEFAULT_NAME})
     return target
+
+
+def file_sha256(path: Path, block: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def gguf_backbone_dir(gguf: Path) -> Path:
+    """The cached safetensors copy of a local GGUF file, converted on first use and keyed by the file's size and
+    SHA-256 (a changed file is converted again; the copy is shared by every path to the same file)."""
+    gguf = Path(gguf)
+    if not gguf.is_file():
+        raise BackboneError(f"{str(gguf)!r}: no such GGUF file")
+    with open(gguf, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise BackboneError(f"{gguf.name} is not a GGUF file (it does not start with 'GGUF')")
+    size, digest = gguf.stat().st_size, file_sha256(gguf)
+    target = cache_root() / "backbones" / f"{gguf.stem.lower()}-{digest[:12]}"
+    src = _source(target)
+    if not (src and src.get("format") == _CACHE_FORMAT and src.get("gguf_sha256") == digest):
+        _materialise(gguf, target, gguf.stem, {"gguf": gguf.name, "gguf_bytes": size, "gguf_sha256": digest,
+                                               "name": gguf.stem, "gguf_path": str(gguf.resolve())})
+    return target
+
+
+def known_backbones() -> list[str]:
+    """What ``load_backbone`` can load without being told more: "default", then each GGUF file converted before
+    (newest first) by its own path while it is there, else by its converted copy in the cache."""
+    out = [DEFAULT_BACKBONE]
+    folder = cache_root() / "backbones"
+    found = [d for d in folder.iterdir() if d.is_dir()] if folder.is_dir() else []
+    for d in sorted(found, key=lambda d: d.stat().st_mtime, reverse=True):
+        src = _source(d)
+        if not src or "gguf_sha256" not in src:
+            continue  # the default's copy, or not ours
+        original = Path(src.get("gguf_path", ""))
+        out.append(str(original) if original.name and original.is_file() else str(d))
+    return out
 
 
 def load_backbone(name_or_path: str = DEFAULT_BACKBONE, dtype: torch.dtype | str = "auto",
                   device: str | torch.device = "cpu") -> Backbone:
-    """Load a frozen causal LM: ``"default"`` (the embedded SmolLM2-135M-Instruct) or a local HF model directory."""
+    """Load a frozen causal LM: ``"default"`` (the embedded SmolLM2-135M-Instruct), a local ``.gguf`` file (converted
+    once to safetensors in the cache, ``gguf_backbone_dir``) or a local Hugging Face model directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if isinstance(dtype, str):
         dtype = resolve_dtype(dtype, device)
     if name_or_path == DEFAULT_BACKBONE:
         path, name = default_backbone_dir(), DEFAULT_NAME
+    elif str(name_or_path).lower().endswith(".gguf"):
+        path, name = gguf_backbone_dir(Path(name_or_path)), Path(name_or_path).stem
     else:
         path = Path(name_or_path)
         if not (path / "config.json").exists():
-            raise BackboneError(f"{name_or_path!r} is not a Hugging Face model directory (no config.json); "
-                                "LongMem runs offline and loads local models only")
+            raise BackboneError(f"{name_or_path!r} is neither a .gguf file nor a Hugging Face model directory (no "
+                                "config.json); LongMem runs offline and loads local models only")
         name = path.name
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     tok = AutoTokenizer.from_pretrained(path)

@@ -58,7 +58,7 @@ class CheckpointError(RuntimeError):
 
 @dataclass
 class LongMemConfig:
-    backbone: str = DEFAULT_BACKBONE  # "default" = embedded SmolLM2-135M-Instruct, or a local HF model directory
+    backbone: str = DEFAULT_BACKBONE  # "default" = embedded SmolLM2-135M-Instruct, a local .gguf file or HF model dir
     dtype: str = "auto"  # backbone/SideNet weights: "auto" (bf16 where the hardware has it, else fp32), or a name
     reduction: int = 2  # r: the SideNet has L'/r layers, layer l copied from backbone layer r*l
     memory_layer: int | None = None  # SideNet layer (0-based) with memory; None = cached_layer // r when that is

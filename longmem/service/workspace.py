@@ -236,8 +236,14 @@ class Workspace:
             "process_rss_bytes": psutil.Process().memory_info().rss,
         }
 
+    def known_models(self) -> list[str]:
+        """Backbones to offer: "default" and the GGUF files converted before (``backbone.known_backbones``)."""
+        from longmem.model.backbone import known_backbones
+
+        return known_backbones()
+
     def load_model(self, backbone: str, checkpoint: str | None = None, dtype: str | None = None) -> dict:
-        """Replace the model: a local Hugging Face model directory (or "default") and optionally a SideNet
+        """Replace the model: a local .gguf file or Hugging Face model directory (or "default") and optionally a SideNet
         checkpoint trained for it (refused, with the reason, when it was trained for another backbone), in ``dtype``
         ("auto" or a name; None: the workspace's). Refused while a job runs. Banks built for the old backbone stay
         on disk and are usable again with it."""
