@@ -84,12 +84,32 @@ def test_a_run_answers_each_book_once_and_leaves_out_cut_evidence(tmp_path):
     app = results["app"]["natural-dev"]["items"][0]
     assert {"said", "draft", "draft_contains"} <= app.keys()  # the app's answer before its check is kept
     assert all(len(r[n]["items"]) == 1 for r in results.values() for n in r)
+    outcomes = result.data["outcomes"]
+    assert all(o["right"] + o["declined"] + o["wrong"] == o["answerable"] == 1 for o in outcomes.values())
+    assert outcomes["app"]["not_said"] + outcomes["app"]["invented"] == 1 and outcomes["oracle"]["unanswerable"] == 0
     assert (out / "natural.png").stat().st_size > 1000
     assert len((out / "natural.tasks.jsonl").read_text().splitlines()) == 2  # a unit per set and book
     logs.clear()
     again = run(ctx)  # resumed: the book's unit is reused, nothing is asked again
     assert again.data["results"] == result.data["results"]
     assert not any("question" in m for m in logs)
+
+
+def test_what_a_reader_gets_counts_right_declined_and_wrong_answers():
+    from longmem.eval.natural import outcome_table, reader_outcomes
+    from longmem.tasks.answer import NOT_SAID
+
+    def item(answer, contains, answerable, **kw):
+        return {"answer": answer, "contains": contains, "answerable": answerable, **kw}
+
+    done = {"natural-dev/a.txt": {"scores": {"app": [
+        item("Baker.", 1.0, True), item(NOT_SAID, 0.0, True, said=False), item("Portland.", 0.0, True),
+        item("The text does not mention it.", 0.0, True)]}},
+        "unanswerable-dev/a.txt": {"scores": {"app": [item(NOT_SAID, 1.0, False), item("Blue.", 0.0, False)]}}}
+    got = reader_outcomes(done, ["natural-dev"], ["unanswerable-dev"], "app")
+    assert got == {"answerable": 4, "right": 1, "declined": 2, "wrong": 1, "unanswerable": 2, "not_said": 1,
+                   "invented": 1}
+    assert "| 1 | 2 | 1 | 1 | 1 | 2 of 6 (33%) |" in outcome_table({"app": got})
 
 
 def test_evidence_missing_from_a_whole_book_is_an_error_naming_the_question(tmp_path):

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from longmem.eval.answering import (DEFAULT_READER, Asked, Reader, ReadingSize, check_entrants, finders,
-                                    indexed_haystack, label, reader_for, scored, summary, text_bank)
+                                    indexed_haystack, label, reader_for, says_not_said, scored, summary, text_bank)
 from longmem.eval.compare import discordant, sign_test
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, table
 from longmem.eval.datasets.recall import template_wording
@@ -209,24 +209,63 @@ def _result(ctx: EvalContext, size: Size, done: dict, commits: list[str]) -> Sui
                  for f in finders(size.entrants)}
     reads = table(["finder", "gold passage read (answerable questions)"],
                   [[f, f"{100 * v:.0f}%"] for f, v in gold_read.items()])
+    outcomes = {k: reader_outcomes(done, answerable, unanswerable, k) for k in size.entrants}
     notes = [f"Question sets {', '.join(names)}, each book whole in memory"
              + (f" (cut to its first {size.max_tokens:,} tokens)" if size.max_tokens else "")
              + ". A cell: % of answers that contain an accepted answer (a question the book does not answer: % that "
              "say it does not), ± a 95% interval. Templates written: answers holding a training template's wording "
              "(``datasets.recall.template_wording``). The second table: the share of answerable questions with a "
-             "gold passage among the passages read, per finder.", *_targets(done, size, answerable, unanswerable)]
+             "gold passage among the passages read, per finder. The third: what a reader gets, in questions: right, "
+             "told that the book does not say, or given a wrong answer (an answerable question answered wrongly, or "
+             "an unanswerable one answered at all).", *_targets(done, size, answerable, unanswerable)]
     seconds = sum(u["seconds"] for u in done.values())
     notes.append(f"Units run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
     return SuiteResult("natural", "Natural questions about whole books (beyond the paper): the book in memory, a "
-                       "reader's question", [table(header, rows), reads],
-                       {"results": results, "gold_read": gold_read, "models": {k: label(k) for k in results},
+                       "reader's question", [table(header, rows), reads, outcome_table(outcomes)],
+                       {"results": results, "gold_read": gold_read, "outcomes": outcomes,
+                        "models": {k: label(k) for k in results},
                         "questions": {key: u["questions"] for key, u in done.items()}},
                        asdict(size), [_plot(ctx, results, columns)], notes, seconds)
 
 
+def _declined(x: dict) -> bool:
+    return not x["contains"] and (x.get("said") is False or bool(says_not_said(x["answer"])))
+
+
+def _wrong(x: dict) -> bool:
+    """An answer a reader is misled by: an answerable question answered wrongly, or an unanswerable one answered."""
+    return not x["contains"] and (not x["answerable"] or not _declined(x))
+
+
+def reader_outcomes(done: dict, answerable: list[str], unanswerable: list[str], k: str) -> dict:
+    """What entrant ``k``'s answers gave a reader: on answerable questions right / says the book does not say /
+    wrong; on unanswerable ones says so / invents an answer."""
+    asked = _rows(done, answerable, k, answerable=True)
+    right = sum(x["contains"] > 0 for x in asked)
+    declined = sum(map(_declined, asked))
+    none = _rows(done, unanswerable, k, answerable=False)
+    honest = sum(x["contains"] > 0 for x in none)
+    return {"answerable": len(asked), "right": right, "declined": declined, "wrong": len(asked) - right - declined,
+            "unanswerable": len(none), "not_said": honest, "invented": len(none) - honest}
+
+
+def outcome_table(outcomes: dict) -> str:
+    rows = []
+    for k, o in outcomes.items():
+        n, wrong = o["answerable"] + o["unanswerable"], o["wrong"] + o["invented"]
+        rows.append([label(k), str(o["right"]), str(o["declined"]), str(o["wrong"]),
+                     *([str(o["not_said"]), str(o["invented"])] if o["unanswerable"] else ["", ""]),
+                     f"{wrong} of {n} ({100 * wrong / n:.0f}%)" if n else ""])
+    return table(["entrant", "answerable: right", "says the book does not say", "wrong",
+                  "unanswerable: says so", "invents", "wrong answers given, of all asked"], rows)
+
+
 def _paired(a: list[dict], b: list[dict], field_a: str = "contains", field_b: str = "contains") -> str:
-    """'won vs lost (p = ...)' of two entrants over the same items."""
-    won, lost = discordant([x[field_a] for x in a], [x[field_b] for x in b])
+    """'won vs lost (p = ...)' of two entrants over the same items (field "wrong": ``_wrong``)."""
+    def values(rows: list[dict], f: str) -> list[float]:
+        return [float(_wrong(x)) if f == "wrong" else x[f] for x in rows]
+
+    won, lost = discordant(values(a, field_a), values(b, field_b))
     return f"{won} vs {lost} (sign test p = {sign_test(won, lost):.2f})"
 
 
@@ -255,6 +294,12 @@ def _targets(done: dict, size: Size, answerable: list[str], unanswerable: list[s
         lost = 100 * (drafted - right) / drafted if drafted else 0.0
         notes.append(f"Its check keeps {right:.0f} of the {drafted:.0f} answers its drafts got right: {lost:.0f}% lost "
                      f"(target <= {TARGET_LOST:.0f}%).")
+    if "rag_bm25" in size.entrants:
+        names = [*answerable, *unanswerable]
+        a, b = (_rows(done, names, k) for k in (me, "rag_bm25"))
+        notes.append(f"Wrong answers given (an answerable question answered wrongly, an unanswerable one answered at "
+                     f"all), of {len(a)} questions: the app {sum(map(_wrong, a))}, BM25-RAG {sum(map(_wrong, b))}; "
+                     f"paired, only BM25-RAG / only the app: {_paired(b, a, 'wrong', 'wrong') if a else ''}.")
     none = _rows(done, unanswerable, me, answerable=False)
     if none:
         said = 100 * float(np.mean([x["contains"] for x in none]))
