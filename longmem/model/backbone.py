@@ -446,15 +446,19 @@ def gguf_backbone_dir(gguf: Path) -> Path:
 
 
 def known_backbones() -> list[str]:
-    """What ``load_backbone`` can load without being told more: "default", then each GGUF file converted before
-    (newest first) by its own path while it is there, else by its converted copy in the cache."""
-    out = [DEFAULT_BACKBONE]
+    """What ``load_backbone`` can load without being told more: "default", the models fetched on request (by name),
+    then each other GGUF file converted before (newest first) by its own path while it is there, else by its
+    converted copy in the cache."""
+    from longmem.model.downloads import DOWNLOADS, fetched
+
+    here = [d for d in DOWNLOADS.values() if fetched(d)]
+    out = [DEFAULT_BACKBONE, *(d.name for d in here)]
     folder = cache_root() / "backbones"
     found = [d for d in folder.iterdir() if d.is_dir()] if folder.is_dir() else []
     for d in sorted(found, key=lambda d: d.stat().st_mtime, reverse=True):
         src = _source(d)
-        if not src or "gguf_sha256" not in src:
-            continue  # the default's copy, or not ours
+        if not src or "gguf_sha256" not in src or src["gguf_sha256"] in {f.sha256 for f in here}:
+            continue  # the default's copy, a fetched model's, or not ours
         original = Path(src.get("gguf_path", ""))
         out.append(str(original) if original.name and original.is_file() else str(d))
     return out
