@@ -476,6 +476,23 @@ def test_a_result_written_before_csz_was_renamed_reads_and_reports_its_chunk_siz
     assert "chunks of 4" in results_document([result], "results")
 
 
+def test_the_results_document_names_each_backbone_its_suites_ran_on():
+    from longmem.cli.eval import results_document
+    from longmem.eval.core import SuiteResult
+
+    def result(suite, backbone, sidenet):
+        return SuiteResult.from_json({"suite": suite, "title": suite, "tables": [], "data": {}, "size": {},
+                                      "plots": [], "notes": [], "seconds": 60.0,
+                                      "provenance": {"backbone": backbone, "sidenet": sidenet, "topk": 64,
+                                                     "chunk_size": 4, "command": f"longmem eval {suite}"}})
+
+    text = results_document([result("natural", "qwen2.5-coder-0.5b-instruct-q4_k_m",
+                                     "untrained: none ships for this backbone"),
+                             result("facts", "SmolLM2-135M-Instruct", "shipped with the package")], "results")
+    assert "Backbone: SmolLM2-135M-Instruct." in text and "Backbone: qwen2.5-coder-0.5b-instruct-q4_k_m." in text
+    assert "LongMem SideNet: untrained: none ships for this backbone (K = 64" in text
+
+
 def test_a_result_made_before_best_last_existed_reports_it_was_read_best_first():
     from longmem.cli.eval import size_cell
     from longmem.eval import natural

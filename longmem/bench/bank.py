@@ -76,6 +76,14 @@ def _model(args):
     return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype)).eval()
 
 
+def _backbone_facts(model) -> dict:
+    """What the benchmark ran on: the backbone's name and size, and what one token costs in memory."""
+    bb, spec = model.backbone, model.backbone.spec
+    return {"name": bb.name, "params": sum(p.numel() for p in bb.model.parameters()), "layers": spec.n_layers,
+            "kv_heads": spec.n_kv_heads, "head_dim": spec.head_dim, "cached_layer": model.cached_layer,
+            "kv_bytes_per_token": 2 * spec.n_kv_heads * spec.head_dim * 2}  # K and V, bfloat16
+
+
 def scenario_ingest(args) -> dict:
     from longmem.ingest.pipeline import ingest
     from longmem.storage import BankDirectory
@@ -127,6 +135,7 @@ def scenario_ingest(args) -> dict:
             "ratio": (ing_tokens / ing_s) / (len(ids) / memo_s), "bank": f"src{args.reps}",
             "passages": n_passages, "passages_s": passages_s,
             "with_passages_vs_without": max(0.0, ing_s - passages_s) / ing_s,
+            "backbone": _backbone_facts(model),
             "disk_bytes": stats["disk_bytes"], "kv_bytes": stats["kv_bytes"],
             "all_memorize_tok_s": [len(ids) / s for s in memo],
             "all_ingest_tok_s": [ing_tokens / s for s in ing]}
@@ -329,8 +338,10 @@ def markdown(r: dict) -> str:
               f"{warm['peak_increment_mb']:.0f}", "", ""),
              ("reopen peak RSS increment / K/V size", f"{warm['peak_increment_vs_kv']:.2f}",
               *goal("reopen_peak_vs_kv"))]
-    m = r["machine"]
-    lines = [f"Persistent banks: {m['dtype']} model, K/V stored as {r['kv_dtype']}, {m['threads']} threads, "
+    m, b = r["machine"], ing.get("backbone", {})
+    about = (f"{b['name']} ({b['params'] / 1e6:.0f}M parameters, {b['kv_heads']} K/V heads of {b['head_dim']}: "
+             f"{b['kv_bytes_per_token']} bytes of K/V a token), " if b else "")
+    lines = [f"Persistent banks: {about}{m['dtype']} model, K/V stored as {r['kv_dtype']}, {m['threads']} threads, "
              f"{m['cpu']}", "", "| measurement | value | target | met |", "|---|---:|---|---|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
@@ -417,7 +428,8 @@ def main(argv: list[str] | None = None) -> dict:
     if answer is not None:
         targets["first_token_s"] = target(answer["first_token_s"], TARGETS["first_token_s"], False,
                                           tokens=answer["tokens"])
-    results = {"machine": machine_facts(args.dtype, args.threads), "quick": args.quick, "kv_dtype": "bfloat16",
+    results = {"machine": machine_facts(args.dtype, args.threads), "backbone": ingest.get("backbone"),
+               "quick": args.quick, "kv_dtype": "bfloat16",
                "ingest": ingest, "build": build, "reopen_warm": warm, "answer": answer, "reopen_all_warm": warm_runs,
                "reopen_cold": cold if cold["cold_cache"] else None, "reopen_reps": args.reopen_reps,
                "disk_mb_per_1m_tokens": build["disk_bytes"] / build["tokens"] * 1e6 / 2**20,

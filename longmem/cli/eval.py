@@ -160,7 +160,7 @@ def results_document(results: list[SuiteResult], plot_dir: str) -> str:
             "again).", "", f"{sum(not reduced_from_full(r) for r in results)} of {len(results)} suites ran at the "
             "full size; the others at the reduced size their row names.", "",
             "| suite | size | command | commit | date | wall time |", "|---|---|---|---|---|---:|"]
-    machines, memtrm, sidenets = [], set(), set()
+    machines, memtrm, sidenets, backbones = [], set(), set(), set()
     for r in results:
         p = r.provenance
         dirty = " (uncommitted changes)" if p.get("dirty") else ""
@@ -172,9 +172,11 @@ def results_document(results: list[SuiteResult], plot_dir: str) -> str:
                     f"torch {m['torch']}, faiss {m['faiss']}")
             machines += [line] if line not in machines else []
         memtrm.add(p.get("memtrm"))
+        backbones.add(p.get("backbone", "?"))
         sidenets.add(f"{p.get('sidenet', '?')} (K = {p.get('topk', '?')} memory tokens per query, chunks of "
                      f"{p.get('chunk_size', '?')})")
-    head += [""] + [f"Hardware: {m}." for m in machines] + [f"LongMem SideNet: {s}." for s in sorted(sidenets)]
+    head += [""] + [f"Hardware: {m}." for m in machines] + [f"Backbone: {b}." for b in sorted(backbones)]
+    head += [f"LongMem SideNet: {s}." for s in sorted(sidenets)]
     head.append("MemTRM baseline: " + (", ".join(f"`{m}`" for m in sorted(memtrm - {None})) + " (`--memtrm`)."
                                        if memtrm - {None} else
                                        "not in these tables (no trained MemTRM checkpoint was given: `--memtrm`)."))
@@ -277,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args)
     from longmem.model.longmem import checkpoint_digest, shipped_checkpoint
 
-    sidenet = args.checkpoint or ("untrained" if args.untrained else "shipped with the package")
     weights = args.checkpoint or (None if args.untrained else shipped_checkpoint(model.config.backbone))
+    sidenet = args.checkpoint or ("shipped with the package" if weights else
+                                  "untrained" + ("" if args.untrained else ": none ships for this backbone"))
     memtrm = None
     if args.memtrm:
         from longmem.model.baselines import MemTRM
