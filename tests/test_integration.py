@@ -196,8 +196,10 @@ def test_the_shipped_sidenet_answers_with_a_bank_in_memory(dtype, book_text, tmp
         assert state.status == "done", state.message
         reply = ws.chat("gatsby", "Where did the narrator go to college?", Settings(max_new_tokens=24))
         pieces = list(reply)
-        assert pieces and reply.said and "New Haven" in reply.text and len(_words(reply.text)) >= 4, reply.text
-        assert reply.citations and any("New Haven" in c.text for c in reply.citations)
+        right = ("New Haven", "Yale")  # "I graduated from New Haven in 1915", "... editorials for the Yale News"
+        assert pieces and reply.said and any(w in reply.text for w in right) and len(_words(reply.text)) >= 4, \
+            reply.text
+        assert reply.citations and any(w in c.text for c in reply.citations for w in right)
         assert reply.passages and all(p.text.strip() in book_text for p in reply.passages)
     finally:
         ws.close()
