@@ -475,10 +475,10 @@ def load_backbone(name_or_path: str = DEFAULT_BACKBONE, dtype: torch.dtype | str
     ``gguf_backbone_dir``) or a local Hugging Face model directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if isinstance(dtype, str):
-        dtype = resolve_dtype(dtype, device)
     from longmem.model.downloads import DOWNLOADS, DownloadError, resolve
 
+    if isinstance(dtype, str):
+        dtype = resolve_dtype(dtype, device)
     try:
         fetched = resolve(str(name_or_path))
     except DownloadError as e:

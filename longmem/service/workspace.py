@@ -237,7 +237,8 @@ class Workspace:
         }
 
     def known_models(self) -> list[str]:
-        """Backbones to offer: "default" and the GGUF files converted before (``backbone.known_backbones``)."""
+        """Backbones to offer: "default", the models fetched on request and the GGUF files converted before
+        (``backbone.known_backbones``)."""
         from longmem.model.backbone import known_backbones
 
         return known_backbones()
