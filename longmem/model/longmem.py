@@ -10,7 +10,6 @@ weights hash, provenance). Loading refuses a checkpoint trained for another back
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -25,7 +24,7 @@ from longmem.model.backbone import DEFAULT_BACKBONE, DTYPES, Backbone, BackboneS
 from longmem.model.lm import SegmentLM, Step, Window
 from longmem.model.lora import add_lora
 from longmem.model.sidenet import LayerCache, SideNet
-from longmem.util.files import atomic_directory
+from longmem.util.files import atomic_directory, file_sha256
 from longmem.util.names import current_names
 
 CHECKPOINT_FORMAT = 1
@@ -45,11 +44,7 @@ def shipped_checkpoint(backbone: str) -> Path | None:
 def checkpoint_digest(path: str | Path) -> str:
     """sha256 (hex) of the SideNet weights file in checkpoint directory ``path``: which weights a result was made
     with, whatever the directory is called (the shipped one keeps its name when it is retrained)."""
-    h = hashlib.sha256()
-    with open(Path(path) / "sidenet.safetensors", "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_sha256(Path(path) / "sidenet.safetensors")
 
 
 class CheckpointError(RuntimeError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -63,3 +64,12 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def file_sha256(path: str | os.PathLike, block: int = 1 << 22) -> str:
+    """Hex SHA-256 of a file's bytes, read ``block`` bytes at a time (OSError when it cannot be read)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
