@@ -4,7 +4,7 @@
 PY ?= python3
 ARGS ?=
 
-.PHONY: install run test bench bench-bank bench-app reader
+.PHONY: install run test bench bench-bank bench-app reader screenshots
 install:
 	@# The CPU build of PyTorch first: a bare `torch` requirement would pull several GB of CUDA packages.
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
@@ -34,3 +34,7 @@ bench-bank: install
 
 bench-app: install
 	$(PY) -m app.bench
+
+# The screenshots in docs/screenshots, taken again from the current app in a real browser (~8 min on 2 cores)
+screenshots: install
+	$(PY) tests/screenshots.py --out docs/screenshots

@@ -8,7 +8,8 @@ import gradio as gr
 from longmem.ingest.readers import DemoFormat
 from longmem.service.workspace import Workspace
 
-from .common import BOOK_TYPES, DEMO_TYPES, file_paths, friendly, job_html, mib, parse_label_words
+from .common import (BOOK_TYPES, DEMO_TYPES, Told, file_paths, job_html, mib, notice_box, parse_label_words, serve,
+                     wire)
 from .shared import Shared
 
 BANK_COLUMNS = ["bank", "documents", "tokens", "on disk", "backbone", "stored chunk size", "usable", "status"]
@@ -32,6 +33,16 @@ def active_jobs(ws: Workspace) -> list[str]:
     return [j.id for j in ws.jobs.list() if j.active]
 
 
+def confirm_box(yes: str, yes_id: str) -> tuple[gr.Group, gr.Markdown, gr.Button, gr.Button]:
+    """A hidden box that asks before a destructive action: (box, its question, the button that does it, "Keep it")."""
+    with gr.Group(visible=False) as box:
+        question = gr.Markdown()
+        with gr.Row():
+            do = gr.Button(yes, variant="stop", elem_id=yes_id)
+            keep = gr.Button("Keep it")
+    return box, question, do, keep
+
+
 def build(ws: Workspace, shared: Shared) -> None:
     gr.Markdown("A bank holds books or labelled examples in long-term memory. It stays on disk between runs.")
     banks = gr.Dataframe(headers=BANK_COLUMNS, value=lambda: bank_rows(ws), interactive=False, label="Banks",
@@ -44,10 +55,11 @@ def build(ws: Workspace, shared: Shared) -> None:
             picked = gr.Dropdown(label="Bank", choices=[], allow_custom_value=True, elem_id="manage-bank")
             shared.pickers.append(picked)
             rename_to = gr.Textbox(label="Rename to")
-            rename = gr.Button("Rename")
-        with gr.Column():
-            confirm = gr.Checkbox(label="Yes, delete this bank and everything in it")
-            delete = gr.Button("Delete bank", variant="stop")
+            with gr.Row():
+                rename = gr.Button("Rename")
+                delete = gr.Button("Delete bank…", visible=False, elem_id="delete-bank")
+            delete_confirm, delete_what, delete_yes, delete_no = confirm_box("Yes, delete it", "delete-bank-yes")
+    notice = notice_box("banks-notice")
 
     gr.Markdown("### Add books or demonstrations")
     with gr.Row():
@@ -66,42 +78,47 @@ def build(ws: Workspace, shared: Shared) -> None:
     start = gr.Button("Ingest", variant="primary", elem_id="ingest")
     started = gr.Markdown()
     progress = gr.HTML(value=lambda: jobs_html(ws), elem_id="jobs-panel")
-    with gr.Row():
+    with gr.Row(visible=bool(active_jobs(ws))) as cancel_row:  # shown only while a job runs
         cancel_pick = gr.Dropdown(label="Running job", choices=[], allow_custom_value=True, elem_id="cancel-job")
-        cancel = gr.Button("Cancel ingestion", variant="stop")
+        cancel = gr.Button("Cancel ingestion", elem_id="cancel-ingestion")
 
     gr.Markdown("### Documents")
     with gr.Row():
         doc_bank = gr.Dropdown(label="Bank", choices=[], allow_custom_value=True, elem_id="documents-bank")
         shared.pickers.append(doc_bank)
-        doc_id = gr.Number(label="Document id", precision=0)
-        remove = gr.Button("Remove document", variant="stop")
+        doc_id = gr.Number(label="Document id", value=None, precision=0)
+        remove = gr.Button("Remove document…", visible=False, elem_id="remove-document")
+    remove_confirm, remove_what, remove_yes, remove_no = confirm_box("Yes, remove it", "remove-document-yes")
     docs = gr.Dataframe(headers=DOC_COLUMNS, interactive=False, label="Documents", elem_id="documents-table")
     timer = gr.Timer(1.0)
 
     # -- handlers (each calls the workspace) ----------------------------------------------------------------------
-    @friendly
     def do_create(name):
         ws.create_bank((name or "").strip())
         return bank_rows(ws), shared.bump(), ""
 
-    @friendly
     def do_rename(old, new):
         if not old:
             raise ValueError("pick a bank to rename")
         ws.rename_bank(old, (new or "").strip())
         return bank_rows(ws), shared.bump(), ""
 
-    @friendly
     def do_delete(name, sure):
         if not name:
             raise ValueError("pick a bank to delete")
         if not sure:
             raise ValueError(f"tick the box to confirm that bank {name!r} and everything in it should be deleted")
         ws.delete_bank(name)
-        return bank_rows(ws), shared.bump(), False
+        return Told(f"deleted bank {name}", bank_rows(ws), shared.bump(), gr.update(visible=False))
 
-    @friendly
+    def ask_delete(name):
+        """Show what deleting would remove, with the button that does it."""
+        b = next((b for b in ws.banks() if b.name == name), None)
+        if b is None:
+            raise ValueError(f"no bank named {name!r}")
+        what = f"{b.documents:,} document{'s' * (b.documents != 1)}, {b.tokens:,} tokens"
+        return f"Delete bank **{b.name}** ({what})? This cannot be undone.", gr.update(visible=True)
+
     def do_ingest(name, uploads, template, text_col, label_col, columns, label_words):
         paths = file_paths(uploads)
         if not paths:
@@ -117,46 +134,67 @@ def build(ws: Workspace, shared: Shared) -> None:
         return (f"Started {job}: progress below (it continues if you leave or reload the page).", jobs_html(ws),
                 gr.update(choices=active_jobs(ws), value=job), shared.bump())
 
-    @friendly
     def do_cancel(job):
         if not job:
             raise ValueError("no running job selected")
         ws.jobs.cancel(job)
         return jobs_html(ws)
 
-    @friendly
     def do_documents(name):
         if not name:
             return []
         return [[d.id, d.title, d.kind, d.status, d.n_tokens, d.n_segments, d.source, d.created[:19]]
                 for d in ws.documents(name)]
 
-    @friendly
     def do_remove(name, doc):
         if not name or doc is None:
             raise ValueError("pick a bank and a document id")
         removed = ws.delete_document(name, int(doc))
-        gr.Info(f"removed {removed.title!r} from {name}")
-        return do_documents(name), bank_rows(ws), shared.bump()
+        return Told(f"removed {removed.title!r} from {name}", do_documents(name), bank_rows(ws), shared.bump(),
+                    gr.update(visible=False))
+
+    def ask_remove(name, doc):
+        d = next((d for d in ws.documents(name) if d.id == int(doc)), None) if name and doc is not None else None
+        if d is None:
+            raise ValueError(f"bank {name!r} has no document {doc}" if name and doc is not None
+                             else "pick a bank and a document id")
+        return (f"Remove **{d.title}** ({d.n_tokens:,} tokens) from bank **{name}**? This cannot be undone.",
+                gr.update(visible=True))
 
     was_active = gr.State(False)
 
     def poll(was: bool):
-        """Refresh the job panel and the running-job picker; the bank table too when a job has just finished."""
+        """Refresh the job panel and the running-job picker (shown only while a job runs); the bank table too when
+        a job has just finished."""
         running = active_jobs(ws)
         return (jobs_html(ws), gr.update(choices=running, value=running[0] if running else None),
-                bank_rows(ws) if was and not running else gr.skip(), bool(running))
+                bank_rows(ws) if was and not running else gr.skip(), bool(running),
+                gr.update(visible=bool(running)) if bool(running) != was else gr.skip())
 
-    create.click(do_create, [new_name], [banks, shared.version, new_name], api_name="create_bank")
-    rename.click(do_rename, [picked, rename_to], [banks, shared.version, rename_to], api_name="rename_bank")
-    delete.click(do_delete, [picked, confirm], [banks, shared.version, confirm], api_name="delete_bank")
-    start.click(do_ingest, [target, files, template, text_col, label_col, columns, label_words],
-                [started, progress, cancel_pick, shared.version], api_name="ingest")
-    cancel.click(do_cancel, [cancel_pick], [progress], api_name="cancel_job")
-    doc_bank.change(do_documents, [doc_bank], [docs], api_name="documents")
-    remove.click(do_remove, [doc_bank, doc_id], [docs, banks, shared.version], api_name="remove_document")
-    timer.tick(poll, [was_active], [progress, cancel_pick, banks, was_active], show_progress="hidden", queue=False,
-               api_name="jobs")
+    hide = gr.update(visible=False)
+    wire(create.click, do_create, [new_name], [banks, shared.version, new_name], notice, api_name="create_bank")
+    wire(rename.click, do_rename, [picked, rename_to], [banks, shared.version, rename_to], notice,
+         api_name="rename_bank")
+    picked.change(lambda name: (gr.update(visible=bool(name)), hide), [picked], [delete, delete_confirm],
+                  queue=False, show_progress="hidden", api_visibility="private")
+    wire(delete.click, ask_delete, [picked], [delete_what, delete_confirm], notice)
+    delete_no.click(lambda: hide, None, [delete_confirm], queue=False, api_visibility="private")
+    wire(delete_yes.click, lambda name: do_delete(name, True), [picked], [banks, shared.version, delete_confirm],
+         notice)
+    serve(do_delete, [picked, gr.Checkbox(visible=False)], [banks, shared.version, gr.Number(visible=False)],
+          api_name="delete_bank")
+    wire(start.click, do_ingest, [target, files, template, text_col, label_col, columns, label_words],
+         [started, progress, cancel_pick, shared.version], notice, api_name="ingest")
+    wire(cancel.click, do_cancel, [cancel_pick], [progress], notice, api_name="cancel_job")
+    wire(doc_bank.change, do_documents, [doc_bank], [docs], notice, api_name="documents")
+    doc_id.change(lambda doc: (gr.update(visible=doc is not None), hide), [doc_id], [remove, remove_confirm],
+                  queue=False, show_progress="hidden", api_visibility="private")
+    wire(remove.click, ask_remove, [doc_bank, doc_id], [remove_what, remove_confirm], notice)
+    remove_no.click(lambda: hide, None, [remove_confirm], queue=False, api_visibility="private")
+    wire(remove_yes.click, do_remove, [doc_bank, doc_id], [docs, banks, shared.version, remove_confirm], notice,
+         api_name="remove_document")
+    timer.tick(poll, [was_active], [progress, cancel_pick, banks, was_active, cancel_row], show_progress="hidden",
+               queue=False, api_name="jobs")
     shared.version.change(lambda: bank_rows(ws), None, [banks], queue=False, api_visibility="private")
 
 

@@ -2,6 +2,7 @@
 
     python -m app.bench                      # both scenarios (a 100k-token bank is built once, ~4 min on 2 cores)
     python -m app.bench --scenario startup   # only `python app.py` -> usable page
+    python -m app.bench --scenario upload --reps 1   # a dropped 48k-token book -> its first answer piece
     python -m app.bench --out app.json       # also write the JSON
 
 Scenarios:
@@ -9,6 +10,10 @@ Scenarios:
 - ``startup``: runs ``python app.py --no-browser`` (what ``make run`` ends with) in a fresh process and times how
   long until the page and its API configuration are served, ``--reps`` times; the model's safetensors cache is warm
   (the first run ever converts the GGUF once, ~1 min, and is not what a user waits for afterwards).
+- ``upload``: what a new user waits for in the Chat tab: a book dropped (``Workspace.add_book``, as the drop box
+  calls it: a bank of its own named after the book), read into memory, then the first streamed piece of the answer
+  to a question about it; ``--book`` (default: A Lost Lady, ~48k tokens, from the shared data), a fresh banks
+  directory each run, ``--reps`` runs.
 - ``first-token``: a bank of ``--bank-tokens`` tokens (a held-out book, ingested for real and kept in
   ``--banks-dir`` for the next run), then ``Workspace.chat`` questions, timing the first streamed piece of each
   answer: the first question includes loading the bank's memory into RAM (cold), the others do not (warm).
@@ -63,6 +68,44 @@ def scenario_startup(args) -> dict:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(30)
     return {"startup_s": statistics.median(times), "startup_runs_s": times}
+
+
+def scenario_upload(args) -> dict:
+    from longmem.model.cpu import setup_cpu
+    from longmem.model.longmem import LongMemConfig, LongMemModel
+    from longmem.service.workspace import Settings, Workspace
+    from longmem.storage import BankDirectory
+
+    setup_cpu(args.threads)
+    model = LongMemModel.from_config(LongMemConfig(dtype=args.dtype)).eval()
+    runs = []
+    for i in range(args.reps):
+        with tempfile.TemporaryDirectory() as tmp:
+            ws = Workspace(model, BankDirectory(Path(tmp) / "banks"))
+            try:
+                t0 = time.perf_counter()
+                name, job = ws.add_book(args.book, title=Path(args.book).name)
+                state = ws.jobs.wait(job)
+                if state.status != "done":
+                    raise RuntimeError(f"ingestion {state.status}: {state.message}")
+                read_s = time.perf_counter() - t0
+                reply = ws.chat(name, args.question, Settings())
+                first = None
+                for _ in reply:
+                    first = first or time.perf_counter() - t0
+                total = time.perf_counter() - t0
+                runs.append({"bank": name, "tokens": state.tokens_done, "ingest_s": read_s,
+                             "upload_to_first_piece_s": first if first is not None else total,
+                             "upload_to_answer_s": total})
+                log(f"upload {i + 1}/{args.reps}: {state.tokens_done:,} tokens read in {read_s:.1f} s, first answer "
+                    f"piece at {runs[-1]['upload_to_first_piece_s']:.1f} s, whole answer at {total:.1f} s")
+            finally:
+                ws.close()
+    key = lambda k: statistics.median(r[k] for r in runs)  # noqa: E731
+    return {"book": Path(args.book).name, "question": args.question, "tokens": runs[0]["tokens"],
+            "bank": runs[0]["bank"], "ingest_s": key("ingest_s"),
+            "upload_to_first_piece_s": key("upload_to_first_piece_s"), "upload_to_answer_s": key("upload_to_answer_s"),
+            "runs": runs}
 
 
 def scenario_first_token(args) -> dict:
@@ -127,8 +170,12 @@ def main(argv: list[str] | None = None) -> None:
     from longmem.model.cpu import add_runtime_flags
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenario", choices=["all", "startup", "first-token"], default="all", help="what to measure")
-    p.add_argument("--reps", type=int, default=3, help="start-up runs (median reported)")
+    p.add_argument("--scenario", choices=["all", "startup", "upload", "first-token"], default="all",
+                   help="what to measure")
+    p.add_argument("--reps", type=int, default=3, help="start-up and upload runs (median reported)")
+    p.add_argument("--book", default=str(ROOT.parent / "shared" / "data" / "books" / "pg65636.txt"),
+                   help="the book dropped in the upload scenario (default: A Lost Lady)")
+    p.add_argument("--question", default="Who is Mrs. Forrester?", help="the question asked about it")
     p.add_argument("--bank-tokens", type=int, default=100_000, help="size of the bank the chat reads")
     p.add_argument("--questions", type=int, default=6, help="questions asked (the first one is cold)")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens per answer")
@@ -142,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     results: dict = {"machine": machine_facts(args.dtype, args.threads or os.cpu_count()), "targets": TARGETS}
     if args.scenario in ("all", "startup"):
         results["startup"] = scenario_startup(args)
+    if args.scenario in ("all", "upload"):
+        results["upload"] = scenario_upload(args)
     if args.scenario in ("all", "first-token"):
         results["first_token"] = scenario_first_token(args)
     results["wall_s"] = time.perf_counter() - t0
@@ -149,6 +198,12 @@ def main(argv: list[str] | None = None) -> None:
     if "startup" in results:
         rows.append(f"| `python app.py` to usable page (median of {args.reps}) | {results['startup']['startup_s']:.1f}"
                     " s | |")
+    if "upload" in results:
+        u = results["upload"]
+        rows += [f"| {u['book']} ({u['tokens']:,} tokens) dropped -> read into memory (median of {args.reps}) | "
+                 f"{u['ingest_s']:.1f} s | |",
+                 f"| ... -> first piece of the first answer | {u['upload_to_first_piece_s']:.1f} s | |",
+                 f"| ... -> whole first answer | {u['upload_to_answer_s']:.1f} s | |"]
     if "first_token" in results:
         f = results["first_token"]
         rows += [f"| first answer token, {f['bank_tokens']:,}-token bank, cold (loads the memory) | "

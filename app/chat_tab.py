@@ -5,15 +5,18 @@ passages it read, each opening onto its surrounding text, and the passages memor
 from __future__ import annotations
 
 import html
+import re
+import uuid
 
 import gradio as gr
 
-from longmem.service.workspace import CONTINUE, PassageHit, Settings, Workspace
+from longmem.service.workspace import CONTINUE, PassageHit, Reply, Settings, Workspace
 from longmem.tasks.reading import FINDERS, READING_TOPK, Citation
 
-from .common import BOOK_TYPES, file_paths, friendly, job_html
+from .common import BOOK_TYPES, file_paths, job_html, notice_box, wire
 from .shared import Shared
 
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")  # a blank line between two paragraphs
 FINDER_NAMES = {"lexical": "words (BM25)", "fused": "memory retrieval and words, fused", "memory": "memory retrieval",
                 "none": "none"}
 
@@ -21,8 +24,9 @@ FINDER_NAMES = {"lexical": "words (BM25)", "fused": "memory retrieval and words,
 def passages_markdown(passages: list[PassageHit]) -> str:
     parts = []
     for i, p in enumerate(passages, 1):
-        context = html.escape(p.context.strip()).replace("\n", " ")
-        parts.append(f"**{i}. {html.escape(p.document)}**, {p.location} (retrieved {p.hits}×)\n\n> {context}")
+        paragraphs = [html.escape(x).replace("\n", " ") for x in _PARAGRAPH_BREAK.split(p.context.strip())]
+        quote = "\n>\n".join(f"> {x}" for x in paragraphs if x.strip())
+        parts.append(f"**{i}. {html.escape(p.document)}**, {p.location} (retrieved {p.hits}×)\n\n{quote}")
     return "\n\n".join(parts)
 
 
@@ -37,12 +41,38 @@ def _words(text: str, n: int) -> str:
     return " ".join(w[:n]) + ("…" if len(w) > n else "")
 
 
-def marked(c: Citation) -> str:
-    """The passage as HTML, the sentence that supports the answer in bold."""
-    if not c.support:
-        return html.escape(c.text)
-    a, b = c.support
-    return html.escape(c.text[:a]) + "<b>" + html.escape(c.text[a:b]) + "</b>" + html.escape(c.text[b:])
+def highlighted(text: str, spans: list[tuple[int, int, str]]) -> str:
+    """``text`` as HTML with each ``(start, end, tag)`` span wrapped in ``<tag>`` (spans listed outer first, nested
+    or disjoint; clipped to the text)."""
+    cuts = sorted({0, len(text), *(min(max(x, 0), len(text)) for a, b, _ in spans for x in (a, b))})
+    out = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        piece = html.escape(text[lo:hi])
+        for a, b, tag in reversed(spans):
+            if a <= lo and hi <= b:
+                piece = f"<{tag}>{piece}</{tag}>"
+        out.append(piece)
+    return "".join(out)
+
+
+def context_html(c: Citation) -> str:
+    """The passage in its surrounding text as HTML paragraphs: the passage marked (``<mark>``), the sentence that
+    supports the answer in bold; the book's hard-wrapped lines joined, so that the text reads as prose. A mark
+    that crosses paragraphs is marked in each."""
+    at = c.context.find(c.text)
+    spans = [] if at < 0 else [(at, at + len(c.text), "mark")]
+    full = c.context if at >= 0 else c.text
+    if c.support:
+        base = max(at, 0)
+        spans.append((base + c.support[0], base + c.support[1], "b"))
+    paragraphs, pos = [], 0
+    for m in [*_PARAGRAPH_BREAK.finditer(full), None]:
+        end = m.start() if m else len(full)
+        if full[pos:end].strip():
+            shifted = [(a - pos, b - pos, tag) for a, b, tag in spans if a < end and b > pos]
+            paragraphs.append("<p>" + highlighted(full[pos:end], shifted).replace("\n", " ") + "</p>")
+        pos = m.end() if m else end
+    return "".join(paragraphs)
 
 
 def citations_message(citations: list[Citation], said: bool = True) -> dict:
@@ -51,12 +81,10 @@ def citations_message(citations: list[Citation], said: bool = True) -> dict:
     parts = []
     for c in citations:
         quote = c.text[c.support[0]:c.support[1]] if c.support else c.text
-        before, _, after = c.context.partition(c.text)
-        around = (html.escape(before) + "<mark>" + marked(c) + "</mark>" + html.escape(after)
-                  if c.text in c.context else marked(c))
-        parts.append(f"<details><summary><b>[{c.number}]</b> {html.escape(c.place)}: "
-                     f"“{html.escape(_words(quote, 40 if c.support else 18))}”</summary>\n\n"
-                     f"<blockquote>{around.strip()}</blockquote></details>")
+        quote = _words(quote, 40 if c.support else 18)
+        quoted = quote if quote[:1] in "“\"'‘" else f"“{quote}”"  # a quote that opens with its own mark keeps it
+        parts.append(f"<details><summary><b>[{c.number}]</b> {html.escape(c.place)}: {html.escape(quoted)}</summary>"
+                     f"<blockquote>{context_html(c)}</blockquote></details>")
     n = len(citations)
     title = (f"Read from the book: {n} passage{'s' * (n != 1)}" if said
              else f"The closest passages the book has: {n}")
@@ -76,35 +104,41 @@ def history_messages(turns: list[dict]) -> list[dict]:
 
 
 def settings_panel(ws: Workspace, defaults: Settings, reading: bool = False) -> list:
-    """Temperature, max tokens, memory chunks per query, chunk size (and with ``reading``, how an answer finds the
-    passages it reads, how many, and whether an unsupported answer says that the book does not say): an accordion
-    starting at ``defaults``."""
+    """The settings under a Chat or Continue box, starting at ``defaults``: first what a reader understands (how long
+    an answer may be, how adventurous its words, and with ``reading`` whether it says when the book does not say),
+    then, in a closed "Advanced" group, the model's own knobs (how passages are found and how many are read, memory
+    chunks per query, chunk size). Returns the inputs in ``make_settings``'s order."""
     model = ws.model
     with gr.Accordion("Settings", open=False):
-        extra = []
-        if reading:
+        with gr.Row():
+            abstain = (gr.Checkbox(value=Settings.abstain, label="Say so when the book does not say",
+                                   info="an answer the passages read do not support is replaced by that")
+                       if reading else None)
+            tokens = gr.Slider(8, 512, value=defaults.max_new_tokens, step=8, label="Longest answer (tokens)",
+                               info="about ¾ of a word each")
+            temperature = gr.Slider(0.0, 1.5, value=defaults.temperature, step=0.05, label="Variety",
+                                    info="0: always the most likely words; higher: freer, less exact")
+        with gr.Accordion("Advanced", open=False):
+            extra = []
+            if reading:
+                with gr.Row():
+                    extra = [gr.Dropdown([(FINDER_NAMES[f], f) for f in FINDERS], value=Settings.reading,
+                                         elem_id="reading", label="Find the passages to read by",
+                                         info="none: the paper's memory fusion alone"),
+                             gr.Slider(0, 8, value=Settings.passages, step=1, label="Passages read at most"),
+                             gr.Checkbox(value=Settings.backbone_stops, label="End answers where the backbone would",
+                                         info="the SideNet, trained on book text, ends a chat turn late")]
             with gr.Row():
-                extra = [gr.Dropdown([(FINDER_NAMES[f], f) for f in FINDERS], value=Settings.reading,
-                                     elem_id="reading", label="Read passages found by",
-                                     info="none: the paper's memory fusion alone"),
-                         gr.Slider(0, 8, value=Settings.passages, step=1, label="Passages read at most"),
-                         gr.Checkbox(value=Settings.backbone_stops, label="End answers where the backbone would",
-                                     info="the SideNet, trained on book text, ends a chat turn late"),
-                         gr.Checkbox(value=Settings.abstain, label="Say when the book does not say",
-                                     info="an answer whose words the passages read do not hold is not shown")]
-        with gr.Row():
-            temperature = gr.Slider(0.0, 1.5, value=defaults.temperature, step=0.05,
-                                    label="Temperature (0 = the most likely words)")
-            tokens = gr.Slider(8, 512, value=defaults.max_new_tokens, step=8, label="Max new tokens")
-        with gr.Row():
-            top = model.config.topk // model.chunk_size  # the model's own: what it was evaluated with
-            reads = max(1, min(READING_TOPK, model.config.topk) // model.chunk_size)
-            chunks = gr.Slider(0, max(64, 4 * top), value=0, step=1, label="Top-K memory chunks per token and head",
-                               info=f"0: automatic ({reads} while passages are read, else the model's {top})")
-            sizes = [d for d in range(model.chunk_size, 0, -1) if model.chunk_size % d == 0]
-            chunk_size = gr.Dropdown(choices=sizes, value=model.chunk_size,
-                                     label="Chunk size (tokens; finer = more precise)")
-    return [temperature, tokens, chunks, chunk_size, *extra]
+                top = model.config.topk // model.chunk_size  # the model's own: what it was evaluated with
+                reads = max(1, min(READING_TOPK, model.config.topk) // model.chunk_size)
+                chunks = gr.Slider(0, max(64, 4 * top), value=0, step=1,
+                                   label="Memory pieces each word looks up (top-K chunks per token and head)",
+                                   info=f"0: automatic ({reads} while passages are read, else the model's {top})")
+                sizes = [d for d in range(model.chunk_size, 0, -1) if model.chunk_size % d == 0]
+                chunk_size = gr.Dropdown(choices=sizes, value=model.chunk_size,
+                                         label="Memory piece size (chunk size, tokens)",
+                                         info="smaller: more precise look-ups, slower")
+    return [temperature, tokens, chunks, chunk_size, *extra, *([abstain] if reading else [])]
 
 
 def make_settings(temperature, tokens, chunks, chunk_size, reading=Settings.reading,
@@ -134,26 +168,30 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
     gr.Markdown("Drop a book to ask about it (it is read into a memory bank of its own, kept on disk), or pick a bank "
                 "made before. Each answer reads the passages it finds in the book and cites them.")
     with gr.Row():
-        book = gr.File(label="Drop a book here (.txt .md .html .epub .pdf)", file_types=BOOK_TYPES,
-                       file_count="single", height=120, elem_id="chat-book", scale=2)
+        book = gr.File(label="Drop a book (.txt .md .html .epub .pdf)", file_types=BOOK_TYPES, file_count="single",
+                       height=150, elem_id="chat-book", scale=2)
         with gr.Column(scale=3):
             with gr.Row():
-                bank = gr.Dropdown(label="Bank", choices=[], allow_custom_value=True, elem_id="chat-bank", scale=3)
-                shared.pickers.append(bank)
-                clear = gr.Button("Clear conversation", scale=1)
+                bank = gr.Dropdown(label="Book (memory bank)", choices=[], allow_custom_value=True,
+                                   elem_id="chat-bank", scale=3)
+                clear = gr.Button("Clear conversation", scale=1, elem_id="clear-chat")
             loading = gr.HTML(elem_id="chat-loading-panel")
-    chatbot = gr.Chatbot(label="Conversation", height=460, elem_id="chatbot")
+    shared.remember(bank, "bank")
+    chatbot = gr.Chatbot(label="Conversation", height=460, elem_id="chatbot", buttons=["copy"],
+                         feedback_options=None)
     with gr.Row():
         question = gr.Textbox(placeholder="Ask about the book…", show_label=False, scale=5, elem_id="question")
         send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
-        stop = gr.Button("Stop", scale=1, elem_id="stop")
+        stop = gr.Button("Stop", scale=1, elem_id="stop", interactive=False)
+    notice = notice_box("chat-notice")
     settings = settings_panel(ws, Settings(), reading=True)
+    session = gr.State(lambda: uuid.uuid4().hex)  # this page's key for its running answer (what Stop stops)
+    running: dict[str, Reply] = {}  # page key -> the answer being written for it
+    stopped: set[str] = set()  # page keys whose answer the reader stopped
 
-    @friendly
     def load_history(name):
         return history_messages(ws.chat_history(name)) if name else []
 
-    @friendly
     def drop_book(upload):
         paths = file_paths(upload)
         if not paths:
@@ -161,29 +199,40 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         name, _ = ws.add_book(paths[0], title=paths[0].rsplit("/", 1)[-1])
         return gr.update(choices=[b.name for b in ws.banks()], value=name), loading_html(ws, name), shared.bump()
 
-    @friendly
-    def ask(name, q, history, *s):
+    def ask(name, q, history, key, *s):
         if not name:
             raise ValueError("drop a book above, or pick a bank, first")
         job = ws.loading(name)
         if job is not None and job.active:
             raise ValueError(f"{name} is still loading ({100 * job.fraction:.0f}% read); ask when it is ready")
         reply = ws.chat(name, q, make_settings(*s))
+        running[key] = reply
+        stopped.discard(key)
         history = list(history or []) + [{"role": "user", "content": q}, {"role": "assistant", "content": ""}]
-        yield history, ""
         try:
+            yield history, "", gr.update(interactive=True)
             for piece in reply:
                 history[-1]["content"] += piece
-                yield history, ""
+                yield history, "", gr.skip()
         finally:
             reply.cancel()
+            running.pop(key, None)
+        if key in stopped:  # an answer cut short is marked, and still shows what it read
+            shown = history[-1]["content"].rstrip()
+            history[-1]["content"] = (f"{shown} *[stopped]*" if shown
+                                      else "*[stopped before any of the answer was shown]*")
         if reply.citations:
             history.append(citations_message(reply.citations, reply.said))
         if reply.passages:
             history.append(passages_message(reply.passages))
-        yield history, ""
+        yield history, "", gr.update(interactive=False)
 
-    @friendly
+    def do_stop(key):
+        reply = running.get(key)
+        if reply is not None:
+            stopped.add(key)
+            reply.cancel()
+
     def do_clear(name):
         if name:
             ws.clear_chat(name)
@@ -197,46 +246,51 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         active = job is not None and job.active
         return loading_html(ws, name), active, (shared.bump() if was and not active else gr.skip())
 
-    bank.change(load_history, [bank], [chatbot], api_name="chat_history")
+    wire(bank.change, load_history, [bank], [chatbot], notice, api_name="chat_history")
     bank.change(lambda name: loading_html(ws, name), [bank], [loading], queue=False, api_visibility="private")
-    book.upload(drop_book, [book], [bank, loading, shared.version], api_name="add_book")
+    wire(book.upload, drop_book, [book], [bank, loading, shared.version], notice, api_name="add_book"
+         ).then(lambda: None, None, [book], queue=False, api_visibility="private")  # ready for the next book
     gr.Timer(1.0).tick(poll, [bank, loading_now], [loading, loading_now, shared.version], show_progress="hidden",
                        queue=False, api_name="loading")
-    asking = [event(ask, [bank, question, chatbot, *settings], [chatbot, question], concurrency_id="model",
-                    concurrency_limit=1, api_name=api or None, api_visibility="public" if api else "private")
-              for event, api in ((send.click, "chat"), (question.submit, False))]
-    stop.click(None, None, None, cancels=asking, api_visibility="private")
-    clear.click(do_clear, [bank], [chatbot], api_name="clear_chat")
+    for event, api in ((send.click, "chat"), (question.submit, None)):
+        wire(event, ask, [bank, question, chatbot, session, *settings], [chatbot, question, stop], notice,
+             show_progress_on=[chatbot], concurrency_id="model", concurrency_limit=1, api_name=api
+             ).then(lambda: gr.update(interactive=False), None, [stop], queue=False, api_visibility="private")
+    stop.click(do_stop, [session], None, queue=False, api_visibility="private")
+    wire(clear.click, do_clear, [bank], [chatbot], notice, api_name="clear_chat")
+    wire(chatbot.clear, do_clear, [bank], [chatbot], notice)  # its bin icon clears the stored conversation too
 
 
 def build_continue(ws: Workspace, shared: Shared) -> None:
-    bank = gr.Dropdown(label="Bank", choices=[], allow_custom_value=True, elem_id="continue-bank")
-    shared.pickers.append(bank)
+    bank = gr.Dropdown(label="Book (memory bank)", choices=[], allow_custom_value=True, elem_id="continue-bank")
+    shared.remember(bank, "bank")
     passage = gr.Textbox(label="Passage to continue (leave empty to continue the book from its end)", lines=4,
                          elem_id="continue-passage")
     with gr.Row():
         go = gr.Button("Continue", variant="primary", elem_id="continue")
-        stop = gr.Button("Stop")
+        stop = gr.Button("Stop", interactive=False)
+    notice = notice_box("continue-notice")
     output = gr.Textbox(label="Continuation", lines=12, interactive=False, elem_id="continuation")
     with gr.Accordion("Passages memory retrieved", open=False):
         found = gr.Markdown()
     settings = settings_panel(ws, CONTINUE)
 
-    @friendly
     def run(name, text, *s):
         if not name:
-            raise ValueError("pick a bank first (make one in the Memory banks tab)")
+            raise ValueError("pick a bank first (drop a book in the Chat tab, or make one in Memory banks)")
         reply = ws.continue_text(name, text if text and text.strip() else None, make_settings(*s))
         out = ""
         try:
+            yield out, "", gr.update(interactive=True)
             for piece in reply:
                 out += piece
-                yield out, ""
+                yield out, "", gr.skip()
         finally:
             reply.cancel()
         notes = "".join(f"*{n}*\n\n" for n in reply.notes)
-        yield out, notes + passages_markdown(reply.passages)
+        yield out, notes + passages_markdown(reply.passages), gr.update(interactive=False)
 
-    event = go.click(run, [bank, passage, *settings], [output, found], concurrency_id="model", concurrency_limit=1,
-                     api_name="continue")
+    event = wire(go.click, run, [bank, passage, *settings], [output, found, stop], notice,
+                 show_progress_on=[output], concurrency_id="model", concurrency_limit=1, api_name="continue")
+    event.then(lambda: gr.update(interactive=False), None, [stop], queue=False, api_visibility="private")
     stop.click(None, None, None, cancels=[event], api_visibility="private")

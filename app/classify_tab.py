@@ -7,6 +7,7 @@ whole file. Classifiers are saved in their bank and reopen with it."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import gradio as gr
 
@@ -15,48 +16,68 @@ from longmem.service.workspace import Workspace
 from longmem.tasks.examples import PRESETS, peek_columns
 
 from .banks_tab import jobs_html
-from .common import file_paths, friendly, parse_label_words
+from .common import reported, file_paths, notice_box, parse_label_words, wire
 from .shared import Shared
 
 CUSTOM = "Custom"
-FINDERS = [("found in the bank for each text (memory + words)", "fused"), ("found by memory", "memory"),
-           ("found by words (BM25)", "lexical"), ("fixed (the paper's)", "none")]
+FINDERS = [("the most similar ones in the bank (meaning and words)", "fused"),
+           ("the most similar in memory", "memory"), ("those sharing the most words", "lexical"),
+           ("the same fixed ones for every text (as in the paper)", "none")]
+SAMPLE = Path(__file__).parent / "samples" / "reviews.csv"  # 400 restaurant reviews made for the project (MIT)
+SAMPLE_SPLIT = {"n_context": 8, "n_memory": 332, "n_test": 60}  # the whole sample: 8 + 332 + 60 = 400 rows
+HIDDEN = gr.update(visible=False)
+
+
+def preset_choices() -> list[tuple[str, str]]:
+    """The templates a classifier can start from, named by their labels ("positive, negative (SST-2)")."""
+    return [("my own template", CUSTOM)] + [(f"{', '.join(p.label_words.values())} ({k})", k)
+                                             for k, p in PRESETS.items()]
 
 
 def build(ws: Workspace, shared: Shared) -> None:
-    gr.Markdown("Build a classifier from labelled examples: a few sit in the prompt, thousands go into memory.")
+    gr.Markdown("Build a classifier from labelled examples: it reads a few of them with each text, and keeps "
+                "thousands more in memory. No file at hand? Try the sample: 400 short restaurant reviews, "
+                "positive or negative.")
+    sample = gr.Button(f"Build a sample classifier ({SAMPLE_SPLIT['n_memory'] + SAMPLE_SPLIT['n_context']} reviews "
+                       f"to learn from, {SAMPLE_SPLIT['n_test']} to test on)", elem_id="classify-sample")
     with gr.Row():
-        bank = gr.Dropdown(label="Bank for the demonstrations (a new name creates it)", choices=[],
+        bank = gr.Dropdown(label="Bank for the examples (a new name creates it)", choices=[],
                            allow_custom_value=True, elem_id="classify-bank")
-        shared.pickers.append(bank)
+        shared.remember(bank, "classify")
         name = gr.Textbox(label="Classifier name", value="sentiment", elem_id="classifier-name")
     with gr.Row():
         upload = gr.File(label="Labelled examples (.csv .tsv .jsonl)", file_types=[".csv", ".tsv", ".jsonl"],
                          elem_id="classify-upload")
         header = gr.Checkbox(label="First row is a header", value=True)
-    preview = gr.Dataframe(label="First rows", interactive=False, wrap=True, max_height=260)
+    preview = gr.Dataframe(label="First rows", interactive=False, wrap=True, max_height=260, visible=False,
+                           elem_id="classify-preview")
     with gr.Row():
         text_col = gr.Dropdown(label="Text column", choices=[], allow_custom_value=True, elem_id="text-column")
         label_col = gr.Dropdown(label="Label column", choices=[], allow_custom_value=True, elem_id="label-column")
     with gr.Row():
-        preset = gr.Dropdown(label="Preset (paper, appendix D)", choices=[CUSTOM, *PRESETS], value="SST-2")
-        template = gr.Textbox(label="Template", value=PRESETS["SST-2"].template, elem_id="template")
-        words = gr.Textbox(label="Label words (value=word, comma-separated; empty = labels as written)",
+        preset = gr.Dropdown(label="Start from a template", choices=preset_choices(), value="SST-2",
+                             info="the paper's templates (appendix D), by their labels")
+        template = gr.Textbox(label="Template: how one example reads ({text} and {label})",
+                              value=PRESETS["SST-2"].template, elem_id="template")
+        words = gr.Textbox(label="Label words (value=word, comma-separated; empty: labels as written)",
                            value=_words(PRESETS["SST-2"].label_words), elem_id="label-words")
     with gr.Row():
-        finder = gr.Dropdown(label="Demonstrations in the prompt", choices=FINDERS, value="fused",
-                             elem_id="demo-finder")
-        balance = gr.Checkbox(label="Balance their labels", value=False)
-        calibrate = gr.Checkbox(label="Calibrate (divide by each label's content-free probability)", value=False)
-    with gr.Row():
-        n_context = gr.Slider(0, 32, value=20, step=1, label="Demonstrations in the prompt")
-        n_memory = gr.Number(label="Demonstrations in memory", value=2000, precision=0)
-        n_test = gr.Number(label="Held-out examples to evaluate on", value=100, precision=0)
-        seed = gr.Number(label="Seed", value=0, precision=0)
-        sizes = [d for d in range(ws.model.chunk_size, 0, -1) if ws.model.chunk_size % d == 0]
-        chunk_size = gr.Dropdown(choices=sizes, value=2 if 2 in sizes else sizes[0],
-                          label="Chunk size (the paper uses 2 for labels)")
+        n_context = gr.Slider(0, 32, value=20, step=1, label="Examples the model reads with each text",
+                              elem_id="n-context")
+        finder = gr.Dropdown(label="Which ones", choices=FINDERS, value="fused", elem_id="demo-finder")
+        n_memory = gr.Number(label="Examples kept in memory", value=2000, precision=0, elem_id="n-memory")
+        n_test = gr.Number(label="Examples held out to measure accuracy", value=100, precision=0, elem_id="n-test")
+    with gr.Accordion("Advanced", open=False):
+        with gr.Row():
+            balance = gr.Checkbox(label="Read as many examples of each label", value=False)
+            calibrate = gr.Checkbox(label="Correct for a bias toward some labels", value=False,
+                                    info="divides each label's probability by its probability for an empty text")
+            seed = gr.Number(label="Seed (which examples go where)", value=0, precision=0)
+            sizes = [d for d in range(ws.model.chunk_size, 0, -1) if ws.model.chunk_size % d == 0]
+            chunk_size = gr.Dropdown(choices=sizes, value=2 if 2 in sizes else sizes[0],
+                                     label="Memory piece size (chunk size, tokens)", info="2 suits short labels")
     build_btn = gr.Button("Build classifier", variant="primary", elem_id="build-classifier")
+    notice = notice_box("classify-notice")
     status = gr.Markdown(elem_id="build-status")
     progress = gr.HTML()
 
@@ -64,38 +85,38 @@ def build(ws: Workspace, shared: Shared) -> None:
     with gr.Row():
         saved = gr.Dropdown(label="Saved classifier", choices=[], allow_custom_value=True, elem_id="saved-classifier")
         refresh = gr.Button("Refresh list")
-        curve = gr.Checkbox(label="Also plot accuracy vs in-memory demonstrations", value=True)
-        evaluate = gr.Button("Evaluate on held-out examples", elem_id="evaluate")
+        curve = gr.Checkbox(label="Also plot accuracy against the examples in memory", value=True)
+        evaluate = gr.Button("Evaluate on the held-out examples", elem_id="evaluate")
     summary = gr.Markdown(elem_id="eval-summary")
     per_label = gr.Dataframe(headers=["label", "precision", "recall", "f1", "support"], interactive=False,
-                             label="Per label")
+                             label="Per label", visible=False, elem_id="per-label")
     with gr.Row():
-        confusion = gr.Image(label="Confusion matrix", type="filepath", show_label=False)
-        curve_img = gr.Image(label="Accuracy vs demonstrations in memory", type="filepath", show_label=False)
+        confusion = gr.Image(label="Confusion matrix", type="filepath", show_label=False, visible=False)
+        curve_img = gr.Image(label="Accuracy vs examples in memory", type="filepath", show_label=False,
+                             visible=False)
     with gr.Row():
         text = gr.Textbox(label="Text to classify", scale=4, elem_id="classify-text")
         one = gr.Button("Classify", scale=1, elem_id="classify-one")
-    label = gr.Label(label="Prediction", elem_id="prediction")
+    label = gr.Label(label="Prediction", elem_id="prediction", visible=False)
     read = gr.Markdown(elem_id="demos-read")
     with gr.Row():
         batch = gr.File(label="File to classify (.csv .tsv .jsonl, or .txt with one text per line)",
                         file_types=[".csv", ".tsv", ".jsonl", ".txt"])
         batch_col = gr.Textbox(label="Its text column", value="text")
         run_batch = gr.Button("Classify file")
-    results = gr.File(label="Results (CSV)", elem_id="classify-results")
+    results = gr.File(label="Results (CSV)", elem_id="classify-results", visible=False)
     timer = gr.Timer(1.0)
 
     # -- handlers -------------------------------------------------------------------------------------------------
-    @friendly
     def on_upload(files, has_header):
         paths = file_paths(files)
         if not paths:
-            return None, gr.update(choices=[]), gr.update(choices=[])
+            return HIDDEN, gr.update(choices=[]), gr.update(choices=[])
         columns, rows = peek_columns(paths[0], has_header)
         guess = lambda *names: next((c for c in columns if c.lower() in names), None)  # noqa: E731
         t = guess("text", "sentence", "review") or (columns[-1] if columns else None)
         lab = guess("label", "labels", "class", "y") or (columns[0] if columns else None)
-        return ({"headers": columns, "data": rows}, gr.update(choices=columns, value=t),
+        return (gr.update(value={"headers": columns, "data": rows}, visible=True), gr.update(choices=columns, value=t),
                 gr.update(choices=columns, value=lab))
 
     def on_preset(p):
@@ -103,7 +124,6 @@ def build(ws: Workspace, shared: Shared) -> None:
             return gr.skip(), gr.skip()
         return PRESETS[p].template, _words(PRESETS[p].label_words)
 
-    @friendly
     def do_build(bank_name, clf, files, has_header, tcol, lcol, tmpl, wordmap, k, m, t, s, size, how, bal, cal):
         paths = file_paths(files)
         if not paths:
@@ -115,14 +135,23 @@ def build(ws: Workspace, shared: Shared) -> None:
                          label_column=lcol or "label", columns=columns)
         job = ws.classifiers.build(bank_name.strip(), clf, paths[0], fmt, int(k), int(m), int(t), int(s), int(size),
                                    finder=how, balance=bool(bal), calibrate=bool(cal))
-        return f"Building: job {job} (the demonstrations are being written into memory).", shared.bump()
+        return (f"Building {clf!r}: the examples are being written into memory (job {job}). When it is done, "
+                "it appears under Saved classifier below."), shared.bump()
 
-    @friendly
+    def sample_form():
+        """The form filled in for the sample file (a new bank of its own), ready to build."""
+        bank_name = ws.directory.free_name("sample-reviews")
+        columns, rows = peek_columns(str(SAMPLE), True)
+        return (bank_name, "restaurant-reviews", str(SAMPLE), gr.update(value={"headers": columns, "data": rows},
+                                                                          visible=True),
+                gr.update(choices=columns, value="text"), gr.update(choices=columns, value="label"), CUSTOM,
+                "Review: {text} Sentiment: {label}", "", SAMPLE_SPLIT["n_context"], SAMPLE_SPLIT["n_memory"],
+                SAMPLE_SPLIT["n_test"])
+
     def list_saved(bank_name):
         names = ws.classifiers.names(bank_name) if bank_name and ws.directory.exists(bank_name) else []
         return gr.update(choices=names, value=names[0] if names else None)
 
-    @friendly
     def do_evaluate(bank_name, clf, with_curve, progress=gr.Progress()):
         if not bank_name or not clf:
             raise ValueError("pick a bank and one of its saved classifiers")
@@ -130,16 +159,17 @@ def build(ws: Workspace, shared: Shared) -> None:
                                      progress=lambda d, n: progress(d / max(n, 1), desc="evaluating"))
         r = out["result"]
         lines = [f"**Accuracy {100 * r.accuracy:.1f}%** on {len(r.predictions)} held-out examples "
-                 f"(majority class {100 * out['majority']:.1f}%, macro F1 {r.macro_f1:.3f})."]
+                 f"(always answering the most common label: {100 * out['majority']:.1f}%; macro F1 "
+                 f"{r.macro_f1:.3f})."]
         if out["curve"]:
-            lines.append("Accuracy by demonstrations in memory (95% interval): " + ", ".join(
+            lines.append("Accuracy by examples in memory (95% interval): " + ", ".join(
                 f"{p.n_memory:,} → {100 * p.accuracy:.1f}% ({100 * p.interval[0]:.0f}-{100 * p.interval[1]:.0f})"
                 for p in out["curve"]))
         table = [[w, round(m.precision, 3), round(m.recall, 3), round(m.f1, 3), m.support]
                  for w, m in r.per_label.items()]
-        return "\n\n".join(lines), table, out["confusion_png"], out["curve_png"]
+        shown = lambda v: gr.update(value=v, visible=v is not None)  # noqa: E731
+        return "\n\n".join(lines), shown(table), shown(out["confusion_png"]), shown(out["curve_png"])
 
-    @friendly
     def do_one(bank_name, clf, t):
         if not bank_name or not clf:
             raise ValueError("pick a bank and one of its saved classifiers")
@@ -150,18 +180,18 @@ def build(ws: Workspace, shared: Shared) -> None:
         top = max(scores.values())
         z = sum(math.exp(v - top) for v in scores.values())
         demos = row["read"].split("\n") if row["read"] else []
-        shown = (f"**Read {len(demos)} demonstrations found in the bank** (closest last):\n\n"
+        shown = (f"**Read {len(demos)} examples found in the bank** (closest last):\n\n"
                  + "\n".join(f"{i}. {_escape(d)}" for i, d in enumerate(demos, 1))) if demos else \
-            "The prompt read the classifier's fixed demonstrations."
-        return {w: math.exp(v - top) / z for w, v in scores.items()}, shown
+            "The prompt read the classifier's fixed examples."
+        return gr.update(value={w: math.exp(v - top) / z for w, v in scores.items()}, visible=True), shown
 
-    @friendly
     def do_batch(bank_name, clf, files, col, progress=gr.Progress()):
         paths = file_paths(files)
         if not bank_name or not clf or not paths:
             raise ValueError("pick a bank, a saved classifier and a file to classify")
-        return str(ws.classifiers.classify_file(bank_name, clf, paths[0], (col or "text").strip(),
-                                    progress=lambda d, n: progress(d / max(n, 1), desc="classifying")))
+        out = ws.classifiers.classify_file(bank_name, clf, paths[0], (col or "text").strip(),
+                                           progress=lambda d, n: progress(d / max(n, 1), desc="classifying"))
+        return gr.update(value=str(out), visible=True)
 
     def poll(was: bool, bank_name):
         """While a job runs, show its progress; when it has just finished, show the outcome and the saved list."""
@@ -171,22 +201,24 @@ def build(ws: Workspace, shared: Shared) -> None:
             return jobs_html(ws), list_saved(bank_name) if finished else gr.skip(), running
         return gr.skip(), gr.skip(), False
 
-    upload.change(on_upload, [upload, header], [preview, text_col, label_col], api_name="preview")
-    header.change(on_upload, [upload, header], [preview, text_col, label_col], api_visibility="private")
+    build_inputs = [bank, name, upload, header, text_col, label_col, template, words, n_context, n_memory, n_test,
+                    seed, chunk_size, finder, balance, calibrate]
+    wire(upload.change, on_upload, [upload, header], [preview, text_col, label_col], notice, api_name="preview")
+    wire(header.change, on_upload, [upload, header], [preview, text_col, label_col], notice)
     preset.change(on_preset, [preset], [template, words], api_name="preset")
-    build_btn.click(do_build, [bank, name, upload, header, text_col, label_col, template, words, n_context, n_memory,
-                               n_test, seed, chunk_size, finder, balance, calibrate], [status, shared.version],
-                    api_name="build_classifier")
-    bank.change(list_saved, [bank], [saved], api_visibility="private")
-    refresh.click(list_saved, [bank], [saved], api_name="classifiers")
-    evaluate.click(do_evaluate, [bank, saved, curve], [summary, per_label, confusion, curve_img],
-                   concurrency_id="model", concurrency_limit=1, api_name="evaluate")
-    one.click(do_one, [bank, saved, text], [label, read], concurrency_id="model", concurrency_limit=1,
-              api_name="classify")
-    text.submit(do_one, [bank, saved, text], [label, read], concurrency_id="model", concurrency_limit=1,
-                api_visibility="private")
-    run_batch.click(do_batch, [bank, saved, batch, batch_col], [results], concurrency_id="model", concurrency_limit=1,
-                    api_name="classify_file")
+    wire(build_btn.click, do_build, build_inputs, [status, shared.version], notice, api_name="build_classifier")
+    filled = wire(sample.click, sample_form, None, [bank, name, upload, preview, text_col, label_col, preset,
+                                                    template, words, n_context, n_memory, n_test], notice)
+    filled.then(reported(do_build, 2), build_inputs, [notice, status, shared.version], api_visibility="private")
+    wire(bank.change, list_saved, [bank], [saved], notice)
+    wire(refresh.click, list_saved, [bank], [saved], notice, api_name="classifiers")
+    wire(evaluate.click, do_evaluate, [bank, saved, curve], [summary, per_label, confusion, curve_img], notice,
+         concurrency_id="model", concurrency_limit=1, api_name="evaluate")
+    for event, api in ((one.click, "classify"), (text.submit, None)):
+        wire(event, do_one, [bank, saved, text], [label, read], notice, concurrency_id="model", concurrency_limit=1,
+             api_name=api)
+    wire(run_batch.click, do_batch, [bank, saved, batch, batch_col], [results], notice, concurrency_id="model",
+         concurrency_limit=1, api_name="classify_file")
     was_running = gr.State(False)
     timer.tick(poll, [was_running, bank], [progress, saved, was_running], show_progress="hidden", queue=False,
                api_visibility="private")

@@ -10,7 +10,7 @@ import gradio as gr
 from longmem.model.backbone import DTYPES
 from longmem.service.workspace import Workspace
 
-from .common import friendly, mib
+from .common import mib, notice_box, wire
 from .shared import Shared
 
 
@@ -29,7 +29,8 @@ def info_markdown(ws: Workspace) -> str:
         "<details><summary>Checkpoint provenance</summary>\n", f"```json\n{prov}\n```", "</details>"])
 
 
-def build(ws: Workspace, shared: Shared) -> None:
+def build(ws: Workspace, shared: Shared) -> gr.Markdown:
+    """The Model tab; returns its info panel (refreshed whenever the tab is opened)."""
     info = gr.Markdown(value=lambda: info_markdown(ws), elem_id="model-info")
     refresh = gr.Button("Refresh")
     gr.Markdown("### Load another model\nA local `.gguf` file or Hugging Face model directory (or `default` for the "
@@ -45,14 +46,14 @@ def build(ws: Workspace, shared: Shared) -> None:
         dtype = gr.Dropdown(["auto", *sorted(DTYPES)], value=ws.dtype, label="Dtype",
                             info="auto: bfloat16 where the CPU or GPU computes it natively, else float32")
     load = gr.Button("Load model", variant="primary")
+    notice = notice_box("model-notice")
 
-    @friendly
     def do_load(path, ckpt, kind, progress=gr.Progress()):
         progress(0.1, desc="loading the model")
         ws.load_model(path, ckpt or None, kind)
-        gr.Info(f"loaded {ws.model.backbone.name}")
         return info_markdown(ws), shared.bump(), gr.Dropdown(choices=ws.known_models())
 
     refresh.click(lambda: info_markdown(ws), None, [info], api_name="model_info")
-    load.click(do_load, [backbone, checkpoint, dtype], [info, shared.version, backbone], concurrency_id="model",
-               concurrency_limit=1, api_name="load_model")
+    wire(load.click, do_load, [backbone, checkpoint, dtype], [info, shared.version, backbone], notice,
+         concurrency_id="model", concurrency_limit=1, api_name="load_model")
+    return info

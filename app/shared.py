@@ -1,4 +1,5 @@
-"""What the tabs share: the bank pickers to refresh when banks change, and the signal that they changed."""
+"""What the tabs share: the bank pickers to refresh when banks change, the signal that they changed, and what the
+page remembers across a reload (the chosen banks and tab, in the browser's local storage)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,18 @@ import gradio as gr
 @dataclass
 class Shared:
     version: gr.Number  # hidden; a handler that changes banks returns ``bump()`` into it
+    memo: gr.BrowserState  # {"tab": tab id, key: bank name for each remembered picker}
     pickers: list = field(default_factory=list)  # every bank dropdown of the page
+    remembered: list = field(default_factory=list)  # (picker, key): pickers whose choice survives a reload
 
     @staticmethod
     def bump() -> float:
         return time.time()
+
+    def remember(self, picker: gr.Dropdown, key: str) -> None:
+        """Make ``picker`` a bank picker whose choice is stored under ``key`` and given back after a reload (pickers
+        sharing a key, Chat's and Continue's, come back with the same bank)."""
+        self.pickers.append(picker)
+        self.remembered.append((picker, key))
+        picker.change(lambda value, memo: {**(memo or {}), key: value}, [picker, self.memo], [self.memo],
+                      queue=False, show_progress="hidden", api_visibility="private")

@@ -1,6 +1,8 @@
-"""The page: five tabs over one shared ``Workspace``, Chat first."""
+"""The page: five tabs over one shared ``Workspace``, Chat first. A reload comes back to the same tab and banks."""
 
 from __future__ import annotations
+
+import hashlib
 
 import gradio as gr
 
@@ -9,30 +11,59 @@ from longmem.service.workspace import Workspace
 from . import banks_tab, chat_tab, classify_tab, model_tab
 from .shared import Shared
 
-CSS = "#jobs .job {margin: 0.4em 0;} footer {display: none !important;}"
+TABS = {"chat": "Chat", "continue": "Continue", "classify": "Classify", "banks": "Memory banks", "model": "Model"}
+CSS = """
+#jobs .job {margin: 0.4em 0;}
+footer {display: none !important;}
+.notice-box .notice {padding: 0.5em 0.8em; border-radius: var(--radius-md); margin: 0.2em 0;}
+.notice-error {background: var(--color-red-50, #fef2f2); color: var(--color-red-700, #b91c1c);
+               border: 1px solid var(--color-red-200, #fecaca);}
+.notice-info {background: var(--color-green-50, #f0fdf4); color: var(--color-green-700, #15803d);
+              border: 1px solid var(--color-green-200, #bbf7d0);}
+.dark .notice-error {background: #450a0a; color: #fecaca;}
+.dark .notice-info {background: #052e16; color: #bbf7d0;}
+#chatbot .thought-group blockquote p {margin: 0.5em 0; line-height: 1.5;}
+"""
+
+
+def memo_secret(ws: Workspace) -> str:
+    """A key for the browser-side memo that stays the same across restarts of the app on the same banks directory
+    (Gradio's default is new at each start, which would forget the chosen bank whenever the app restarts). What
+    it protects is only the names of the chosen bank and tab."""
+    return hashlib.sha256(f"longmem-page-memo:{ws.directory.root.resolve()}".encode()).hexdigest()[:32]
 
 
 def build_app(ws: Workspace) -> gr.Blocks:
     with gr.Blocks(title="LongMem") as demo:
         gr.Markdown("# LongMem\nA language model with a long-term memory: put books or thousands of examples into a "
                     "memory bank, then chat about them, continue them, or classify with them.")
-        shared = Shared(version=gr.Number(value=0, visible=False))
-        # a new user's path first (drop a book, ask); bank management stays one tab away
-        with gr.Tab("Chat", id="chat"):
-            chat_tab.build_chat(ws, shared)
-        with gr.Tab("Continue", id="continue"):
-            chat_tab.build_continue(ws, shared)
-        with gr.Tab("Classify", id="classify"):
-            classify_tab.build(ws, shared)
-        with gr.Tab("Memory banks", id="banks"):
-            banks_tab.build(ws, shared)
-        with gr.Tab("Model", id="model"):
-            model_tab.build(ws, shared)
+        shared = Shared(version=gr.Number(value=0, visible=False),
+                        memo=gr.BrowserState({}, storage_key="longmem-page", secret=memo_secret(ws)))
+        builders = {"chat": chat_tab.build_chat, "continue": chat_tab.build_continue, "classify": classify_tab.build,
+                    "banks": banks_tab.build, "model": model_tab.build}
+        with gr.Tabs(elem_id="tabs") as tabs:
+            # a new user's path first (drop a book, ask); bank management stays one tab away
+            for tab_id, label in TABS.items():
+                with gr.Tab(label, id=tab_id) as tab:
+                    built = builders[tab_id](ws, shared)
+                tab.select(lambda memo, tab_id=tab_id: {**(memo or {}), "tab": tab_id}, [shared.memo],
+                           [shared.memo], queue=False, show_progress="hidden", api_visibility="private")
+                if tab_id == "model":  # what it shows (loaded banks, memory use) is current whenever it is opened
+                    tab.select(lambda: model_tab.info_markdown(ws), None, [built], queue=False,
+                               show_progress="hidden", api_visibility="private")
 
         def pickers():
             names = [b.name for b in ws.banks()]
             return [gr.update(choices=names) for _ in shared.pickers]
 
+        def restore(memo):
+            """The page as it was before a reload: its tab, and each remembered picker's bank if it still exists."""
+            memo, names = memo or {}, [b.name for b in ws.banks()]
+            keys = {id(p): k for p, k in shared.remembered}
+            updates = [gr.update(choices=names, value=memo[keys[id(p)]])
+                       if memo.get(keys.get(id(p))) in names else gr.update(choices=names) for p in shared.pickers]
+            return [*updates, gr.Tabs(selected=memo["tab"]) if memo.get("tab") in TABS else gr.skip()]
+
         shared.version.change(pickers, None, shared.pickers, queue=False, api_visibility="private")
-        demo.load(pickers, None, shared.pickers, queue=False, api_visibility="private")
+        demo.load(restore, [shared.memo], [*shared.pickers, tabs], queue=False, api_visibility="private")
     return demo

@@ -282,3 +282,13 @@ def open_passages(page, timeout_s: float = 10):
     block.evaluate("el => el.scrollIntoView({block: 'end'})")
     page.evaluate("() => window.scrollTo(0, 0)")
     return block
+
+
+def uncovered(page, selector: str) -> bool:
+    """Whether the element's centre is on screen and nothing else is drawn over it (what a click there would hit
+    is the element or one of its children)."""
+    page.locator(selector).first.scroll_into_view_if_needed()
+    return page.evaluate(
+        "sel => { const el = document.querySelector(sel); const r = el.getBoundingClientRect();"
+        " const hit = document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2);"
+        " return !!hit && (hit === el || el.contains(hit)); }", selector)

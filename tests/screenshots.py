@@ -1,12 +1,13 @@
 """Screenshots of the web app for the docs: one full-page PNG per tab, with realistic content.
 
-    python tests/screenshots.py --out docs/screenshots
+    python tests/screenshots.py --out docs/screenshots      # or: make screenshots
 
 Starts ``python app.py`` on the real embedded backbone with a fresh banks directory, then drives it in Debian's
 Chromium (installed with apt-get when missing) through Playwright: ingests the opening of The Great Gatsby into bank
-``gatsby``, asks a question about it in Chat (passages block open), continues a passage in Continue, builds, evaluates
-and uses an SST-2 sentiment classifier in Classify, and shows the Model tab. Writes banks.png, chat.png, continue.png,
-classify.png and model.png. On a 2-core CPU it takes about 8 minutes, most of it the classifier evaluation.
+``gatsby``, asks a question about it in Chat (what it read open), continues a passage in Continue, builds, evaluates
+and uses the sample classifier in Classify (the app's own sample file, one click), and shows the Model tab. Writes
+banks.png, chat.png, continue.png, classify.png and model.png. On a 2-core CPU it takes about 8 minutes, most of it
+the classifier evaluation.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from browser import (  # noqa: E402
     ensure_playwright,
     launch_chromium,
     log_tail,
-    open_passages,
     start_app,
     type_new_value,
     upload_file,
@@ -52,17 +52,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--book-kb", type=int, default=60,
                    help="use only the book's first BOOK_KB kilobytes (ingestion: a few hundred tokens/s on a CPU)")
     p.add_argument("--bank", default="gatsby", help="bank for the book")
-    p.add_argument("--question", default="Who is Gatsby, and what does Nick see across the bay at night?",
+    p.add_argument("--question", default="Where did the narrator go to college?",
                    help="the question asked in the Chat tab")
     p.add_argument("--passage", default="I decided to call to him. Miss Baker had mentioned him at dinner, and that "
                    "would do for an introduction. But I didn't call to him, for he gave a sudden intimation that he "
                    "was content to be alone",
                    help="the passage continued in the Continue tab")
-    p.add_argument("--demos", type=Path, default=SHARED / "icl" / "SST-2" / "train.tsv",
-                   help="labelled examples for the classifier (TSV with a header: sentence, label)")
-    p.add_argument("--memory", type=int, default=300, help="demonstrations in memory")
-    p.add_argument("--held-out", type=int, default=40, help="held-out examples to evaluate on")
-    p.add_argument("--text", default="a gorgeous, witty, seductive movie that never loses its nerve.",
+    p.add_argument("--text", default="The soup was rich and warming, and the staff were lovely.",
                    help="the text classified in the Classify tab")
     p.add_argument("--port", type=int, default=None, help="port for the app (default: a free one)")
     p.add_argument("--work", type=Path, default=None,
@@ -86,12 +82,6 @@ def excerpt(book: Path, out: Path, kb: int) -> Path:
 
 def step(msg: str, t0: float) -> None:
     print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", flush=True)
-
-
-def set_number(page, label: str, value: int) -> None:
-    box = page.locator(f"input[type=number][aria-label='{label}']")
-    box.fill(str(value))
-    box.press("Tab")
 
 
 def wait_jobs_done(page, timeout_s: float) -> None:
@@ -162,7 +152,13 @@ def run(args: argparse.Namespace, work: Path) -> None:
             block = page.locator("#chatbot .thought-group", has_text=PASSAGES)
             block.wait_for(timeout=600 * MS)
             wait_idle(page, "chatbot", timeout_s=120)
-            open_passages(page).get_by_text(re.compile(r"retrieved \d+×")).first.wait_for(timeout=10 * MS)
+            # what the answer read: the first passage opened in its surrounding text
+            read = page.locator("#chatbot .thought-group", has_text=re.compile("Read from the book|The closest"))
+            read.first.wait_for(timeout=30 * MS)
+            read.first.locator(".title").click()
+            read.first.locator("details summary").first.click()
+            read.first.locator("details[open] blockquote").first.wait_for(timeout=10 * MS)
+            page.locator("#chatbot [data-testid=user]").first.scroll_into_view_if_needed()
             step("answered", t0)
             shoot(page, args.out / "chat.png")
 
@@ -178,25 +174,13 @@ def run(args: argparse.Namespace, work: Path) -> None:
             step("continued", t0)
             shoot(page, args.out / "continue.png")
 
-            # -- Classify ---------------------------------------------------------------------------------------------
+            # -- Classify: the sample file, one click ---------------------------------------------------------------
             page.get_by_role("tab", name="Classify").click()
-            type_new_value(page, "classify-bank", "sst2")
-            page.locator("#classify-upload input[type=file]").set_input_files(str(args.demos))
-            page.wait_for_function(
-                "() => document.querySelector('#text-column input').value === 'sentence'", timeout=120 * MS)
-            set_number(page, "Demonstrations in memory", args.memory)
-            set_number(page, "Held-out examples to evaluate on", args.held_out)
-            page.click("#build-classifier")
+            page.click("#classify-sample")
             page.locator("#build-status", has_text="Building").wait_for(timeout=120 * MS)
-            step("building the classifier (demonstrations into memory)", t0)
-            deadline = time.monotonic() + 1800
-            saved = page.locator("#saved-classifier input[role=combobox]")
-            while saved.input_value() != "sentiment":  # the list fills when the job has saved the classifier
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the classifier was not saved within 30 minutes")
-                time.sleep(3)
-                page.get_by_role("button", name="Refresh list").click()
-                wait_idle(page, "saved-classifier")
+            step("building the sample classifier (its examples into memory)", t0)
+            page.wait_for_function("() => document.querySelector('#saved-classifier input[role=combobox]').value "
+                                   "=== 'restaurant-reviews'", timeout=1800 * MS)  # the job saved it
             step("classifier saved; evaluating", t0)
             page.click("#evaluate")
             page.locator("#eval-summary", has_text="Accuracy").wait_for(timeout=3600 * MS)
@@ -205,7 +189,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             step("evaluated: " + page.locator("#eval-summary").inner_text().replace("\n", " "), t0)
             page.locator("#classify-text textarea").fill(args.text)
             page.click("#classify-one")
-            page.locator("#prediction", has_text="positive").first.wait_for(timeout=300 * MS)
+            page.locator("#prediction", has_text="positive").first.wait_for(timeout=300 * MS)  # shown
             wait_idle(page, "prediction", timeout_s=120)
             step("classified: " + page.locator("#prediction").inner_text().replace("\n", " "), t0)
             shoot(page, args.out / "classify.png")

@@ -254,6 +254,16 @@ def test_an_answer_left_unfinished_is_not_recorded(loaded):
     assert chat.history == [] and not reply.complete
 
 
+def test_a_stopped_answer_ends_at_once_and_is_not_recorded_even_while_its_sentences_are_held(loaded):
+    model, bank, memory = loaded
+    chat = Chat(model, memory, Sampling(max_new_tokens=20, temperature=0))
+    asked = []
+    reply = answer(chat, PassageFinder(bank, model, memory), QUESTION, Reading(abstain=1.0),
+                   stop=lambda: asked.append(1) or len(asked) > 3)  # the reader stops at the 4th token
+    assert list(reply) == [] and len(asked) == 4  # nothing shown yet (held for checking), and no NOT_SAID either
+    assert chat.history == [] and not reply.complete and reply.citations
+
+
 # -- the same answer everywhere -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def saved(chat_checkpoint, tmp_path_factory):

@@ -120,7 +120,7 @@ def test_a_dropped_book_loads_in_the_chat_tab_and_answers(server):
     book = root / "Gull Point.txt"
     book.write_text(BOOK)
     picker, panel, _ = client.predict(handle_file(str(book)), api_name="/add_book")
-    bank = picker["value"]  # the Chat tab's bank picker now shows it
+    bank = picker  # the Chat tab's bank picker now shows it (API callers get the value, not the page's update)
     assert bank == "gull-point" and bank in ws.directory.names()  # a bank of its own, named after the book
     assert "gull-point" in panel and ("Reading the book" in panel or "is ready" in panel)
     deadline = time.monotonic() + 120
@@ -153,13 +153,13 @@ def test_classifier_from_a_csv(server):
     csv.write_text("label,text\n" + "".join(f"{label},{text} {i}\n" for i, (label, text) in enumerate(rows)))
     preview, text_col, label_col = client.predict(handle_file(str(csv)), True, api_name="/preview")
     assert preview["headers"] == ["label", "text"] and len(preview["data"]) == 5
-    assert text_col["value"] == "text" and label_col["value"] == "label"  # guessed from the header
+    assert text_col == "text" and label_col == "label"  # guessed from the header
     status = client.predict("reviews", "mood", handle_file(str(csv)), True, "text", "label",
                             "Review: {text} Sentiment: {label}", "", 2, 20, 10, 0, 2, "fused", True, True,
                             api_name="/build_classifier")
     assert "job" in status[0]
     for _ in range(600):  # the demonstrations are ingested by a job; the classifier is saved when it is done
-        if client.predict("reviews", api_name="/classifiers")["value"] == "mood":
+        if client.predict("reviews", api_name="/classifiers") == "mood":
             break
         time.sleep(0.2)
     assert ws.classifiers.names("reviews") == ["mood"]
@@ -169,7 +169,7 @@ def test_classifier_from_a_csv(server):
     assert open(confusion, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and open(curve, "rb").read(4) == b"\x89PNG"
     pred, read = client.predict("reviews", "mood", "a fine warm film", api_name="/classify")
     assert pred["label"] in ("good", "bad") and len(pred["confidences"]) == 2
-    assert "Read 2 demonstrations found in the bank" in read and read.count("Sentiment:") == 2  # one of each label
+    assert "Read 2 examples found in the bank" in read and read.count("Sentiment:") == 2  # one of each label
     todo = root / "todo.txt"
     todo.write_text("a fine warm film\na dull cold film\n")
     out = client.predict("reviews", "mood", handle_file(str(todo)), "text", api_name="/classify_file")
@@ -240,7 +240,7 @@ def test_a_job_in_extraction_is_cancelled_from_the_page(server):
     ws, client, root = server
     slow = slow_pdf(root / "slow.pdf")  # ~30 s of pypdf work
     started = client.predict("slow", [handle_file(str(slow))], "", "text", "label", "", "", api_name="/ingest")
-    job_id = started[2]["value"]
+    job_id = started[2]
     deadline = time.monotonic() + 60
     while not extraction_children() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -115,6 +115,7 @@ def test_bank_names_cannot_escape_the_banks_directory(directory, model, name):
 @pytest.mark.parametrize("title, name", [
     ("The Great Gatsby", "the-great-gatsby"), ("Moby-Dick; or, The Whale", "moby-dick-or-the-whale"),
     ("../../etc/passwd", "etc-passwd"), ("a...b", "a.b"), ("Война и мир", "book"), ("", "book"),
+    ("Les Misérables", "les-miserables"),
     ("  .hidden ", "hidden"), ("x" * 200, "x" * 56)])
 def test_a_free_name_is_made_from_a_title(directory, title, name):
     assert directory.free_name(title) == name

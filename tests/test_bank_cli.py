@@ -158,7 +158,7 @@ def test_chat_reads_and_cites_the_passages_of_a_file_or_a_bank(tmp_path, chat_ch
     assert out.startswith(f"> {question}\n")
     cited = [line for line in out.splitlines() if line.startswith("  [")]
     assert 1 <= len(cited) <= 4 and "zeppelin" in cited[-1]  # the best passage is read last, nearest the question
-    assert cited[-1].startswith(f"  [{len(cited)}] story, CHAPTER II, ")
+    assert cited[-1].startswith(f"  [{len(cited)}] story, Chapter II, ")
     assert main(["bank", "ingest", "lib", str(book), "--create", "--checkpoint", chat_checkpoint,
                  "--banks-dir", str(tmp_path / "banks")]) == 0
     capsys.readouterr()

@@ -3,9 +3,12 @@ Debian's Chromium (installed with apt-get when missing; never downloaded by Play
 
 One walk through the page as a new user would do it: drop a small book on the Chat tab (the first one), watch it
 load into a bank of its own, ask about it and watch the answer stream in, with what it read (each citation opening
-onto its surrounding text) and the passages memory retrieved in their collapsible blocks; then find the bank and its
-finished job in the Memory banks tab. Full-page screenshots go to ``$LONGMEM_SCREENSHOTS`` (else pytest's
-tmp_path). Skipped, with the reason, only when Chromium (or the playwright package) cannot be installed.
+onto its surrounding text, its place naming part and chapter) and the passages memory retrieved in their collapsible
+blocks; reload and find the bank, the conversation and then the tab again; find the bank and its finished job in the
+Memory banks tab; build and evaluate the Classify tab's sample classifier in one click. Before the book, an empty
+file is refused by its own name, beside the question box and not over it. Full-page screenshots go to
+``$LONGMEM_SCREENSHOTS`` (else pytest's tmp_path). Skipped, with the reason, only when Chromium (or the playwright
+package) cannot be installed.
 
     python -m pytest -q tests/test_browser.py          # or: pytest -m browser
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -32,6 +36,7 @@ from browser import (  # noqa: E402
     launch_chromium,
     open_passages,
     start_app,
+    uncovered,
     upload_file,
     wait_idle,
 )
@@ -93,7 +98,8 @@ MONTHS = ["March", "April", "May", "June", "July", "August"]
 
 
 def write_book(path: Path, entries: int = 36, seed: int = 7) -> Path:
-    """A ~3k-token story: an opening with the distinctive fact, a keeper's logbook, an ending. Deterministic."""
+    """A ~3k-token story in two parts of two chapters each (PART ONE: I, II; PART TWO: I, II): an opening with the
+    distinctive fact, a keeper's logbook, an ending. Deterministic."""
     rng = random.Random(seed)
     log = []
     for i in range(entries):
@@ -101,8 +107,11 @@ def write_book(path: Path, entries: int = 36, seed: int = 7) -> Path:
         log.append(f"{day} {month}. Lit at {6 + i % 3}.{10 + (i * 7) % 50:02d}. The weather was {rng.choice(WEATHER)}. "
                    f"Passing the point before dusk: {rng.choice(SHIPS)}. In the morning I {rng.choice(CHORES)}, and in "
                    f"the afternoon I {rng.choice(CHORES)}. {rng.choice(MOODS)}")
-    heading = "\nFrom the logbook of Gull Point light, kept by E. Brandt\n\n"
-    text = OPENING + heading + "\n\n".join(log) + "\n\n" + CLOSING
+    title, opening = OPENING.split("\n\n", 1)
+    heading = "From the logbook of Gull Point light, kept by E. Brandt\n\n"
+    half = len(log) // 2  # two parts of two chapters each, numbered again in each part (as A Lost Lady is)
+    text = (f"{title}\n\n\nPART ONE\n\n\nI\n\n{opening}\n\nII\n\n{heading}" + "\n\n".join(log[:half])
+            + "\n\n\nPART TWO\n\n\nI\n\n" + "\n\n".join(log[half:]) + "\n\nII\n\n" + CLOSING)
     path.write_text(text, encoding="utf-8")
     return path
 
@@ -144,6 +153,8 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
     sync_playwright = ensure_playwright()
     shots = _shots_dir(tmp_path)
     book = write_book(tmp_path / "gull_point.txt")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
     timings: dict[str, float] = {}
     page_errors: list[str] = []
     t_start = time.perf_counter()
@@ -157,9 +168,21 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
             page.on("pageerror", lambda e: page_errors.append(str(e)))
             page.goto(url, wait_until="domcontentloaded")
 
-            # -- Chat, the first tab: drop a book, watch it load ------------------------------------------------------
+            # -- Chat, the first tab: an empty file is refused by its own name, beside the work, not over it ----------
             page.get_by_role("tab", name="Chat", selected=True).wait_for()
             page.locator("#chat-bank input[role=combobox]").wait_for()
+            page.locator("#question textarea").fill(QUESTION)  # typed before the refusal: it stays, in view
+            upload_file(page, "chat-book", empty)
+            notice = page.locator("#chat-notice .notice-error")
+            notice.wait_for(timeout=60 * MS)
+            assert "empty.txt" in notice.inner_text() and "/tmp" not in notice.inner_text(), notice.inner_text()
+            assert page.locator("#question textarea").input_value() == QUESTION
+            assert uncovered(page, "#question textarea") and uncovered(page, "#clear-chat"), "the error covers work"
+            assert not page.locator(".toast-body").count(), "an error toast is shown"
+            page.screenshot(path=str(shots / "0-refused.png"), full_page=True)
+            page.locator("#question textarea").fill("")
+
+            # -- drop a book, watch it load ---------------------------------------------------------------------------
             t0 = time.perf_counter()
             upload_file(page, "chat-book", book)  # and wait until the upload reached the server
             loading = page.locator("#chat-loading-panel #chat-loading")
@@ -219,10 +242,20 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
             first = read.locator("details summary").first
             first.wait_for(timeout=10 * MS)
             assert first.inner_text().startswith("[1] gull_point"), first.inner_text()
+            places = read.locator("details summary").all_inner_texts()
+            place = re.compile(r"gull_point, Part (One|Two), chapter II?, \d+% through the book")
+            assert any(place.search(t) for t in places), places  # as the book gives it: part, chapter, where
             first.click()
             read.locator("details[open] blockquote mark").first.wait_for(timeout=10 * MS)
             read.evaluate("el => el.scrollIntoView({block: 'start'})")
             page.screenshot(path=str(shots / "5-citations.png"), full_page=True)
+
+            # -- a reload keeps the chosen bank and the conversation, and then the tab ------------------------------
+            page.reload(wait_until="domcontentloaded")
+            page.wait_for_function(f"() => document.querySelector('#chat-bank input[role=combobox]')?.value === "
+                                   f"'{BANK}'", timeout=60 * MS)
+            page.locator("#chatbot [data-testid=user]", has_text="Gull Point").wait_for(timeout=60 * MS)
+            page.locator("#chatbot .thought-group", has_text=READ).wait_for(timeout=30 * MS)
 
             # -- bank management, one tab away: the new bank, ready, and its finished job ---------------------------
             page.get_by_role("tab", name="Memory banks").click()
@@ -233,6 +266,27 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
             assert job.get_attribute("data-status") == "done" and "ingested" in job.inner_text()
             assert job.locator("progress").get_attribute("value") == "100.0"
             page.screenshot(path=str(shots / "6-banks.png"), full_page=True)
+            assert not page.locator("#cancel-ingestion").is_visible(), "Cancel shows while nothing runs"
+            page.reload(wait_until="domcontentloaded")
+            page.get_by_role("tab", name="Memory banks", selected=True).wait_for(timeout=60 * MS)
+
+            # -- Classify: the sample file builds a classifier in one click, then it is evaluated -------------------
+            page.get_by_role("tab", name="Classify").click()
+            assert not page.locator("#per-label").is_visible(), "an empty results table is shown"
+            t0 = time.perf_counter()
+            page.click("#classify-sample")
+            page.locator("#build-status", has_text="Building").wait_for(timeout=120 * MS)
+            page.wait_for_function("() => document.querySelector('#saved-classifier input[role=combobox]').value "
+                                   "=== 'restaurant-reviews'", timeout=600 * MS)  # the job saved it
+            page.get_by_label("Also plot accuracy against the examples in memory").uncheck()
+            page.click("#evaluate")
+            summary = page.locator("#eval-summary", has_text="Accuracy")
+            summary.wait_for(timeout=900 * MS)
+            page.locator("#per-label", has_text="positive").wait_for(timeout=30 * MS)
+            timings["sample classifier"] = time.perf_counter() - t0
+            accuracy = float(re.search(r"Accuracy ([0-9.]+)%", summary.inner_text()).group(1))
+            assert "on 60 held-out examples" in summary.inner_text(), summary.inner_text()
+            page.screenshot(path=str(shots / "7-classify.png"), full_page=True)
         finally:
             browser.close()
         assert proc.poll() is None, "the app exited during the test"
@@ -240,6 +294,7 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
 
     timings["total"] = time.perf_counter() - t_start
     print(f"\nscreenshots in {shots}; timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+    print(f"sample classifier: {accuracy:.1f}% on 60 held-out reviews")
     print(f"job seen running: {seen_running}; answer streamed in {len(texts)} observed steps, first {texts[0]!r}, "
           f"final {len(final)} chars; app log: {log_path}")
     errors = app_errors(log_path)

@@ -41,7 +41,7 @@ def test_a_spliced_paragraph_is_found_and_leaves_no_trace(tmp_path):
             serial = n // model.chunk_size + 3  # a chunk of the paragraph votes for its passage
             assert {p.id for p in bank.passages(list(places.votes({serial: 1})))} == {found[0].passage.id}
             prompt = reading_prompt(QA_ITEM.question, [gold_found(QA_ITEM, doc_id)])
-            assert QA_ITEM.passage in prompt and "Lighthouses, 0% in" in prompt
+            assert QA_ITEM.passage in prompt and "Lighthouses, 0% in" in prompt  # the prompt's wording (prompt_place)
         after = {t: bank.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in before}
         assert after == before and len(memory) == n
         again = memory.search(q, 4)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from longmem.eval.chapterbreak import MIN_SUFFIX_WORDS, suffix_items
-from longmem.text.chapters import find_chapters
+from longmem.text.chapters import chapter_label, find_chapters
 
 BOOKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "books"
 ROMAN = ["I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X", "XI", "XII"]
@@ -93,6 +93,34 @@ def test_parts_restart_the_numbering():
     assert [c.heading for c in chapters] == ["PART ONE\nI", "II", "III", "PART TWO\nI", "II", "III"]
     assert chapters[3].start == text.index("PART TWO")  # the prefix does not end with the part heading
     assert text[chapters[3].body_start:].startswith("c3w0")
+    assert [c.part for c in chapters] == ["PART ONE"] * 3 + ["PART TWO"] * 3  # every chapter of a part, not the first
+    assert [c.label for c in chapters] == [f"Part {p}, chapter {r}" for p in ("One", "Two") for r in ROMAN[:3]]
+
+
+def test_parts_listed_in_the_contents_are_not_a_part():
+    chunks = ["A NOVEL", "CONTENTS", "PART I", "PART II", "A PREFACE", body(90)]  # no part heading in the book
+    for i in range(3):
+        chunks += [f"CHAPTER {ROMAN[i]}", f"THE TITLE OF {ROMAN[i]}", body(i)]
+    chapters = find_chapters("\n\n\n".join(chunks))
+    assert [c.part for c in chapters] == [None] * 3
+    assert chapters[1].label == "Chapter II: The Title of II"
+
+
+def test_chapter_labels_read_as_the_book_prints_them():
+    cases = {("VII", "PART TWO"): "Part Two, chapter VII", ("PART TWO\nI", None): "Part Two, chapter I",
+             ("II.\nThe Adventure", None): "chapter II: The Adventure",
+             ("CHAPTER III\nTHE FLIGHT OF “THE BARSOOM”", "PART II"):
+                 "Part II, Chapter III: The Flight of “The Barsoom”",
+             ("PART I\nTHE PART'S TITLE\nCHAPTER I\nFLOTSAM", "PART I"): "Part I, Chapter I: Flotsam",
+             ("CHAPTER\nXII", "_BOOK THE FIRST_"): "Book the First, Chapter XII", ("Chapter 3.", None): "Chapter 3",
+             ("CHAPTER ONE\nI", None): "Chapter One", ("THE RICH BOY", None): "The Rich Boy",
+             ("BOOK FIRST", None): "Book First"}
+    for (heading, part), label in cases.items():
+        assert chapter_label(heading, part) == label
+        assert chapter_label(label) == label  # a stored label reads the same again
+    # banks made before labels stored a heading's lines joined by spaces
+    assert [chapter_label(h) for h in ("VII", "IV.", "PART TWO I", "CHAPTER XII")] == [
+        "chapter VII", "chapter IV", "Part Two, chapter I", "Chapter XII"]
 
 
 def test_story_titles_from_the_contents():
@@ -192,3 +220,7 @@ def test_held_out_books():
             assert all(len(c.split()) == 150 for c in it.candidates), name
     gatsby = (BOOKS / "pg64317.txt").read_text(encoding="utf-8")
     assert gatsby[find_chapters(gatsby)[0].body_start:].startswith("In my younger and more vulnerable years")
+    assert [c.label for c in find_chapters(gatsby)][2] == "chapter III"
+    lady = find_chapters((BOOKS / "pg65636.txt").read_text(encoding="utf-8"))  # A Lost Lady: two parts of I-IX
+    assert [c.label for c in lady][8:11] == ["Part One, chapter IX", "Part Two, chapter I", "Part Two, chapter II"]
+    assert lady[15].label == "Part Two, chapter VII" and lady[15].heading == "VII"

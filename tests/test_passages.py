@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+import textwrap
 from dataclasses import replace
 
 import pytest
@@ -13,7 +14,9 @@ from tiny import tiny_model
 from longmem.ingest.pipeline import ingest
 from longmem.storage import BankDirectory
 from longmem.storage import passages as bank_passages
-from longmem.text.passages import MAX_TOKENS, Chapters, PassageCutter, cut_passages
+from longmem.storage.passages import PassageRef
+from longmem.text.passages import (ELLIPSIS, MAX_TOKENS, Chapters, PassageCutter, cut_passages, excerpt,
+                                   reflow)
 
 NOUNS = ["keeper", "lantern", "harbour", "ferry", "orchard", "miller", "widow", "captain", "stable", "bridge"]
 VERBS = ["counted", "painted", "mended", "watched", "carried", "sold", "found", "lost"]
@@ -91,9 +94,78 @@ def test_demonstrations_are_one_passage_each():
 def test_chapters_name_the_heading_a_place_is_under():
     text = story()
     chapters = Chapters(text)
-    assert chapters.headings == ["I", "II", "III"] or chapters.headings[0].startswith("CHAPTER")
-    assert chapters.heading(0) is None  # the title page comes before chapter one
-    assert chapters.heading(text.index("zeppelin")) == chapters.headings[1]
+    assert chapters.headings == ["CHAPTER I", "CHAPTER II", "CHAPTER III"]  # as the book prints them
+    assert chapters.labels == ["Chapter I", "Chapter II", "Chapter III"]  # as a place names them
+    assert chapters.heading(0) is None and chapters.label(0) is None  # the title page comes before chapter one
+    at = text.index("zeppelin")
+    assert (chapters.heading(at), chapters.label(at)) == (chapters.headings[1], chapters.labels[1])
+
+
+def parted() -> str:
+    """A book in two parts of two chapters each (PART ONE: I, II; PART TWO: I, II), hard-wrapped at 60 characters as
+    Project Gutenberg prints books; every word but "The" is unique ("p2s3w4": chapter 2, sentence 3, word 4)."""
+    out = ["TWO PARTS\n\n\n"]
+    for c in range(4):
+        out.append(("PART ONE\n\n\n" if c == 0 else "PART TWO\n\n\n" if c == 2 else "") + ["I", "II"][c % 2] + "\n\n\n")
+        for para in range(3):
+            words = " ".join(f"{'The ' if w == 0 else ''}p{c}s{s}w{w}{'.' if w == 7 else ''}"
+                             for s in range(para * 4, para * 4 + 4) for w in range(8))
+            out.append(textwrap.fill(words, 60) + "\n\n")
+    return "".join(out)
+
+
+def test_a_place_names_the_part_the_chapter_and_where_in_the_book():
+    text = parted()
+    chapters = Chapters(text)
+    assert chapters.labels == ["Part One, chapter I", "Part One, chapter II", "Part Two, chapter I",
+                               "Part Two, chapter II"]
+    assert chapters.headings == ["PART ONE I", "II", "PART TWO I", "II"]  # as the book prints them
+    at = text.index("The p3s5w0")
+    ref = PassageRef(id=1, document_id=1, document="Two Parts", chapter=chapters.heading(at), char_start=at,
+                     char_end=at + 10, document_chars=len(text), text="The p3s5w0", label=chapters.label(at))
+    percent = f"{at / len(text):.0%}"
+    assert ref.place() == f"Two Parts, Part Two, chapter II, {percent} through the book"
+    assert ref.prompt_place() == f"Two Parts, chapter II, {percent} in"  # the wording the answers were measured with
+    ref = replace(ref, label=None)
+    # banks made before labels stored the heading's lines joined by spaces: still read as a book's places
+    assert replace(ref, chapter="VII").place() == f"Two Parts, chapter VII, {percent} through the book"
+    assert replace(ref, chapter="PART TWO I").place() == f"Two Parts, Part Two, chapter I, {percent} through the book"
+    assert replace(ref, chapter=None).place() == f"Two Parts, {percent} through the book"
+
+
+def test_reflow_joins_a_books_hard_wrapped_lines_into_paragraphs():
+    wrapped = ("It was two years before Niel Herbert came home\nagain, and when he came  the first\n   acquaintance "
+               "he met was\nIvy Peters.\n\n\n\"Hullo, Niel.\"\r\n\r\nA well-\nknown face.")
+    assert reflow(wrapped) == ("It was two years before Niel Herbert came home again, and when he came the first "
+                               "acquaintance he met was Ivy Peters.\n\n\"Hullo, Niel.\"\n\nA well- known face.")
+    assert reflow(" a\nb \n\n") == " a b\n\n"  # the ends are mapped, not removed: pieces join as the whole
+
+
+def test_the_text_around_a_passage_is_cut_at_sentences_or_whole_words():
+    # the issue's fragment: "ster, why don't you go away?" started inside a word
+    cut = excerpt("ster, why don't you go away? I said so ", "And then he left.", " She went back to her home and")
+    assert cut.before == f"{ELLIPSIS}why don't you go away? I said so "
+    assert cut.after == f" She went back to her home{ELLIPSIS}"
+    near = excerpt("ster. Why don't you go away? I said so ", "And then he left.", " She went back. And the")
+    assert (near.before, near.after) == ("Why don't you go away? I said so ", " She went back.")  # sentences in reach
+    whole = excerpt("\n\nFirst words\nof the book. ", "The passage.", " The end\n", cut_before=False, cut_after=False)
+    assert whole.context == "First words of the book. The passage. The end"
+    split = excerpt("one two three.\n", "\nFour five", " six seven.\n\nEight nine ten eleven twelve thirteen")
+    assert split.context == f"{ELLIPSIS}two three.\n\nFour five six seven.\n\nEight nine ten eleven twelve{ELLIPSIS}"
+    assert split.text == "Four five"  # a paragraph break split between a chunk and its neighbour stays one
+
+    text = parted()
+    book = reflow(text)
+    for p in cut_passages(text, n_tokens=len(text) // 4)[1:-1]:
+        for reach in (30, 150, 600):
+            lo = max(0, p.start - reach)
+            shown = excerpt(text[lo:p.start], p.text, text[p.end:p.end + reach], cut_before=lo > 0)
+            assert shown.text == reflow(p.text) and shown.context[len(shown.before):].startswith(shown.text)
+            assert "\n" not in shown.context.replace("\n\n", "")  # no hard-wrapped line breaks left
+            inner = shown.context.strip(ELLIPSIS)
+            i = book.index(inner)  # the book's own words, reflowed, from a whole word to a whole word
+            assert (i == 0 or book[i - 1].isspace()) and (i + len(inner) == len(book) or book[i + len(inner)].isspace())
+            assert shown.before.startswith(ELLIPSIS) or lo == 0 or shown.before[:3] in ("The", "I\n\n", "II\n", "PAR")
 
 
 def test_bad_lengths_are_refused():
@@ -133,7 +205,9 @@ def test_ingestion_stores_every_passage_with_its_segment_and_chapter(bank, model
                                     "s.document_id AND t.seq <= s.seq) FROM segments s").fetchall())
     assert all(end <= seg_ends[seg] for seg, _, end, _, _ in rows)  # stored with the segment that completed it
     zeppelin = next(r for r in rows if "zeppelin" in r[4])
-    assert zeppelin[3] == Chapters(text).heading(zeppelin[1]) and zeppelin[3] is not None
+    assert zeppelin[3] == Chapters(text).heading(zeppelin[1])  # the heading of the chapter it starts in
+    label = bank.db.execute("SELECT label FROM passages WHERE text LIKE '%zeppelin%'").fetchone()[0]
+    assert label == Chapters(text).label((zeppelin[1] + zeppelin[2]) // 2) == "Chapter II"  # most of it is in
     assert bank.verify().ok
 
 
@@ -142,7 +216,10 @@ def test_words_find_their_passage(bank):
     (ref,) = bank.passages([best])
     assert "zeppelin" in ref.text and score > 0 and all(s < score for _, s in rest)
     assert ref.document == "story" and ref.chapter and 0.2 < ref.position < 0.8
-    assert ref.place() == f"story, CHAPTER II, {ref.position:.0%} in"
+    assert (ref.chapter, ref.label) == ("CHAPTER II", "Chapter II")
+    assert ref.place() == f"story, Chapter II, {ref.position:.0%} through the book"  # for the reader
+    assert ref.prompt_place() == f"story, CHAPTER II, {ref.position:.0%} in"  # for the model, as measured
+    ref = replace(ref, label=None)  # a bank made before labels
     assert replace(ref, chapter="IV.").place().startswith("story, chapter IV, ")  # a bare number gets its word
     assert bank.search_passages("the and of", 5) == []  # nothing but stopwords
 

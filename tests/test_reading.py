@@ -4,6 +4,7 @@ through the workspace (real bank, SQLite, FTS5, faiss; tiny llama)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from test_passages import story
@@ -16,6 +17,7 @@ from longmem.model.lm import Sampling
 from longmem.tasks.chat import Chat
 from longmem.tasks.reading import (INSTRUCTION, PASSAGES_READ, READING_TOPK, PassageFinder, Reading, citations,
                                    find_for_chat, fit, fuse, reading_prompt)
+from longmem.text.passages import ELLIPSIS
 
 QUESTION = "What drifted over the harbour? A zeppelin?"
 
@@ -144,7 +146,7 @@ def test_the_prompt_holds_numbered_excerpts_within_the_budget(loaded):
     assert len(fit(found, tok, budget=10)) == 0 and fit(found, tok, budget=10**6) == found
     prompt = reading_prompt(QUESTION, kept)
     assert prompt.startswith(INSTRUCTION) and prompt.endswith(f"Question: {QUESTION}")
-    assert all(f"[{i}] ({f.passage.place()})\n{f.passage.text}" in prompt for i, f in enumerate(kept, 1))
+    assert all(f"[{i}] ({f.passage.prompt_place()})\n{f.passage.text}" in prompt for i, f in enumerate(kept, 1))
     assert reading_prompt(QUESTION, []) == QUESTION
 
 
@@ -161,7 +163,7 @@ def test_best_last_puts_the_best_passage_nearest_the_question(tmp_path):
     assert len(first) == 2 and last == first[::-1] and "zeppelin" in last[-1].passage.text
     prompt = reading_prompt(QUESTION, last)
     assert prompt.index("zeppelin") > prompt.index(last[0].passage.text)  # the best excerpt is read last, as [2]
-    assert f"[2] ({last[-1].passage.place()})" in prompt
+    assert f"[2] ({last[-1].passage.prompt_place()})" in prompt
     assert [c.number for c in citations(bank, last)] == [1, 2] and "zeppelin" in citations(bank, last)[1].text
     bank.close()
 
@@ -184,10 +186,11 @@ def test_a_chat_answer_reads_and_cites_its_passages(ws, monkeypatch):
     list(reply)
     assert 1 <= len(reply.citations) <= 3 and "zeppelin" in reply.citations[-1].text  # the best, read last
     c = reply.citations[-1]
-    assert c.number == len(reply.citations) and "% in" in c.place
+    assert c.number == len(reply.citations) and re.fullmatch(r"story, Chapter II, \d+% through the book", c.place)
     assert c.text in c.context and len(c.context) > len(c.text)
     words = set(story().split())
-    assert c.context.split()[0] in words and c.context.split()[-1] in words  # whole words at both ends
+    shown = c.context.strip(ELLIPSIS).split()  # "…" where the text around was cut inside a sentence
+    assert shown[0] in words and shown[-1] in words  # whole words at both ends
     read = ws.model.backbone.tokenizer.decode(seen[0][0])
     assert c.text in read and QUESTION in read  # the model read the excerpt before the question
     (turn_q, turn_a) = ws.chat_history("b")

@@ -17,6 +17,7 @@ from longmem.service.jobs import Cancelled, JobManager
 from longmem.service.workspace import Settings, Workspace
 from longmem.storage import BankDirectory
 from longmem.storage.records import BankBusy, BankMismatch, UnknownBank
+from longmem.text.passages import ELLIPSIS, reflow
 from longmem.text.io import InputError
 
 JOB_TIMEOUT = 600  # seconds: a guard against a hung job, not a speed target (a loaded CI machine is slow)
@@ -114,7 +115,8 @@ def test_chat_streams_stores_turns_and_shows_passages(ws, book):
     pieces = list(reply)
     assert len(pieces) >= 1 and reply.text == "".join(pieces)
     assert reply.passages and all(p.document == "book" and p.location.startswith("part ") for p in reply.passages)
-    assert all(p.text in p.context and p.text in book.read_text() for p in reply.passages)
+    shown = reflow(book.read_text())  # a passage and its context are reflowed, "…" where the context was cut
+    assert all(p.text in p.context and p.context.strip(ELLIPSIS) in shown for p in reply.passages)
     history = ws.chat_history("b")
     assert [(t["role"], t["content"]) for t in history] == [("user", "How many gulls?"), ("assistant", reply.text)]
     assert history[0]["passages"] == [] and history[1]["passages"] == reply.passages  # stored with the answer
@@ -131,8 +133,29 @@ def test_a_dropped_book_gets_a_bank_of_its_own_loads_and_answers(book, tmp_path)
     assert doc.title == "The Lighthouse" and doc.n_tokens == len(book.read_text())
     reply = ws.chat(name, "How many gulls did the keeper count?", FAST)
     list(reply)
-    assert reply.citations and all(c.text in book.read_text() for c in reply.citations)  # it read the book
+    words = " ".join(book.read_text().split())  # citations are reflowed: the book's words, in its order
+    assert reply.citations and all(" ".join(c.text.split()) in words for c in reply.citations)  # it read the book
     ws.close()
+
+
+def test_a_dropped_book_is_named_after_its_own_title_and_names_stay_unique(tmp_path, children):
+    ws = Workspace(chat_model(), BankDirectory(tmp_path / "banks"))
+    try:
+        book = tmp_path / "pg65636.txt"
+        book.write_text("The Project Gutenberg eBook of A Lost Lady, by Willa Cather\n\nTitle: A Lost Lady\n\n"
+                        "Author: Willa Cather\n\n*** START OF THE PROJECT GUTENBERG EBOOK A LOST LADY ***\n\n"
+                        "Thirty or forty years ago, in one of those grey towns along the Burlington railroad.\n")
+        epub = write_epub(tmp_path / "pg64317.epub", [chapter("<p>In my younger and more vulnerable years.</p>")],
+                          title="The Great Gatsby")
+        loaded = [ws.add_book(book, title="pg65636.txt"), ws.add_book(book), ws.add_book(epub)]
+        assert [name for name, _ in loaded] == ["a-lost-lady", "a-lost-lady-2", "the-great-gatsby"]
+        for (name, job), title in zip(loaded, ["A Lost Lady", "A Lost Lady", "The Great Gatsby"]):
+            assert ws.jobs.wait(job, timeout=JOB_TIMEOUT).status == "done"
+            [doc] = ws.documents(name)
+            assert (doc.title, doc.source) == (title, book.name if name.startswith("a-") else epub.name)
+        assert len(children) == 2  # the EPUB's title was read in a child, its text in another (the job's)
+    finally:
+        ws.close()
 
 
 def test_a_dropped_file_that_is_refused_leaves_no_bank(ws, tmp_path):
@@ -290,7 +313,8 @@ def test_a_document_is_extracted_once(ws, tmp_path, children):
                                               chapter("<p>It was the worst of times.</p>")])
     ingested(ws, book)
     assert len(children) == 1 and "child_main" in children[0][2]
-    assert ws.documents("b")[0].meta["chapters"] == 2
+    [doc] = ws.documents("b")
+    assert doc.meta["chapters"] == 2 and doc.title == "A Test Book"  # titled by its package, read with its text
 
 
 def test_a_job_in_extraction_is_cancelled_at_once(ws, tmp_path):

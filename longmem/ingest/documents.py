@@ -190,19 +190,14 @@ def _local(el) -> str:
 def read_epub(path: Path, sink: TextSink, limits: ExtractLimits) -> tuple[str, dict]:
     try:
         with SafeZip(path, limits) as z:
-            container = _xml(z.read("META-INF/container.xml", PACKAGE_BYTES), "META-INF/container.xml")
-            roots = [posixpath.normpath(unquote(el.get("full-path"))).lstrip("/") for el in container.iter()
-                     if _local(el) == "rootfile" and el.get("full-path")]
-            if not roots:
-                raise InputError(f"{path}: cannot read this EPUB: META-INF/container.xml names no package file")
-            package = _xml(z.read(roots[0], PACKAGE_BYTES), roots[0])
-            title, manifest, spine = _package(package)
+            root, package = epub_package(z)
+            title, manifest, spine = package_parts(package)
             chapters = 0
             for idref in spine:  # reading order
                 href, media_type, properties = manifest.get(idref, ("", "", ""))
                 if media_type not in DOCUMENT_TYPES or "nav" in properties.split():
                     continue  # not text, or the navigation document (it only repeats the chapter titles)
-                name = posixpath.normpath(posixpath.join(posixpath.dirname(roots[0]), unquote(href.split("#")[0])))
+                name = posixpath.normpath(posixpath.join(posixpath.dirname(root), unquote(href.split("#")[0])))
                 if name not in z:
                     log.warning("%s: the spine names %s, which the archive lacks", path, name)
                     continue
@@ -220,7 +215,19 @@ def read_epub(path: Path, sink: TextSink, limits: ExtractLimits) -> tuple[str, d
     return title, {"chapters": chapters}
 
 
-def _package(root) -> tuple[str, dict[str, tuple[str, str, str]], list[str]]:
+def epub_package(z: SafeZip) -> tuple:
+    """(its path in the archive, its parsed XML) of an EPUB's package (.opf) file, the first that
+    META-INF/container.xml names; each of the two files is read only up to ``PACKAGE_BYTES``. Raises InputError (or
+    KeyError for a missing member) for an archive that has no package file."""
+    container = _xml(z.read("META-INF/container.xml", PACKAGE_BYTES), "META-INF/container.xml")
+    roots = [posixpath.normpath(unquote(el.get("full-path"))).lstrip("/") for el in container.iter()
+             if _local(el) == "rootfile" and el.get("full-path")]
+    if not roots:
+        raise InputError(f"{z.path}: cannot read this EPUB: META-INF/container.xml names no package file")
+    return roots[0], _xml(z.read(roots[0], PACKAGE_BYTES), roots[0])
+
+
+def package_parts(root) -> tuple[str, dict[str, tuple[str, str, str]], list[str]]:
     """(title, manifest {id: (href, media type, properties)}, spine idrefs) of an EPUB package document."""
     title, manifest, spine = "", {}, []
     for el in root.iter():

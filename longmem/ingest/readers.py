@@ -76,7 +76,7 @@ class Source:
     file: ``close()`` removes it, and so do leaving a ``with`` block and the Source being garbage-collected."""
     path: Path
     name: str  # file name
-    title: str  # HTML <title>, EPUB dc:title, PDF metadata title, else the file stem
+    title: str  # ``own_title``, else the file stem
     kind: str  # "text" or "demos"
     sha256: str  # hex sha256 of the raw file bytes
     size: int  # length in bytes of the UTF-8 text stream
@@ -84,6 +84,8 @@ class Source:
     text_path: Path | None = field(default=None, repr=False)  # the extracted text; None = the stream is ``path``
     skip: int = 0  # bytes at the start of the file that are not part of the stream (a UTF-8 BOM)
     warned: bool = field(default=False, repr=False)  # a "not valid UTF-8" warning was already logged
+    # the title the file gives itself (``titles``: HTML <title>, EPUB dc:title, PDF /Title, a Gutenberg header), if any
+    own_title: str | None = None
 
     def __post_init__(self):
         self._remove = weakref.finalize(self, _unlink, self.text_path) if self.text_path is not None else None
@@ -165,11 +167,17 @@ def open_source(path: str | Path, demos: DemoFormat | None = None, limits: Extra
     file that the Source owns (use it in a ``with`` block). ``check`` is called every ~0.1 s while that runs and
     stops it by raising (a job's cancel check). Bad input raises `InputError` naming the file and the problem; a
     crossed limit raises `LimitError` (an `InputError`) naming the limit too."""
+    from longmem.ingest.titles import clean_title, text_title
+
     limits = limits or ExtractLimits()
     p, kind, head, size = _inspect(path, demos)
     if kind == "text":
         skip = _plain_checks(p, head, size, limits)
-        return Source(p, p.name, p.stem, "text", sha256_file(p), size - skip, {}, skip=skip)
+        try:
+            title = text_title(p) if p.suffix.lower() in TEXT_EXTS else None
+        except OSError as e:
+            raise InputError(f"{p}: cannot read the file: {e.strerror or e}") from e
+        return Source(p, p.name, title or p.stem, "text", sha256_file(p), size - skip, {}, skip=skip, own_title=title)
     from longmem.ingest.sandbox import extract_in_child
 
     got = extract_in_child(p, kind, (demos or DemoFormat()) if kind == "demos" else None, limits, check)
@@ -178,8 +186,9 @@ def open_source(path: str | Path, demos: DemoFormat | None = None, limits: Extra
     except BaseException:
         _unlink(got.text_path)
         raise
-    return Source(p, p.name, got.title or p.stem, "demos" if kind == "demos" else "text", sha, got.size, got.meta,
-                  text_path=got.text_path)
+    title = clean_title(got.title)
+    return Source(p, p.name, title or p.stem, "demos" if kind == "demos" else "text", sha, got.size, got.meta,
+                  text_path=got.text_path, own_title=title)
 
 
 def check_source(path: str | Path, demos: DemoFormat | None = None, limits: ExtractLimits | None = None) -> str:

@@ -2,6 +2,7 @@
 
     got = extract_in_child(Path("book.epub"), "epub", None, ExtractLimits(), check=ctx.check)
     got.text_path, got.title, got.meta, got.size    # the caller owns (and removes) got.text_path
+    title_in_child(Path("book.pdf"), "pdf", ExtractLimits())   # only the title it gives itself ("" if none)
 
 Why a child process, and not only streaming. The readers stream (``documents``, ``htmltext``): paragraphs are
 written out as they are parsed, so a real book needs a few tens of MiB whatever its size. But part of the work is
@@ -17,8 +18,9 @@ PDFs, pypdf; docs/benchmarks.md), paid once per file; the web app's process neve
 The child imports the readers without the package's ``__init__`` (which loads torch: seconds of start-up and
 hundreds of MiB of address space that the memory cap would count), by registering a bare ``longmem`` package whose
 path is this directory. It reads one JSON request on stdin and writes one JSON answer on stdout: the facts of the
-text it wrote, or the error (``InputError``'s message, and the limit's name for a ``LimitError``). POSIX only
-(``resource``, sessions); where ``resource`` is missing, the child runs without the memory cap.
+text it wrote (op "extract") or the document's title (op "title"), or the error (``InputError``'s message, and the
+limit's name for a ``LimitError``). POSIX only (``resource``, sessions); where ``resource`` is missing, the child runs
+without the memory cap.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -45,6 +47,9 @@ log = logging.getLogger(__name__)
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # longmem/, imported bare by the child (no torch)
 POLL_S = 0.1  # how often the parent looks at the clock and the cancel check while the child works
 STDERR_TAIL = 2000  # characters of a crashed child's stderr that go into the log
+# seconds a child may look for a document's title (``title_in_child``): that is done while an upload waits, and a
+# title is in the first bytes of HTML, in two small files of an EPUB, in a PDF's trailer
+TITLE_SECONDS = 10.0
 BOOT = ("import sys, types\n"
         "package = types.ModuleType('longmem')\n"
         "package.__path__ = [sys.argv[1]]\n"
@@ -73,25 +78,41 @@ def extract_in_child(path: Path, kind: str, demos, limits: ExtractLimits,
     fd, name = tempfile.mkstemp(prefix="longmem-text-", suffix=".txt")
     os.close(fd)
     out = Path(name)
-    request = json.dumps({"path": str(path), "kind": kind, "out": str(out), "limits": asdict(limits),
-                          "demos": asdict(demos) if demos is not None else None}).encode()
+    request = {"op": "extract", "path": str(path), "kind": kind, "out": str(out), "limits": asdict(limits),
+               "demos": asdict(demos) if demos is not None else None}
     try:
-        with tempfile.TemporaryFile() as err:
-            answer, code = _run(request, err, path, limits, check)
-            if answer is None:
-                err.seek(0)
-                tail = err.read().decode("utf-8", errors="replace")[-STDERR_TAIL:]
-                log.warning("text extraction of %s ended with status %s; its stderr ends with:\n%s", path, code, tail)
-                raise _crash(path, code, limits)
-        if "error" in answer:
-            if answer.get("limit"):
-                raise LimitError(answer["error"], answer["limit"])
-            raise InputError(answer["error"])
-        facts = answer["ok"]
+        facts = _ask(request, path, limits, check)
         return Extracted(out, facts["title"], facts["meta"], facts["chars"], out.stat().st_size)
     except BaseException:
         _unlink(out)
         raise
+
+
+def title_in_child(path: Path, kind: str, limits: ExtractLimits, check: Callable[[], None] | None = None) -> str:
+    """The raw title that a document of ``kind`` ("html", "epub" or "pdf") gives itself (``titles.read_title``;
+    "" if none), read in a child process held to ``limits`` with at most ``TITLE_SECONDS`` on its clock. Raises as
+    ``extract_in_child`` does."""
+    limits = replace(limits, max_extract_seconds=min(limits.max_extract_seconds, TITLE_SECONDS))
+    request = {"op": "title", "path": str(path), "kind": kind, "limits": asdict(limits)}
+    return _ask(request, path, limits, check)["title"]
+
+
+def _ask(request: dict, path: Path, limits: ExtractLimits, check: Callable[[], None] | None) -> dict:
+    """Run one request in a child process; returns its answer's facts, or raises its error (see
+    ``extract_in_child``)."""
+    with tempfile.TemporaryFile() as err:
+        answer, code = _run(json.dumps(request).encode(), err, path, limits, check)
+        if answer is None:
+            err.seek(0)
+            tail = err.read().decode("utf-8", errors="replace")[-STDERR_TAIL:]
+            log.warning("the %s child of %s ended with status %s; its stderr ends with:\n%s", request["op"], path,
+                        code, tail)
+            raise _crash(path, code, limits)
+    if "error" in answer:
+        if answer.get("limit"):
+            raise LimitError(answer["error"], answer["limit"])
+        raise InputError(answer["error"])
+    return answer["ok"]
 
 
 def _run(request: bytes, err, path: Path, limits: ExtractLimits, check) -> tuple[dict | None, int]:
@@ -179,11 +200,16 @@ def child_main() -> None:
     path = Path(request["path"])
     _cap(limits)
     try:
-        from longmem.ingest.documents import extract
-        from longmem.ingest.readers import DemoFormat
+        if request["op"] == "title":
+            from longmem.ingest.titles import read_title
 
-        demos = DemoFormat(**request["demos"]) if request["demos"] is not None else None
-        answer = {"ok": extract(path, request["kind"], Path(request["out"]), limits, demos)}
+            answer = {"ok": {"title": read_title(path, request["kind"], limits)}}
+        else:
+            from longmem.ingest.documents import extract
+            from longmem.ingest.readers import DemoFormat
+
+            demos = DemoFormat(**request["demos"]) if request["demos"] is not None else None
+            answer = {"ok": extract(path, request["kind"], Path(request["out"]), limits, demos)}
     except LimitError as e:
         answer = {"error": str(e), "limit": e.limit}
     except InputError as e:

@@ -34,13 +34,15 @@ import torch
 
 from longmem.ingest.limits import ExtractLimits
 from longmem.ingest.pipeline import ingest as ingest_file
-from longmem.ingest.readers import BOOK_SUFFIXES, SUPPORTED, DemoFormat, check_source
+from longmem.ingest.readers import BOOK_SUFFIXES, SUPPORTED, DemoFormat, check_source, open_source
+from longmem.ingest.titles import book_title
 from longmem.memory.memory import Memory, MemoryView
 from longmem.model.lm import Sampling
 from longmem.service.classifier_builder import ClassifierBuilder
 from longmem.service.jobs import JobContext, JobManager, JobState
 from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
+from longmem.storage.directory import name_base
 from longmem.storage.records import BankBusy, BankError, BankExists
 from longmem.tasks.chat import Chat
 from longmem.tasks.answer import ANSWER_SAMPLING, answer
@@ -343,7 +345,10 @@ class Workspace:
 
     def ingest(self, name: str, paths: list, demos: DemoFormat | None = None, create: bool = False,
                titles: list[str] | None = None) -> str:
-        """Start a job that reads ``paths`` into bank ``name``; returns the job id. Every file is checked first."""
+        """Start a job that reads ``paths`` into bank ``name``; returns the job id. Every file is checked first.
+        ``titles`` are the files' names as the user knows them (an upload's; default: the paths' own), shown in the
+        job; a document is titled with the title its file gives itself (``Source.own_title``: EPUB or PDF metadata,
+        HTML <title>, a Gutenberg header), else with that name without its extension."""
         if not paths:
             raise InputError("no file to ingest")
         for p in paths:
@@ -357,22 +362,30 @@ class Workspace:
         paths = [Path(p) for p in paths]
         return self._submit_ingest(name, paths, titles or [p.name for p in paths], demos)
 
-    def _submit_ingest(self, name: str, paths: list[Path], titles: list[str], demos: DemoFormat | None) -> str:
+    def _submit_ingest(self, name: str, paths: list[Path], titles: list[str], demos: DemoFormat | None,
+                       documents: list[str] | None = None) -> str:
         """The ingestion job of files already checked, into a bank that exists and fits the model."""
-        return self.jobs.submit("ingest", name, ", ".join(titles), self.ingest_work(name, paths, titles, demos))
+        return self.jobs.submit("ingest", name, ", ".join(titles),
+                                self.ingest_work(name, paths, titles, demos, documents=documents))
 
     def add_book(self, path: str | os.PathLike, title: str | None = None) -> tuple[str, str]:
-        """A new user's one step: a new bank named after the book (``BankDirectory.free_name`` of its title, the file's
-        name by default) and the job that reads the book into it. Returns ``(bank name, job id)``. The file is checked
-        before the bank is made, so a refused file leaves no bank behind; a demonstration file is refused (it needs
-        its columns and template: ``ingest``)."""
+        """A new user's one step: a new bank named after the book and the job that reads the book into it. Returns
+        ``(bank name, job id)``. ``title`` is the file's name as the user knows it (an upload's; default: the path's
+        own). The book's own title (``titles.book_title``: EPUB or PDF metadata, HTML <title>, a Gutenberg header),
+        else that name without its extension, titles the document and names the bank (``BankDirectory.free_name``,
+        so "A Lost Lady" -> "a-lost-lady", then "a-lost-lady-2"; the file's name when the title gives no name, as one
+        in another script). The file is checked before the bank is made, so a refused file leaves no bank behind; a
+        demonstration file is refused (it needs its columns and template: ``ingest``)."""
         title = title or Path(path).name
         if Path(title).suffix.lower() not in BOOK_SUFFIXES:
             raise InputError(f"{title}: a book is one of {', '.join(BOOK_SUFFIXES)}; labelled examples "
                              "(.csv, .tsv, .jsonl) build a classifier instead")
         self.check_upload(path)
+        stem = Path(title).stem
+        book = book_title(path, self.limits) or stem
+        base = book if name_base(book) else stem
         for _ in range(100):  # another process may take the free name first
-            name = self.directory.free_name(Path(title).stem)
+            name = self.directory.free_name(base)
             try:
                 self.create_bank(name)
                 break
@@ -380,7 +393,7 @@ class Workspace:
                 continue
         else:
             raise BankError(f"could not make a bank for {title!r}")
-        return name, self._submit_ingest(name, [Path(path)], [title], None)  # checked above; the bank is the model's
+        return name, self._submit_ingest(name, [Path(path)], [title], None, [book])  # checked; the bank is the model's
 
     def loading(self, name: str) -> JobState | None:
         """The newest job that wrote (or writes) into bank ``name``, if the job manager still remembers one."""
@@ -388,7 +401,12 @@ class Workspace:
         return jobs[0] if jobs else None
 
     def ingest_work(self, name: str, paths: list[Path], titles: list[str], demos: DemoFormat | None,
-                     then: Callable[[Bank], str] | None = None) -> Callable[[JobContext], str]:
+                    then: Callable[[Bank], str] | None = None,
+                    documents: list[str] | None = None) -> Callable[[JobContext], str]:
+        """The work of a job that reads ``paths`` (shown by their ``titles``, the files' names) into bank ``name``,
+        then runs ``then`` on the bank. A document is titled ``documents[i]`` if given, else with the title the file
+        gives itself (``Source.own_title``, found as its text is extracted), else with ``titles[i]`` without its
+        extension."""
         model = self.model
 
         def work(ctx: JobContext) -> str:
@@ -400,8 +418,9 @@ class Workspace:
 
                     def progress(b, total, tokens, base=base):
                         ctx.progress(b, total, base + tokens)
-                    res = ingest_file(bank, model, path, demos=demos, title=Path(title).stem, progress=progress,
-                                      limits=self.limits, check=ctx.check)
+                    with open_source(path, demos, self.limits, ctx.check) as source:  # the text, extracted once
+                        document = documents[i] if documents is not None else source.own_title or Path(title).stem
+                        res = ingest_file(bank, model, source, demos=demos, title=document, progress=progress)
                     done += res.tokens
                     lines.append(f"{title}: {res.action}, {res.document.n_tokens:,} tokens" if res.action != "skipped"
                                  else f"{title}: already in the bank, skipped")
@@ -489,7 +508,8 @@ class Workspace:
             chat.sampling = settings.sampling(chat.sampling.stop_ids)
             if settings.reading != "none" and s.finder is None:
                 s.finder = PassageFinder(s.bank, self.model, s.memory)
-            made = answer(chat, s.finder, question, settings.reading_config(), settings.chunks)
+            made = answer(chat, s.finder, question, settings.reading_config(), settings.chunks,
+                          stop=lambda: reply.cancelled)
             reply.citations = made.citations
             try:
                 for piece in made:

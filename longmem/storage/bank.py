@@ -50,7 +50,7 @@ from longmem.storage.records import (
     tensor_from_bytes,
 )
 from longmem.storage.schema import SchemaTooNew, migrate, now, pending_migrations
-from longmem.text.passages import PassageCutter, Span
+from longmem.text.passages import PassageCutter, Span, excerpt
 
 log = logging.getLogger(__name__)
 
@@ -483,8 +483,11 @@ class Bank(AppRecords):
                                       use_gpu=use_gpu, starts=starts,
                                       max_sinks=MAX_SINKS if model is None else model.max_sinks)
 
-    def passage(self, serial: int, context_chunks: int = 8) -> Passage:
-        """The text of chunk ``serial`` of the last loaded memory, with up to ``context_chunks`` chunks each side."""
+    def passage(self, serial: int, context_chunks: int = 12) -> Passage:
+        """Chunk ``serial`` of the last loaded memory as a reader is shown it: its text (a chunk of tokens may start
+        or end inside a word) and its context, up to ``context_chunks`` chunks each side within its segment, cut at
+        sentence bounds within reach, else at whole words with "…", so the context never starts or ends inside a
+        word; both reflowed (``text.passages.excerpt``), so ``text`` is in ``context``."""
         lay = self.layout
         if lay is None:
             raise RuntimeError("load_memory() first: passages are numbered by the loaded memory")
@@ -502,9 +505,12 @@ class Bank(AppRecords):
         bounds = np.frombuffer(row["chunk_chars"], dtype=np.int32)
         text = row["text"]
         lo, hi = bounds[max(j - context_chunks, 0)], bounds[min(j + 1 + context_chunks, len(bounds) - 1)]
+        of_segments = max(row["n_segments"], row["seq"] + 1)
+        shown = excerpt(text[lo:bounds[j]], text[bounds[j]:bounds[j + 1]], text[bounds[j + 1]:hi],
+                        cut_before=lo > 0 or row["seq"] > 0, cut_after=hi < len(text) or row["seq"] + 1 < of_segments)
         return Passage(serial=serial, document_id=row["document_id"], document=row["title"],
-                       text=text[bounds[j]:bounds[j + 1]], context=text[lo:hi], segment=row["seq"], chunk=j,
-                       of_segments=max(row["n_segments"], row["seq"] + 1))
+                       text=shown.text, context=shown.context, segment=row["seq"], chunk=j,
+                       of_segments=of_segments)
 
     def search_passages(self, question: str, k: int) -> list[tuple[int, float]]:
         """The ``k`` passages that best match ``question``'s words (BM25): (passage id, score), best first."""

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import sqlite3
+import unicodedata
 from pathlib import Path
 
 import sqlite_utils
@@ -24,6 +25,15 @@ from longmem.storage.schema import migrate, now
 
 BANKS_ENV = "LONGMEM_BANKS_DIR"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def name_base(title: str) -> str:
+    """What of ``title`` can name a bank: accents dropped, lower case, runs of other characters as one ``-``, at most
+    56 characters, no separator at either end ("Les Misérables" -> "les-miserables"); "" when nothing is left (a
+    title in another script)."""
+    folded = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode("ascii")
+    base = re.sub(r"\.{2,}", ".", re.sub(r"[^a-z0-9._]+", "-", folded.lower()))
+    return base.strip("-._")[:56].rstrip("-._")
 
 
 def default_banks_dir() -> Path:
@@ -79,13 +89,11 @@ class BankDirectory:
         return (self.path(name) / DB_NAME).is_file()
 
     def free_name(self, title: str) -> str:
-        """A valid bank name made from ``title`` (e.g. a file's name without its extension) that no bank has yet:
-        lower case, other characters as ``-``, then ``-2``, ``-3``... if taken ("The Great Gatsby" ->
-        "the-great-gatsby"; "book" when nothing usable is left). Taking it is the caller's (``create`` raises
-        ``BankExists`` if another process took it meanwhile)."""
-        base = re.sub(r"\.{2,}", ".", re.sub(r"[^a-z0-9._]+", "-", title.lower()))
-        base = base.strip("-._")[:56].rstrip("-._")
-        base = base or "book"
+        """A valid bank name made from ``title`` (e.g. a book's title, or a file's name without its extension) that
+        no bank has yet: ``name_base(title)``, "book" when that is empty, then ``-2``, ``-3``... if taken ("The Great
+        Gatsby" -> "the-great-gatsby"). Taking it is the caller's (``create`` raises ``BankExists`` if another
+        process took it meanwhile)."""
+        base = name_base(title) or "book"
         for n in range(1, 10_000):
             name = base if n == 1 else f"{base}-{n}"
             if not self.path(name).exists():

@@ -20,6 +20,7 @@ import numpy as np
 import sqlite_utils
 
 from longmem.storage.schema import FTS_SQL, statements
+from longmem.text.chapters import chapter_label
 from longmem.text.passages import Chapters, PassageCutter, Span
 
 # Words a question shares with every passage: left out of the full-text query (BM25 weighs them little anyway, but
@@ -41,11 +42,14 @@ class PassageRef:
     id: int
     document_id: int
     document: str  # the document's title
-    chapter: str | None  # heading of the chapter it is in (None: before the first, or no chapters found)
+    chapter: str | None  # heading of the chapter it starts in, lines joined ("PART TWO I", "VII"; None: before the
+    #                      first, or no chapters found): how the reading prompt names the place
     char_start: int  # offsets in the document's text
     char_end: int
     document_chars: int  # the document's length, so ``position`` says where in it the passage is
     text: str
+    label: str | None = None  # the chapter as a reader is told it ("Part Two, chapter VII"; None: none, or a bank
+    #                           made before labels: then read from ``chapter``)
 
     @property
     def position(self) -> float:
@@ -53,7 +57,17 @@ class PassageRef:
         return self.char_start / self.document_chars if self.document_chars else 0.0
 
     def place(self) -> str:
-        """"The Great Gatsby, chapter III, 31% in"."""
+        """Where the passage is, as a book names its places, for a reader: "A Lost Lady, Part Two, chapter VII, 83%
+        through the book", "The Great Gatsby, chapter III, 31% through the book" (no chapter: title and percentage).
+        A bank made before labels has only ``chapter``; ``chapter_label`` reads it ("VII" -> "chapter VII")."""
+        where = self.label or (chapter_label(self.chapter) if self.chapter else None)
+        return ", ".join(p for p in (self.document, where, f"{self.position:.0%} through the book") if p)
+
+    def prompt_place(self) -> str:
+        """Where the passage is, as the reading prompt names it for the model: "The Great Gatsby, chapter III, 31%
+        in", the heading as the book prints it ("A Lost Lady, PART TWO I, 57% in"). The answers were measured with
+        this wording; the reader's wording (``place``) in the prompt made the app's answers worse (docs/notes-issue-
+        44.md), so the two differ on purpose."""
         bare = self.chapter is not None and _BARE_NUMBER.fullmatch(self.chapter) is not None
         where = f"chapter {self.chapter.rstrip('.')}" if bare else self.chapter  # "II" -> "chapter II"
         return ", ".join(p for p in (self.document, where, f"{self.position:.0%} in") if p)
@@ -100,11 +114,15 @@ def text_between(db: sqlite_utils.Database, document_id: int, start: int, end: i
 
 
 def set_chapters(db: sqlite_utils.Database, document_id: int, text: str) -> None:
-    """Name the chapter of every passage of a complete document (chapters need the whole text)."""
+    """Name the chapter of every passage of a complete document (chapters need the whole text): ``chapter``, the
+    heading of the chapter it starts in (what the prompt names), and ``label``, the chapter its middle character is
+    in, as a reader is told it (the cutter does not know chapters: a passage that runs on over a heading is shown
+    in the chapter most of it is in)."""
     chapters = Chapters(text)
-    rows = db.execute("SELECT id, char_start FROM passages WHERE document_id = ?", [document_id]).fetchall()
-    db.conn.executemany("UPDATE passages SET chapter = ? WHERE id = ?",
-                        [(chapters.heading(start), pid) for pid, start in rows])
+    rows = db.execute("SELECT id, char_start, char_end FROM passages WHERE document_id = ?", [document_id]).fetchall()
+    db.conn.executemany("UPDATE passages SET chapter = ?, label = ? WHERE id = ?",
+                        [(chapters.heading(start), chapters.label((start + end) // 2), pid)
+                         for pid, start, end in rows])
 
 
 def recut(db: sqlite_utils.Database, document_id: int, demonstrations: bool, complete: bool) -> int:
@@ -196,12 +214,12 @@ def fetch(db: sqlite_utils.Database, ids: list[int]) -> list[PassageRef]:
     if not ids:
         return []
     marks = ",".join("?" * len(ids))
-    rows = db.execute(f"SELECT p.id, p.document_id, d.title, p.chapter, p.char_start, p.char_end, p.text, "
+    rows = db.execute(f"SELECT p.id, p.document_id, d.title, p.chapter, p.char_start, p.char_end, p.text, p.label, "
                       f"(SELECT sum(length(s.text)) FROM segments s WHERE s.document_id = p.document_id) "
                       f"FROM passages p JOIN documents d ON d.id = p.document_id WHERE p.id IN ({marks})",
                       list(ids)).fetchall()
     by_id = {r[0]: PassageRef(id=r[0], document_id=r[1], document=r[2], chapter=r[3], char_start=r[4],
-                              char_end=r[5], text=r[6], document_chars=r[7] or 0) for r in rows}
+                              char_end=r[5], text=r[6], label=r[7], document_chars=r[8] or 0) for r in rows}
     return [by_id[i] for i in ids if i in by_id]
 
 

@@ -98,8 +98,8 @@ class Passage:
     serial: int  # chunk serial in the loaded memory
     document_id: int
     document: str  # title
-    text: str
-    context: str
+    text: str  # the chunk, reflowed (``Bank.passage``)
+    context: str  # the chunk with the text around it, as a reader is shown it: ``text`` is in it
     segment: int = 0  # which segment of its document (0-based) ...
     of_segments: int = 1  # ... out of how many: where in the book the passage is
     chunk: int = 0  # which chunk of its segment (0 = the segment's first tokens)

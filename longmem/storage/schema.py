@@ -135,6 +135,10 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0004 chunk_size spelled out", """
         ALTER TABLE bank RENAME COLUMN csz TO chunk_size;
     """),
+    # a passage's place as a reader is shown it ("Part Two, chapter VII"), beside the heading the prompt names
+    ("0005 passage labels", """
+        ALTER TABLE passages ADD COLUMN label TEXT;
+    """),
 ]
 
 

@@ -20,7 +20,7 @@ as they are made.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterator
+from typing import Callable, Iterator
 
 from longmem.memory.memory import MemoryView
 from longmem.model.lm import Sampling
@@ -47,8 +47,10 @@ class Answer:
     ``text``, ``said`` (False: the reply says the book does not say) and ``grounding`` once it is complete.
     ``close()`` (or leaving the iteration early) stops the generation between two tokens."""
 
-    def __init__(self, question: str, found: list[Found], cited: list[Citation], view: MemoryView | None):
+    def __init__(self, question: str, found: list[Found], cited: list[Citation], view: MemoryView | None,
+                 stop: Callable[[], bool] | None = None):
         self.question = question
+        self.stop = stop  # asked after each generated token: True ends the answer there, unfinished
         self.found = found  # the passages read, in prompt order
         self.citations = cited
         self.view = view  # the memory as the answer read it (what it retrieved: ``view.top``)
@@ -74,13 +76,14 @@ class Answer:
 
 
 def answer(chat: Chat, finder: PassageFinder | None, question: str, reading: Reading | None = None,
-           chunks: int | None = None) -> Answer:
+           chunks: int | None = None, stop: Callable[[], bool] | None = None) -> Answer:
     """Answer ``question`` in ``chat`` (its model, memory and sampling) from the passages ``finder`` finds by
     ``reading`` (default ``Reading()``; no finder, or ``finder="none"``: read nothing, the paper's memory fusion
     alone). ``chunks``: memory chunks per query token and head (None: ``Reading.chunks``). When the finder finds
     nothing, the reply is ``NOT_SAID`` without asking the model (it would answer from what it knows, not from the
     book); when what it finds does not fit the window, the model answers from memory alone, unchecked. The turn is
-    recorded in the chat once the answer is complete; an answer left unfinished is not."""
+    recorded in the chat once the answer is complete; an answer left unfinished is not, nor one that ``stop``
+    (asked after each generated token, also while the sentences shown are held for checking) ended."""
     reading = reading or Reading()
     if not question or not question.strip():
         raise ValueError("the question is empty")
@@ -96,7 +99,7 @@ def answer(chat: Chat, finder: PassageFinder | None, question: str, reading: Rea
     if chat.memory is not None:
         model_topk = chat.model.config.topk
         view = MemoryView(chat.memory, chunks if chunks is not None else reading.chunks(chat.memory, found, model_topk))
-    reply = Answer(question, found, cited, view)
+    reply = Answer(question, found, cited, view, stop)
     if reads and not ranked:
         reply._source = _not_said(chat, reply)
     else:
@@ -127,6 +130,8 @@ def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None
         pieces = chat.ask(question, reading_prompt(question, found) if found else None, reading.search_excerpts)
         try:
             for piece in pieces:
+                if reply.stop is not None and reply.stop():
+                    return  # stopped by the reader: unfinished, not recorded
                 made.append(piece)
                 shown = piece if checker is None else checker.feed(piece)
                 if shown:

@@ -29,7 +29,6 @@ Cite. What was read is returned with the answer (``Citation``): text, place, and
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +36,7 @@ import torch
 from longmem.memory.memory import Memory, MemoryView
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, PassageRef
+from longmem.text.passages import excerpt
 
 FINDERS = ("lexical", "fused", "memory", "none")
 DEFAULT_FINDER = "lexical"  # what a chat reads unless told: chosen by measurement (docs/notes-issue-26.md)
@@ -104,9 +104,9 @@ class Citation:
 
     number: int  # [n] in the prompt
     document: str
-    place: str  # "The Great Gatsby, chapter III, 31% in"
-    text: str
-    context: str  # the passage with the text around it
+    place: str  # "A Lost Lady, Part Two, chapter VII, 83% through the book" (``PassageRef.place``)
+    text: str  # the passage, reflowed: a book's hard-wrapped lines joined into paragraphs (``text.passages.reflow``)
+    context: str  # the passage with the text around it, reflowed too; ``text`` is in it (``citations``)
     passage_id: int
     finders: dict  # finder -> rank that brought it
     support: tuple[int, int] | None = None  # text[start:end]: the sentence that supports the answer (None: none)
@@ -227,24 +227,23 @@ def reading_prompt(question: str, found: list[Found]) -> str:
     question alone)."""
     if not found:
         return question
-    excerpts = "\n\n".join(f"[{i}] ({f.passage.place()})\n{f.passage.text}" for i, f in enumerate(found, 1))
+    excerpts = "\n\n".join(f"[{i}] ({f.passage.prompt_place()})\n{f.passage.text}" for i, f in enumerate(found, 1))
     return f"{INSTRUCTION}\n\n{excerpts}\n\nQuestion: {question}"
 
 
 def citations(bank: Bank, found: list[Found], context_chars: int = 600) -> list[Citation]:
-    """What an answer read, numbered as in its prompt, each with up to ``context_chars`` of text on either side
-    (whole words)."""
+    """What an answer read, numbered as in its prompt: each passage reflowed, in up to ``context_chars`` of its
+    document's text on either side, cut at sentence bounds within reach, else at whole words with "…"
+    (``text.passages.excerpt``). So ``text`` is found in ``context``, and a support span (``Citation.support``,
+    computed from the citation's ``text``) indexes the reflowed text."""
     out = []
     for i, f in enumerate(found, 1):
         p = f.passage
         lo = max(0, p.char_start - context_chars)
         around = bank.document_text_between(p.document_id, lo, p.char_end + context_chars)
-        before, after = around[: p.char_start - lo], around[p.char_end - lo:]
-        if lo > 0:  # whole words only: drop the word the cut fell in, at either end
-            before = before[m.end():] if (m := re.search(r"\s", before)) else ""
-        if len(after) == context_chars:
-            after = after[: m.start()] if (m := re.search(r"\s\S*$", after)) else ""
-        context = before + p.text + after
-        out.append(Citation(number=i, document=p.document, place=p.place(), text=p.text, context=context,
+        after = around[p.char_end - lo:]
+        shown = excerpt(around[: p.char_start - lo], p.text, after, cut_before=lo > 0,
+                        cut_after=len(after) == context_chars)
+        out.append(Citation(number=i, document=p.document, place=p.place(), text=shown.text, context=shown.context,
                             passage_id=p.id, finders=dict(f.ranks)))
     return out

@@ -18,7 +18,10 @@ blank. Four kinds of heading line are read (a line may be wrapped in ``_italics_
    Parts are *not* chapters while finer headings exist: a part heading only lets chapter numbering restart at 1
    (A Lost Lady: PART ONE I..IX, PART TWO I..IX), and a part heading right above a chapter heading (fewer than
    `MIN_BODY_WORDS` words between them) becomes part of that chapter's heading, so the prefix never ends with
-   "PART TWO". Parts count as chapters only when a book has no finer headings at all.
+   "PART TWO". Every numbered chapter after a part heading names that part (``Chapter.part``: the part's heading
+   line, on the first chapter of the part and on the rest), until the next part heading; before the first chapter
+   only a part heading right above it counts (a table of contents lists parts too). Parts count as chapters only when
+   a book has no finer headings at all.
 4. **title**: for books without numbered headings (story collections such as All the Sad Young Men), the entries
    of the CONTENTS list (numbers and page numbers removed), found again after the list, in the same order, each as
    a paragraph of its own (up to 3 lines; letters and digits compared, case ignored). Their order is the check.
@@ -40,6 +43,10 @@ A chapter's heading also takes in its title: the first paragraph after the headi
 e.g. "DR. SHEPPARD AT THE BREAKFAST TABLE" or "The Tragedy at Marsdon Manor"; and a section number right below
 ("CHAPTER ONE" then "I", or "§ 1"). ``[Illustration]`` paragraphs and rules of dashes or stars there are skipped.
 The chapter's text (``body_start``, its first non-blank character) starts after all of these.
+
+A place names a chapter by its label (``chapter_label``, ``Chapter.label``): the part and the chapter as the book
+prints them, title-cased when printed in capitals, a bare number with the word "chapter", a title after a colon:
+"Part Two, chapter VII", "Chapter III: The Title". ``heading`` stays the text's own lines (ChapterBreak uses it).
 
 Known limits: a book whose finer headings cover only part of it (numbered chapters in its last BOOK only) gets only
 those chapters; headings of other shapes ("ONE", "— 1 —", a title with no CONTENTS list) are not found.
@@ -77,6 +84,12 @@ class Chapter:
     heading: str  # the heading line(s) as in the text, each stripped, joined by "\n", e.g. "CHAPTER XII\nTHE TITLE"
     start: int  # char offset where the heading starts (the start of its first line, part heading included)
     body_start: int  # char offset where the chapter's text starts (after the heading lines and blank lines)
+    part: str | None = None  # the heading line of the part it is in, as in the text ("PART TWO"); None: no parts
+
+    @property
+    def label(self) -> str:
+        """How a place names the chapter: "Part Two, chapter VII" (``chapter_label``)."""
+        return chapter_label(self.heading, self.part)
 
 
 def find_chapters(text: str) -> list[Chapter]:
@@ -315,7 +328,8 @@ def _norm(s: str) -> str:
 
 def _chapters(chain: list[_Heading], parts: list[_Heading], lines: list[_Line], lo: int, hi: int,
               text: str) -> list[Chapter]:
-    """Chapter records for the chosen headings: each takes in a part heading right above it and its title below."""
+    """Chapter records for the chosen headings: each takes in a part heading right above it and its title below,
+    and names the part it is in (``_parts_of``)."""
     firsts, prev_last = [], lo - 1
     for h in chain:
         above = [p for p in parts if prev_last < p.first and p.last < h.first
@@ -323,14 +337,33 @@ def _chapters(chain: list[_Heading], parts: list[_Heading], lines: list[_Line], 
         firsts.append(above[-1].first if above else h.first)
         prev_last = h.last
     chapters = []
-    for k, h in enumerate(chain):
+    for k, (h, part) in enumerate(zip(chain, _parts_of(chain, parts, lines, lo))):
         stop = firsts[k + 1] if k + 1 < len(chain) else hi
         below, body = _heading_end(lines, h.last, stop)
         heading_lines = [ln.raw for ln in lines[firsts[k]:h.last + 1] if ln.raw and not ln.raw.startswith("[Ill")]
         heading = "\n".join(heading_lines + [lines[i].raw for i in below])
         body_start = lines[body].start + lines[body].indent if body < len(lines) else len(text)
-        chapters.append(Chapter(k, heading, lines[firsts[k]].start, body_start))
+        part_line = lines[part.first].raw if part is not None else None
+        chapters.append(Chapter(k, heading, lines[firsts[k]].start, body_start, part_line))
     return chapters
+
+
+def _parts_of(chain: list[_Heading], parts: list[_Heading], lines: list[_Line], lo: int) -> list[_Heading | None]:
+    """The part heading each chapter is in: the last one between the previous chapter heading and its own, carried
+    on to the chapters after it until the next. Before the first chapter only a part heading right above it (fewer
+    than `MIN_BODY_WORDS` words between) counts, so the parts a table of contents lists are not taken for one.
+    Only numbered chapters are in parts: contents titles and parts themselves are in none."""
+    out: list[_Heading | None] = []
+    if chain and chain[0].kind in ("title", "part"):
+        return [None] * len(chain)
+    current, prev_last = None, lo - 1
+    for k, h in enumerate(chain):
+        between = [p for p in parts if prev_last < p.first and p.last < h.first
+                   and (k > 0 or _prose_words(lines, p.last + 1, h.first) < MIN_BODY_WORDS)]
+        current = between[-1] if between else current
+        out.append(current)
+        prev_last = h.last
+    return out
 
 
 def _heading_end(lines: list[_Line], last: int, stop: int) -> tuple[list[int], int]:
@@ -368,3 +401,84 @@ def _is_title(block: list[str]) -> bool:
         return False
     tail = joined.rstrip("\"'”’)]_*")
     return all(c.isupper() for c in letters) or (tail != "" and tail[-1] not in ".,;:!?—-")
+
+
+# ------------------------------------------------------------------------------------------------- place labels
+
+_SMALL_WORDS = frozenset("a an and as at but by for from in into nor of on or the to with".split())
+_WORD = re.compile(r"[^\W\d_]+(?:['\u2019][^\W\d_]+)*")
+# the next word starts a clause (or a quotation): a small word there keeps its capital
+_CLAUSE_START = re.compile(r"(?:(?:^|[:.!?\u2014]|--)[\s\"'\u201c\u2018(]*|[\"\u201c\u2018(])$")
+
+
+def printed(line: str) -> str:
+    """A heading line as a place names it: spaces collapsed, without ``_italics_`` marks or a final full stop, and
+    title-cased when the book prints it in capitals ("PART TWO" -> "Part Two", "BOOK THE FIRST" -> "Book the First",
+    "THE TRAGEDY AT MARSDON MANOR" -> "The Tragedy at Marsdon Manor"), roman numerals kept ("PART II" -> "Part II").
+    A line with a lower-case letter is kept as printed."""
+    line = " ".join(line.strip("_*").split()).rstrip(".").rstrip()
+    if any(c.islower() for c in line):
+        return line
+
+    def word(m: re.Match) -> str:
+        w = m.group()
+        if _roman(w):
+            return w
+        if w.lower() in _SMALL_WORDS and not _CLAUSE_START.search(line, 0, m.start()):
+            return w.lower()
+        return w[0] + w[1:].lower()
+
+    return _WORD.sub(word, line)
+
+
+def chapter_label(heading: str, part: str | None = None) -> str:
+    """How a place names a chapter: its part (``part``, or a part line heading ``heading``) and the chapter as the
+    book prints it, title-cased when printed in capitals (``printed``), a bare number with the word "chapter" and a
+    title after a colon. "PART TWO\nI" or ("VII", "PART TWO") -> "Part Two, chapter VII"; "CHAPTER III\nTHE TITLE"
+    -> "Chapter III: The Title"; "II.\nThe Adventure" -> "chapter II: The Adventure"; a title alone ("THE RICH BOY")
+    -> "The Rich Boy". Also reads the one-line headings stored before labels ("PART TWO I" -> "Part Two, chapter I",
+    "VII" -> "chapter VII"), and a label gives itself back, so a stored string of either kind can go through it."""
+    lines = [t for t in (" ".join(raw.split()) for raw in heading.split("\n")) if t]
+    if not lines:
+        return printed(part) if part else ""
+    if len(lines) == 1 and (split := _part_split(lines[0])) is not None:
+        lines = list(split)
+    at = next((i for i in range(1, len(lines)) if _starts_chapter(lines[i])), None) if _is_part_line(lines[0]) else None
+    if at is not None:  # "PART I\nTHE PART'S TITLE\nCHAPTER I\n...": the part's own title is left out
+        part, lines = part or lines[0], lines[at:]
+    return ", ".join(x for x in (printed(part) if part else None, _chapter_name(lines)) if x)
+
+
+def _chapter_name(lines: list[str]) -> str:
+    """'chapter VII', 'Chapter III: The Title', 'chapter II: The Adventure', or a title, from a heading's lines."""
+    if len(lines) > 1 and lines[0] in _CHAPTER_LABELS and _bare_number(lines[1]) is not None:
+        lines = [f"{lines[0]} {lines[1]}", *lines[2:]]  # "CHAPTER" alone, the number below it
+    head = lines[0]
+    if _bare_number(head) is not None:
+        name = f"chapter {head.strip('_*').rstrip('.')}"
+    elif _labelled_number(head, _CHAPTER_LABELS + _PART_LABELS) is not None:
+        name = printed(head)
+    else:
+        return printed(" ".join(lines))  # a title heading
+    title = [t for t in lines[1:] if not _is_heading_like(t) and re.fullmatch(r"§ ?[0-9]+\.?", t) is None]
+    return f"{name}: {printed(' '.join(title))}" if title else name
+
+
+def _is_part_line(line: str) -> bool:
+    return _labelled_number(line, _PART_LABELS) is not None
+
+
+def _starts_chapter(line: str) -> bool:
+    """Whether a line starts a chapter's name: 'VII', 'CHAPTER XII ...', 'CHAPTER' alone, or a label's 'chapter VII'."""
+    return (line in _CHAPTER_LABELS or _bare_number(line) is not None or line.startswith("chapter ")
+            or _labelled_number(line, _CHAPTER_LABELS) is not None)
+
+
+def _part_split(line: str) -> tuple[str, str] | None:
+    """A one-line heading that starts with a part: 'PART TWO I' -> ('PART TWO', 'I'), 'Part Two, chapter I' ->
+    ('Part Two', 'chapter I'); None for any other line."""
+    m = _LABELLED.fullmatch(line)
+    if m is None or m.group("label") not in _PART_LABELS or _number(m.group("num")) is None:
+        return None
+    rest = m.group("rest").lstrip(" ,")
+    return (line[: m.start("rest")], rest) if rest and _starts_chapter(rest) else None

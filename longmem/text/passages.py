@@ -15,7 +15,12 @@ Leading and trailing whitespace is left out of a passage, so its ``text`` is ``d
 In ``demonstrations`` mode (labelled examples) every paragraph is a passage of its own: one demonstration each.
 
 A passage's place: its character offsets in the document, and the chapter it starts in, found once the whole text is
-known (``chapter_of``, from ``longmem.text.chapters.find_chapters``).
+known (``Chapters``, from ``longmem.text.chapters.find_chapters``), named as a place names it ("Part Two, chapter
+VII": ``longmem.text.chapters.chapter_label``).
+
+Shown to a reader, a passage is reflowed (``reflow``: a book's hard-wrapped lines joined into paragraphs) and set in
+the text around it cut where a reader can start and stop: at sentence bounds within reach, else at whole words with
+"…" (``excerpt``).
 """
 
 from __future__ import annotations
@@ -155,14 +160,112 @@ def cut_passages(text: str, n_tokens: int | None = None, demonstrations: bool = 
 
 
 class Chapters:
-    """Which chapter a character offset of a book is in: ``heading(offset)``, None before the first chapter or in
-    a book without detectable chapters."""
+    """Which chapter a character offset of a book is in, None before the first chapter or in a book without
+    detectable chapters: ``heading(offset)``, its heading's lines joined by spaces as the book prints them ("PART TWO
+    I", "VII", "CHAPTER XII THE TITLE"), and ``label(offset)``, its place as a reader is told it ("Part Two, chapter
+    I", "Part Two, chapter VII", "Chapter XII: The Title": ``Chapter.label``)."""
 
     def __init__(self, text: str):
         found = find_chapters(text)
         self.starts = [c.start for c in found]
         self.headings = [" ".join(c.heading.split("\n")) for c in found]
+        self.labels = [c.label for c in found]
+
+    def _index(self, offset: int) -> int:
+        return bisect.bisect_right(self.starts, offset) - 1
 
     def heading(self, offset: int) -> str | None:
-        i = bisect.bisect_right(self.starts, offset) - 1
+        i = self._index(offset)
         return self.headings[i] if i >= 0 else None
+
+    def label(self, offset: int) -> str | None:
+        i = self._index(offset)
+        return self.labels[i] if i >= 0 else None
+
+
+# ------------------------------------------------------------------------------------------------ showing a passage
+
+ELLIPSIS = "\u2026"  # marks where the text around a passage was cut inside a sentence
+_SPACES = re.compile(r"\s+")
+_SENTENCE_END = re.compile(r"[.!?\u2026][\"'\u201d\u2019\u00bb)\]]*$")
+
+
+def reflow(text: str) -> str:
+    """A book's hard-wrapped text as paragraphs: a run of whitespace that holds a blank line (two line breaks or more)
+    becomes one paragraph break "\\n\\n", any other run (a line break inside a paragraph, indentation, double spaces)
+    one space. Words hyphenated at a line's end are left as they are. A run at either end is mapped the same way, not
+    removed, so reflowing the pieces of a text and joining them gives the reflowed whole wherever no whitespace run
+    spans two pieces (a passage has none at its ends)."""
+    return _SPACES.sub(lambda m: "\n\n" if m.group().count("\n") >= 2 else " ", text)
+
+
+@dataclass(frozen=True)
+class Excerpt:
+    """A passage set in the text around it, as a reader is shown it (``excerpt``); all three reflowed."""
+
+    before: str  # the text before the passage, from a sentence start or from "…" (keeps its whitespace to the passage)
+    text: str  # the passage
+    after: str  # the text after it, to a sentence end or to "…"
+
+    @property
+    def context(self) -> str:
+        """``before + text + after``: the passage is ``context[len(before):len(before) + len(text)]``."""
+        return self.before + self.text + self.after
+
+
+def excerpt(before: str, text: str, after: str, cut_before: bool = True, cut_after: bool = True) -> Excerpt:
+    """``text`` (a passage) set between ``before`` and ``after`` (the document's text on either side of it), all
+    reflowed (``reflow``). ``cut_before``: ``before`` was cut out of a longer text (False: it starts the document),
+    so it is trimmed to start at its first sentence start within its first half (after a sentence end or a paragraph
+    break, as ``sentence_spans`` reads them), else at its first whole word, after "…". Likewise ``cut_after``:
+    ``after`` ends at its last sentence end within its second half, else at its last whole word, before "…". An
+    uncut end only loses its surrounding whitespace. So the text shown never starts or ends inside a word, unless the
+    passage itself does and nothing around it is left."""
+    if cut_before:
+        starts = [a for a, _ in sentence_spans(before)[1:] if a <= len(before) / 2]
+        if starts:
+            before = before[starts[0]:]
+        else:
+            m = _SPACES.search(before)
+            before = ELLIPSIS + (before[m.end():] if m else "")
+    else:
+        before = before.lstrip()
+    if cut_after:
+        ends = [b for _, b in sentence_spans(after) if b >= len(after) / 2 and b < len(after)
+                and _SENTENCE_END.search(after, 0, b)]
+        if ends:
+            after = after[:ends[-1]]
+        else:
+            m = re.search(r"\s\S*$", after)
+            after = (after[:m.start()].rstrip() if m else "") + ELLIPSIS
+    else:
+        after = after.rstrip()
+    shown, (a, b) = _reflow_marked(before + text + after, len(before), len(before) + len(text))
+    return Excerpt(shown[:a], shown[a:b], shown[b:])
+
+
+def _reflow_marked(text: str, start: int, end: int) -> tuple[str, tuple[int, int]]:
+    """``reflow(text)`` and where ``text[start:end]`` went in it. The text is reflowed as one, so a paragraph break
+    split between a passage and its neighbour stays one; a whitespace run that an edge of the span falls inside goes
+    outside the span."""
+    pieces, n, pos = [], 0, 0  # n: characters reflowed so far, up to ``pos`` of ``text``
+    a: int | None = None
+    b: int | None = None
+    for m in _SPACES.finditer(text):
+        s, e = m.span()
+        if a is None and start <= s:
+            a = n + start - pos
+        if b is None and end <= s:
+            b = n + end - pos
+        run = "\n\n" if m.group().count("\n") >= 2 else " "
+        pieces += [text[pos:s], run]
+        n += s - pos + len(run)
+        if a is None and start < e:  # the span starts inside the run: after it
+            a = n
+        if b is None and end < e:  # the span ends inside the run: before it
+            b = n - len(run)
+        pos = e
+    pieces.append(text[pos:])
+    a = n + start - pos if a is None else a
+    b = n + end - pos if b is None else b
+    return "".join(pieces), (a, max(a, b))

@@ -1,0 +1,152 @@
+"""The page's own logic, without a server: errors shown beside the work (``app.common.reported``) or raised for API
+clients (``friendly``), uploads named by the user's file name, a citation's context as paragraphs, what a reload
+restores, and the Classify tab's sample file."""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import gradio as gr
+import pytest
+from gradio.utils import get_upload_folder
+from tiny import chat_model
+
+from app.chat_tab import context_html
+from app.classify_tab import SAMPLE, SAMPLE_SPLIT, preset_choices
+from app.common import Told, friendly, own_names, reported
+from app.ui import build_app, memo_secret
+from longmem.service.workspace import Workspace
+from longmem.storage import BankDirectory
+from longmem.tasks.reading import Citation
+from longmem.text.io import InputError
+
+
+def is_skip(value) -> bool:
+    return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
+
+
+def test_an_uploaded_file_is_named_as_the_user_named_it():
+    tmp = os.path.join(get_upload_folder(), "3f9c2a7d0b1e", "My Book.txt")
+    assert own_names(f"{tmp}: the file is empty") == "My Book.txt: the file is empty"
+    assert own_names("/home/me/book.txt: the file is empty") == "/home/me/book.txt: the file is empty"
+
+
+def test_a_failure_goes_to_the_notice_and_leaves_every_other_output_as_it_is():
+    def refuse(path):
+        raise InputError(f"{os.path.join(get_upload_folder(), 'ab12', 'empty.txt')}: the file is empty")
+
+    notice, *rest = reported(refuse, 3)("x")
+    assert notice["visible"] and "empty.txt: the file is empty" in notice["value"]
+    assert get_upload_folder() not in notice["value"] and "notice-error" in notice["value"]
+    assert len(rest) == 3 and all(is_skip(v) for v in rest)
+
+
+def test_success_clears_the_notice_and_a_confirmation_is_said_there():
+    notice, a, b = reported(lambda: (1, 2), 2)()
+    assert notice["visible"] is False and (a, b) == (1, 2)
+    notice, value = reported(lambda: Told("removed 'x' from shelf", [[1]]), 1)()
+    assert "notice-info" in notice["value"] and "removed" in notice["value"] and value == [[1]]
+
+
+def test_a_streamed_answer_that_fails_midway_keeps_what_was_shown():
+    def stream():
+        yield "first"
+        raise ValueError("the bank went away")
+
+    steps = list(reported(stream, 1)())
+    assert steps[0][1] == "first" and steps[0][0]["visible"] is False
+    assert "the bank went away" in steps[1][0]["value"] and is_skip(steps[1][1])
+
+
+def test_api_callers_get_values_and_errors_raised():
+    assert friendly(lambda: gr.update(value="shelf", choices=["shelf"]), 1)() == "shelf"
+    assert friendly(lambda: Told("done", "a", gr.update(visible=False)), 2)() == ("a", {"__type__": "update",
+                                                                                       "visible": False})
+    def unknown():
+        raise KeyError("no bank named 'x'")
+
+    def stream():
+        yield "first"
+        raise ValueError("the bank went away")
+
+    with pytest.raises(gr.Error, match="no bank named 'x'"):
+        friendly(unknown, 1)()
+    with pytest.raises(gr.Error, match="went away"):
+        list(friendly(stream, 1)())
+
+
+def citation(text: str, context: str, support=None) -> Citation:
+    return Citation(number=1, document="A Book", place="A Book, Part One, chapter II, 10% through the book",
+                    text=text, context=context, passage_id=1, finders=("lexical",), support=support)
+
+
+def test_the_context_reads_as_paragraphs_with_the_passage_marked_in_each():
+    text = "II\n\nThe keeper lit the\nlamp at dusk. He wrote the time."
+    c = citation(text, "It was late.\nThe sea rose.\n\n" + text + "\n\nMorning came.",
+                 support=(4, 36))  # "The keeper lit the\nlamp at dusk."
+    out = context_html(c)
+    assert out.count("<p>") == 4  # before, the heading, the passage's paragraph, after
+    assert "<p>It was late. The sea rose.</p>" in out  # hard-wrapped lines joined
+    assert "<p><mark>II</mark></p>" in out
+    assert "<mark><b>The keeper lit the lamp at dusk.</b></mark><mark> He wrote the time.</mark>" in out
+    assert "<p>Morning came.</p>" in out
+
+
+def test_a_passage_missing_from_its_context_is_shown_alone_and_escaped():
+    out = context_html(citation("a < b & c", "unrelated text"))
+    assert out == "<p>a &lt; b &amp; c</p>"
+
+
+@pytest.fixture
+def page(tmp_path):
+    ws = Workspace(chat_model(), BankDirectory(tmp_path / "banks"), work_dir=tmp_path / "work")
+    for name in ("gatsby", "lost-lady"):
+        ws.create_bank(name)
+    demo = build_app(ws)
+    restore = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "restore")
+    yield ws, demo, restore
+    ws.close()
+
+
+def test_a_reload_gives_back_the_chosen_banks_and_tab(page):
+    ws, demo, restore = page
+    *pickers, tabs = restore({"bank": "lost-lady", "classify": "gatsby", "tab": "banks"})
+    values = [p.get("value") for p in pickers]
+    assert values.count("lost-lady") == 2 and values.count("gatsby") == 1  # Chat and Continue, then Classify
+    assert all(p["choices"] == ["gatsby", "lost-lady"] for p in pickers)
+    assert tabs.selected == "banks"
+
+
+def test_a_reload_forgets_a_bank_deleted_meanwhile_and_an_unknown_tab(page):
+    ws, demo, restore = page
+    ws.delete_bank("lost-lady")
+    *pickers, tabs = restore({"bank": "lost-lady", "tab": "nowhere"})
+    assert all("value" not in p and p["choices"] == ["gatsby"] for p in pickers)
+    assert is_skip(tabs)
+    *pickers, tabs = restore(None)  # a first visit
+    assert all("value" not in p for p in pickers) and is_skip(tabs)
+
+
+def test_the_page_memo_key_is_stable_for_a_banks_directory(tmp_path):
+    one = Workspace(chat_model(), BankDirectory(tmp_path / "a"), work_dir=tmp_path / "w1")
+    again = Workspace(chat_model(), BankDirectory(tmp_path / "a"), work_dir=tmp_path / "w2")
+    other = Workspace(chat_model(), BankDirectory(tmp_path / "b"), work_dir=tmp_path / "w3")
+    try:
+        assert memo_secret(one) == memo_secret(again) != memo_secret(other)
+    finally:
+        for ws in (one, again, other):
+            ws.close()
+
+
+def test_the_sample_file_fills_the_sample_split_with_both_labels():
+    with open(SAMPLE, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert sum(SAMPLE_SPLIT.values()) == len(rows) == 400
+    assert {r["label"] for r in rows} == {"positive", "negative"}
+    assert len({r["text"] for r in rows}) == len(rows)  # no duplicates
+
+
+def test_templates_are_offered_by_their_labels():
+    names = dict((v, k) for k, v in preset_choices())
+    assert names["SST-2"] == "positive, negative (SST-2)" and names["SST-5"].startswith("terrible, bad")
