@@ -22,8 +22,12 @@ class Shared:
 
     def remember(self, picker: gr.Dropdown, key: str) -> None:
         """Make ``picker`` a bank picker whose choice is stored under ``key`` and given back after a reload (pickers
-        sharing a key, Chat's and Continue's, come back with the same bank)."""
+        sharing a key, Chat's and Continue's, come back with the same bank). A picker left empty changes nothing: a
+        bank that no longer exists is not picked again anyway."""
         self.pickers.append(picker)
         self.remembered.append((picker, key))
-        picker.change(lambda value, memo: {**(memo or {}), key: value}, [picker, self.memo], [self.memo],
-                      queue=False, show_progress="hidden", api_visibility="private")
+        def keep(value, memo):  # an emptied picker (its choices refreshed) must not forget another picker's choice
+            return {**(memo or {}), key: value} if value else gr.skip()
+
+        picker.change(keep, [picker, self.memo], [self.memo], queue=False, show_progress="hidden",
+                      api_visibility="private")

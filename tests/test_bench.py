@@ -71,3 +71,52 @@ def test_a_report_prints_json_then_the_table_and_writes_the_json(tmp_path, capsy
     head, table = printed.split("\n\n", 1)
     assert json.loads(head) == result and table == "| a |\n| --- |\n"
     assert json.loads((tmp_path / "out.json").read_text()) == result
+
+
+# -- what the machine could do (bench.limits) -------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_ingestion_work_is_counted_from_the_model_s_own_weights(family):
+    import torch
+
+    from longmem.bench.limits import ingest_flops
+    from tiny import tiny_model
+
+    model = tiny_model(family)
+    spec, n, T = model.backbone.spec, model.cached_layer, model.segment_len
+    flops = ingest_flops(model)
+    weights = sum(p.numel() for layer in list(model.backbone.layers)[:n] for p in layer.parameters() if p.dim() == 2)
+    assert flops.linear == 2 * weights and flops.layers == n > 0
+    assert flops.attention == n * 4 * spec.n_heads * spec.head_dim * (T + 1) / 2
+    assert flops.kv == 4 * spec.hidden * spec.n_kv_heads * spec.head_dim
+    assert flops.per_token == flops.linear + flops.attention + flops.kv
+    # the weight matmuls dominate: a layer's projections and MLP, not its norms
+    dense = 2 * sum(m.weight.numel() for layer in list(model.backbone.layers)[:n] for m in layer.modules()
+                    if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D")
+    assert flops.linear == dense
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_the_matmul_rate_is_measured_on_the_model_s_shapes_and_dtype(family, dtype):
+    import torch
+
+    from longmem.bench.limits import ingest_flops, matmul_rate, share
+    from tiny import tiny_model
+
+    model = tiny_model(family, dtype=getattr(torch, dtype))
+    rate = matmul_rate(model, batch_segments=2, min_seconds=0.05, blocks=2)
+    assert rate.gflops > 0 and rate.rows == 2 * model.segment_len and rate.dtype == dtype
+    assert len(rate.shapes) == sum(1 for p in model.backbone.layers[0].parameters() if p.dim() == 2)
+    flops = ingest_flops(model)
+    assert share(rate.gflops * 1e9 / flops.per_token, flops, rate) == pytest.approx(1.0)  # the rate itself: 100%
+
+
+def test_a_segment_s_profile_names_its_ops_and_the_matmul_share():
+    from longmem.bench.limits import profile_segment
+    from tiny import tiny_model
+
+    prof = profile_segment(tiny_model(), reps=1, top=5)
+    assert prof["segment_s"] > 0 and 0 < prof["matmul_share"] <= 1 and len(prof["top"]) == 5
+    shares = [t["share"] for t in prof["top"]]
+    assert shares == sorted(shares, reverse=True) and sum(shares) <= 1 + 1e-9  # the costliest first
+    assert any(t["op"] in ("aten::mm", "aten::addmm", "aten::bmm") for t in prof["top"])

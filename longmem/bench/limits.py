@@ -1,0 +1,186 @@
+"""What the machine could do for ingestion: the model's work per token, and the CPU's matmul rate on its shapes.
+
+    flops = ingest_flops(model)             # FLOPs a token costs when a book is read into memory
+    rate = matmul_rate(model)               # GFLOP/s torch reaches on the model's own matmuls, in its dtype
+    share = tokens_per_s * flops.per_token / (rate.gflops * 1e9)
+
+Reading a book into memory runs each segment through the backbone's first ``cached_layer`` layers, then the K/V
+projections of layer m (``SegmentLM.encode_memory``). Its work is counted from the model itself, not typed in:
+every 2-D weight of those layers is one matmul (2 FLOPs per weight and token; what ``Backbone.layers`` holds, so
+llama, Qwen2 and GPT-2 alike), the attention's two products over a causal segment (``4 * Hq * d * (T + 1) / 2``
+per token and layer: on average a token attends to half the segment), and layer m's K and V projections
+(``4 * E * Hkv * d``). Norms, RoPE, softmax and the rest are not matmuls and are left out: they are the overhead
+that the share exposes.
+
+The rate is measured, not looked up: ``torch.nn.functional.linear`` on copies of layer 0's weights (the shapes and
+dtype ingestion uses) with as many rows as one segment (``segment_len`` tokens, what ingestion multiplies), the best
+of a few timed blocks after a warm-up, in the thread count this process runs with. So the share is against what
+this CPU does for these shapes: its bfloat16 units where the run is bfloat16, its float32 rate where it is float32.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class IngestFlops:
+    """FLOPs per token of reading a book into memory (``ingest_flops``), by part."""
+
+    linear: float  # the weight matmuls of the layers run (2 FLOPs per weight)
+    attention: float  # scores and weighted values over a causal segment
+    kv: float  # layer m's K and V projections
+    layers: int  # backbone layers run in full
+    segment_len: int
+
+    @property
+    def per_token(self) -> float:
+        return self.linear + self.attention + self.kv
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "per_token": self.per_token}
+
+
+@dataclass(frozen=True)
+class MatmulRate:
+    """What torch reaches on the model's matmul shapes (``matmul_rate``)."""
+
+    gflops: float  # GFLOP/s over all shapes, timed together
+    rows: int  # tokens per matmul (one segment by default)
+    shapes: list  # (in, out) of each weight, once per layer
+    dtype: str
+    threads: int
+    seconds: float  # time measured (after the warm-up)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _weights(layer: torch.nn.Module) -> list[torch.Tensor]:
+    """The layer's matmul weights: its 2-D parameters (biases and norms are 1-D)."""
+    return [p for p in layer.parameters() if p.dim() == 2]
+
+
+def ingest_flops(model) -> IngestFlops:
+    """FLOPs per token to read text into ``model``'s memory (a ``SegmentLM``): see the module docstring."""
+    bb, spec = model.backbone, model.backbone.spec
+    n, T = model.cached_layer, model.segment_len
+    linear = sum(2.0 * w.numel() for layer in list(bb.layers)[:n] for w in _weights(layer))
+    attention = n * 4.0 * spec.n_heads * spec.head_dim * (T + 1) / 2
+    kv = 4.0 * spec.hidden * spec.n_kv_heads * spec.head_dim
+    return IngestFlops(linear=linear, attention=attention, kv=kv, layers=n, segment_len=T)
+
+
+@torch.no_grad()
+def matmul_rate(model, batch_segments: int = 1, min_seconds: float = 2.0, blocks: int = 5) -> MatmulRate:
+    """GFLOP/s of ``F.linear`` on layer 0's weight shapes in the model's dtype, ``batch_segments * segment_len`` rows
+    each (one segment: what ingestion multiplies), after one warm-up round: the best of ``blocks`` timed blocks of
+    about ``min_seconds / blocks`` each (the machine's rate, not a moment when another process had the core)."""
+    layer = model.backbone.layers[0]
+    weights = [w.detach().clone() for w in _weights(layer)]
+    rows = batch_segments * model.segment_len
+    dtype = weights[0].dtype
+    # GPT-2's Conv1D stores (in, out), nn.Linear (out, in): multiply by whichever side matches, same FLOPs
+    inputs = [torch.randn(rows, w.shape[1], dtype=dtype) for w in weights]
+    flops_round = sum(2.0 * rows * w.numel() for w in weights)
+
+    def one_round() -> None:
+        for x, w in zip(inputs, weights):
+            F.linear(x, w)
+
+    one_round()
+    best, total = 0.0, 0.0
+    for _ in range(blocks):
+        rounds, t0 = 0, time.perf_counter()
+        while True:
+            one_round()
+            rounds += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= min_seconds / blocks:
+                break
+        best, total = max(best, flops_round * rounds / elapsed / 1e9), total + elapsed
+    return MatmulRate(gflops=best, rows=rows, shapes=[tuple(w.shape[::-1]) for w in weights],
+                      dtype=str(dtype).replace("torch.", ""), threads=torch.get_num_threads(), seconds=total)
+
+
+def share(tokens_per_s: float, flops: IngestFlops, rate: MatmulRate) -> float:
+    """Ingestion's FLOP rate as a share of the matmul rate (1.0: every cycle a matmul of the model's shapes)."""
+    return tokens_per_s * flops.per_token / (rate.gflops * 1e9)
+
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
+              "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math")
+
+
+@torch.no_grad()
+def profile_segment(model, reps: int = 3, top: int = 12) -> dict:
+    """Where one segment's encoding (``encode_memory`` on ``segment_len`` tokens, what ingestion runs per segment)
+    spends its time: torch's profiler over ``reps`` segments after a warm-up, each op's self CPU time, the ``top``
+    ops listed, and the share of matmul and attention kernels (``MATMUL_OPS``) against everything else."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = torch.randint(10, model.backbone.spec.vocab_size - 10, (1, model.segment_len))
+    model.encode_memory(ids)
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(reps):
+            model.encode_memory(ids)
+    wall = (time.perf_counter() - t0) / reps
+    ops = sorted(((e.key, e.self_cpu_time_total / reps / 1e6, e.count // reps) for e in prof.key_averages()),
+                 key=lambda x: -x[1])
+    total = sum(s for _, s, _ in ops)
+    matmul = sum(s for k, s, _ in ops if k in MATMUL_OPS)
+    return {"segment_s": wall, "self_cpu_s": total, "matmul_share": matmul / total if total else 0.0,
+            "top": [{"op": k, "s": s, "share": s / total, "calls": c} for k, s, c in ops[:top]]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``python -m longmem.bench.limits``: the model's ingestion work per token, this CPU's matmul rate on its shapes
+    (one segment and a batch of four), and a profile of one segment's encoding; JSON, then markdown."""
+    import argparse
+    import json
+
+    from longmem.bench.inference import log, machine_facts
+    from longmem.model.cpu import add_runtime_flags, setup_cpu
+    from longmem.model.longmem import LongMemConfig, LongMemModel
+
+    p = argparse.ArgumentParser(prog="python -m longmem.bench.limits", description=main.__doc__.split(":", 1)[1])
+    p.add_argument("--backbone", default="default", help="'default', a .gguf file or a Hugging Face model folder")
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    add_runtime_flags(p)
+    args = p.parse_args(argv)
+    setup_cpu(args.threads)
+    model = LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype)).eval()
+    flops = ingest_flops(model)
+    rates = {b: matmul_rate(model, batch_segments=b) for b in (1, 4)}
+    log("profiling one segment's encoding")
+    prof = profile_segment(model)
+    seg_tok_s = model.segment_len / prof["segment_s"]
+    out = {"machine": machine_facts(args.dtype, args.threads or torch.get_num_threads()), "flops": flops.to_dict(),
+           "matmul": {str(b): r.to_dict() for b, r in rates.items()}, "profile": prof,
+           "segment_tok_s": seg_tok_s, "segment_share": share(seg_tok_s, flops, rates[1])}
+    rows = [f"Ingestion's limits: {model.backbone.name}, {out['machine']['dtype']}, {out['machine']['threads']} "
+            f"threads, {out['machine']['cpu']}", "",
+            "| measure | value |", "|---|---:|",
+            f"| work per token, GFLOP ({flops.layers} layers, attention {100 * flops.attention / flops.per_token:.0f}%)"
+            f" | {flops.per_token / 1e9:.3f} |"]
+    rows += [f"| matmul rate, {r.rows:,} rows, GFLOP/s | {r.gflops:,.0f} |" for r in rates.values()]
+    rows += [f"| one segment encoded, tok/s (as a share of the {rates[1].rows:,}-row rate) | {seg_tok_s:,.0f} "
+             f"({out['segment_share']:.2f}) |",
+             f"| matmul and attention kernels, share of the segment's CPU time | {prof['matmul_share']:.2f} |",
+             "", "| op (self CPU time per segment) | ms | share | calls |", "|---|---:|---:|---:|"]
+    rows += [f"| `{t['op']}` | {1e3 * t['s']:.1f} | {t['share']:.2f} | {t['calls']} |" for t in prof["top"]]
+    print(json.dumps(out, indent=2, default=str))
+    print("\n" + "\n".join(rows))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=2, default=str)
+    return out
+
+
+if __name__ == "__main__":
+    main()
