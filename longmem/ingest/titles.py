@@ -24,6 +24,7 @@ from typing import Callable
 
 from longmem.ingest.limits import ExtractLimits
 from longmem.ingest.readers import HTML_EXTS, MAX_EXTRACT_BYTES, TEXT_EXTS
+from longmem.text.chapters import title_case
 from longmem.text.io import InputError
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,6 @@ TITLE_PAGE_LINES = 4  # a title on a title page is at most this many lines
 TITLE_PAGE_GAP = 3  # paragraphs between a title page's title and its "by" line, at most
 BY_LINE = re.compile(r"^by(\s+\S.*)?$", re.IGNORECASE)  # "by", "BY E. M. FORSTER"
 PAGE_NOTE = re.compile(r"^(transcriber|produced by|note:|italic text|e-text prepared)", re.IGNORECASE)
-SMALL_WORDS = frozenset("a an and as at but by for in nor of on or the to with".split())
-ROMAN = re.compile(r"(?=[IVXLC])C{0,3}(?:XC|XL|L?X{0,3})(?:IX|IV|V?I{0,3})")
 TRIM = " -\u2013\u2014_|*\""  # stripped from a title's ends ("-- A Book --", "*** A Book ***", '"A Book"')
 
 
@@ -161,22 +160,7 @@ def title_page(head: str) -> str | None:
     if len(first) > TITLE_PAGE_LINES:
         return None
     title = " ".join(first)
-    return _title_case(title) if title.isupper() else title
-
-
-def _title_case(text: str) -> str:
-    """"A LOST LADY" -> "A Lost Lady", "THE SENSE OF THE PAST" -> "The Sense of the Past" (small words lower case
-    but the first; roman numerals kept)."""
-    words = text.lower().split()
-    out = []
-    for i, w in enumerate(words):
-        if i and w in SMALL_WORDS:
-            out.append(w)
-        elif ROMAN.fullmatch(w.upper().strip(".,:;")):
-            out.append(w.upper())
-        else:
-            out.append(w[:1].upper() + w[1:])
-    return " ".join(out)
+    return title_case(title)
 
 
 def read_title(path: Path, kind: str, limits: ExtractLimits) -> str:

@@ -416,7 +416,13 @@ def printed(line: str) -> str:
     title-cased when the book prints it in capitals ("PART TWO" -> "Part Two", "BOOK THE FIRST" -> "Book the First",
     "THE TRAGEDY AT MARSDON MANOR" -> "The Tragedy at Marsdon Manor"), roman numerals kept ("PART II" -> "Part II").
     A line with a lower-case letter is kept as printed."""
-    line = " ".join(line.strip("_*").split()).rstrip(".").rstrip()
+    return title_case(" ".join(line.strip("_*").split()).rstrip(".").rstrip())
+
+
+def title_case(line: str) -> str:
+    """A line printed in capitals, in title case: small words lower case but where a clause starts, roman numerals
+    kept ("A LOST LADY" -> "A Lost Lady", "THE SENSE OF THE PAST" -> "The Sense of the Past"); a line with a
+    lower-case letter is kept as it is."""
     if any(c.islower() for c in line):
         return line
 
