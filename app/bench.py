@@ -70,14 +70,20 @@ def scenario_startup(args) -> dict:
     return {"startup_s": statistics.median(times), "startup_runs_s": times}
 
 
-def scenario_upload(args) -> dict:
+def _model(args):
+    """The app's model (the embedded default with its shipped SideNet) in ``args.dtype`` and threads."""
     from longmem.model.cpu import setup_cpu
     from longmem.model.longmem import LongMemConfig, LongMemModel
+
+    setup_cpu(args.threads)
+    return LongMemModel.from_config(LongMemConfig(dtype=args.dtype)).eval()
+
+
+def scenario_upload(args) -> dict:
     from longmem.service.workspace import Settings, Workspace
     from longmem.storage import BankDirectory
 
-    setup_cpu(args.threads)
-    model = LongMemModel.from_config(LongMemConfig(dtype=args.dtype)).eval()
+    model = _model(args)
     runs = []
     for i in range(args.reps):
         with tempfile.TemporaryDirectory() as tmp:
@@ -109,13 +115,10 @@ def scenario_upload(args) -> dict:
 
 
 def scenario_first_token(args) -> dict:
-    from longmem.model.cpu import setup_cpu
-    from longmem.model.longmem import LongMemConfig, LongMemModel
     from longmem.service.workspace import Settings, Workspace
     from longmem.storage import BankDirectory
 
-    setup_cpu(args.threads)
-    model = LongMemModel.from_config(LongMemConfig(dtype=args.dtype)).eval()
+    model = _model(args)
     ws = Workspace(model, BankDirectory(args.banks_dir))
     name = f"bench-{args.bank_tokens // 1000}k"
     if not ws.directory.exists(name) or _bank_tokens(ws, name) < args.bank_tokens * 0.95:
@@ -168,12 +171,13 @@ def _prefix(path: Path, n_tokens: int, tokenizer) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     from longmem.model.cpu import add_runtime_flags
+    from longmem.util.data import data_dir
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenario", choices=["all", "startup", "upload", "first-token"], default="all",
                    help="what to measure")
     p.add_argument("--reps", type=int, default=3, help="start-up and upload runs (median reported)")
-    p.add_argument("--book", default=str(ROOT.parent / "shared" / "data" / "books" / "pg65636.txt"),
+    p.add_argument("--book", default=str(data_dir() / "books" / "pg65636.txt"),
                    help="the book dropped in the upload scenario (default: A Lost Lady)")
     p.add_argument("--question", default="Who is Mrs. Forrester?", help="the question asked about it")
     p.add_argument("--bank-tokens", type=int, default=100_000, help="size of the bank the chat reads")

@@ -21,6 +21,37 @@ FINDER_NAMES = {"lexical": "words (BM25)", "fused": "memory retrieval and words,
                 "none": "none"}
 
 
+class Stops:
+    """What Stop stops: the reply being written for each page (keyed by the page's ``gr.State`` key), and which of
+    them its reader stopped. A stopped reply ends between two tokens and still shows what it has (``Reply.cancel``),
+    where cancelling the event would lose it."""
+
+    def __init__(self):
+        self.running: dict[str, Reply] = {}
+        self.stopped: set[str] = set()
+
+    def start(self, key: str, reply: Reply) -> None:
+        self.running[key] = reply
+        self.stopped.discard(key)
+
+    def stop(self, key: str) -> None:
+        reply = self.running.get(key)
+        if reply is not None:
+            self.stopped.add(key)
+            reply.cancel()
+
+    def end(self, key: str) -> bool:
+        """Forget the page's reply; whether its reader stopped it."""
+        self.running.pop(key, None)
+        return key in self.stopped
+
+
+def stopped_mark(text: str) -> str:
+    """A reply cut short by Stop, marked as such."""
+    shown = text.rstrip()
+    return f"{shown} *[stopped]*" if shown else "*[stopped before any of the answer was shown]*"
+
+
 def passages_markdown(passages: list[PassageHit]) -> str:
     parts = []
     for i, p in enumerate(passages, 1):
@@ -186,8 +217,7 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
     notice = notice_box("chat-notice")
     settings = settings_panel(ws, Settings(), reading=True)
     session = gr.State(lambda: uuid.uuid4().hex)  # this page's key for its running answer (what Stop stops)
-    running: dict[str, Reply] = {}  # page key -> the answer being written for it
-    stopped: set[str] = set()  # page keys whose answer the reader stopped
+    stops = Stops()
 
     def load_history(name):
         return history_messages(ws.chat_history(name)) if name else []
@@ -206,8 +236,7 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         if job is not None and job.active:
             raise ValueError(f"{name} is still loading ({100 * job.fraction:.0f}% read); ask when it is ready")
         reply = ws.chat(name, q, make_settings(*s))
-        running[key] = reply
-        stopped.discard(key)
+        stops.start(key, reply)
         history = list(history or []) + [{"role": "user", "content": q}, {"role": "assistant", "content": ""}]
         try:
             yield history, "", gr.update(interactive=True)
@@ -216,22 +245,14 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
                 yield history, "", gr.skip()
         finally:
             reply.cancel()
-            running.pop(key, None)
-        if key in stopped:  # an answer cut short is marked, and still shows what it read
-            shown = history[-1]["content"].rstrip()
-            history[-1]["content"] = (f"{shown} *[stopped]*" if shown
-                                      else "*[stopped before any of the answer was shown]*")
+            was_stopped = stops.end(key)
+        if was_stopped:  # an answer cut short is marked, and still shows what it read
+            history[-1]["content"] = stopped_mark(history[-1]["content"])
         if reply.citations:
             history.append(citations_message(reply.citations, reply.said))
         if reply.passages:
             history.append(passages_message(reply.passages))
         yield history, "", gr.update(interactive=False)
-
-    def do_stop(key):
-        reply = running.get(key)
-        if reply is not None:
-            stopped.add(key)
-            reply.cancel()
 
     def do_clear(name):
         if name:
@@ -256,7 +277,7 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         wire(event, ask, [bank, question, chatbot, session, *settings], [chatbot, question, stop], notice,
              show_progress_on=[chatbot], concurrency_id="model", concurrency_limit=1, api_name=api
              ).then(lambda: gr.update(interactive=False), None, [stop], queue=False, api_visibility="private")
-    stop.click(do_stop, [session], None, queue=False, api_visibility="private")
+    stop.click(stops.stop, [session], None, queue=False, api_visibility="private")
     wire(clear.click, do_clear, [bank], [chatbot], notice, api_name="clear_chat")
     wire(chatbot.clear, do_clear, [bank], [chatbot], notice)  # its bin icon clears the stored conversation too
 
@@ -274,11 +295,14 @@ def build_continue(ws: Workspace, shared: Shared) -> None:
     with gr.Accordion("Passages memory retrieved", open=False):
         found = gr.Markdown()
     settings = settings_panel(ws, CONTINUE)
+    session = gr.State(lambda: uuid.uuid4().hex)  # this page's key for its running continuation
+    stops = Stops()
 
-    def run(name, text, *s):
+    def run(name, text, key, *s):
         if not name:
             raise ValueError("pick a bank first (drop a book in the Chat tab, or make one in Memory banks)")
         reply = ws.continue_text(name, text if text and text.strip() else None, make_settings(*s))
+        stops.start(key, reply)
         out = ""
         try:
             yield out, "", gr.update(interactive=True)
@@ -287,10 +311,12 @@ def build_continue(ws: Workspace, shared: Shared) -> None:
                 yield out, "", gr.skip()
         finally:
             reply.cancel()
+            was_stopped = stops.end(key)
         notes = "".join(f"*{n}*\n\n" for n in reply.notes)
-        yield out, notes + passages_markdown(reply.passages), gr.update(interactive=False)
+        shown = f"{out.rstrip()} [stopped]" if was_stopped else out  # plain text: no Markdown here
+        yield shown, notes + passages_markdown(reply.passages), gr.update(interactive=False)
 
-    event = wire(go.click, run, [bank, passage, *settings], [output, found, stop], notice,
+    event = wire(go.click, run, [bank, passage, session, *settings], [output, found, stop], notice,
                  show_progress_on=[output], concurrency_id="model", concurrency_limit=1, api_name="continue")
     event.then(lambda: gr.update(interactive=False), None, [stop], queue=False, api_visibility="private")
-    stop.click(None, None, None, cancels=[event], api_visibility="private")
+    stop.click(stops.stop, [session], None, queue=False, api_visibility="private")

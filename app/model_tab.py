@@ -10,7 +10,7 @@ import gradio as gr
 from longmem.model.backbone import DTYPES
 from longmem.service.workspace import Workspace
 
-from .common import mib, notice_box, wire
+from .common import Told, mib, notice_box, wire
 from .shared import Shared
 
 
@@ -51,7 +51,8 @@ def build(ws: Workspace, shared: Shared) -> gr.Markdown:
     def do_load(path, ckpt, kind, progress=gr.Progress()):
         progress(0.1, desc="loading the model")
         ws.load_model(path, ckpt or None, kind)
-        return info_markdown(ws), shared.bump(), gr.Dropdown(choices=ws.known_models())
+        return Told(f"loaded {ws.model.backbone.name}", info_markdown(ws), shared.bump(),
+                    gr.Dropdown(choices=ws.known_models()))
 
     refresh.click(lambda: info_markdown(ws), None, [info], api_name="model_info")
     wire(load.click, do_load, [backbone, checkpoint, dtype], [info, shared.version, backbone], notice,

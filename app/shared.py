@@ -26,6 +26,7 @@ class Shared:
         bank that no longer exists is not picked again anyway."""
         self.pickers.append(picker)
         self.remembered.append((picker, key))
+
         def keep(value, memo):  # an emptied picker (its choices refreshed) must not forget another picker's choice
             return {**(memo or {}), key: value} if value else gr.skip()
 
