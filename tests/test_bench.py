@@ -120,3 +120,19 @@ def test_a_segment_s_profile_names_its_ops_and_the_matmul_share():
     shares = [t["share"] for t in prof["top"]]
     assert shares == sorted(shares, reverse=True) and sum(shares) <= 1 + 1e-9  # the costliest first
     assert any(t["op"] in ("aten::mm", "aten::addmm", "aten::bmm") for t in prof["top"])
+
+
+def test_the_gpu_benchmark_runs_its_three_measures_on_the_cpu_at_quick_sizes(tmp_path, capsys):
+    """``make gpu-check``'s benchmark, at its small sizes on the CPU: the same code the GPU runs."""
+    from longmem.bench.gpu import QUICK, main
+
+    out = tmp_path / "gpu.json"
+    assert main(["--device", "cpu", "--quick", "--dtype", "float32", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["device"] == "cpu" and res["dtype"] == "float32" and res["sizes"] == "quick"
+    assert res["memorize"]["tokens"] == QUICK["memorize_tokens"] and res["memorize"]["tok_s"] > 0
+    assert res["answer"]["bank_tokens"] >= QUICK["bank_tokens"] and res["answer"]["search"] == "faiss, CPU"
+    assert res["answer"]["first_token_s"] > 0 and res["answer"]["decode_ms_per_token"] > 0
+    assert res["train"]["tok_s"] > 0 and res["train"]["trainable_params"] > 0
+    assert res["sidenet"]["cached_layer"] == 18  # shaped as the shipped SideNet
+    assert "| first answer token, " in capsys.readouterr().out

@@ -44,6 +44,16 @@ def model(backbone):
     return LongMemModel(backbone, LongMemConfig())
 
 
+def test_the_gpu_benchmark_builds_the_default_backbone_s_shapes(backbone):
+    """``longmem.bench.gpu`` measures a random model of these shapes where the GGUF cannot travel."""
+    from longmem.bench.gpu import SHAPES
+
+    cfg = backbone.model.config
+    rope = getattr(cfg, "rope_parameters", None) or {"rope_theta": cfg.rope_theta}
+    got = {k: rope["rope_theta"] if k == "rope_theta" else getattr(cfg, k) for k in SHAPES}
+    assert got == pytest.approx(SHAPES, rel=1e-6)
+
+
 def test_default_backbone_loads_offline(backbone):
     spec = backbone.spec
     assert (spec.family, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.head_dim) == ("llama", 30, 9, 3, 64)

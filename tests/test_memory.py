@@ -318,3 +318,49 @@ def test_approximate_search_with_few_probes_still_finds_most_of_the_best_chunks_
     assert twin.approx.rechunk(2).rows[0].approx == twin.approx.rows[0].approx
     with pytest.raises(ValueError, match="approximate search needs"):
         twin.approx.approximate(0)
+
+
+# -- search on a device (a GPU in use; the same code on the CPU here) -------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_device_search_finds_what_faiss_finds_through_adds_truncations_evictions_and_sinks(dtype):
+    """The torch search a GPU runs (``search_device``), here on the CPU, against faiss on the same operations."""
+    kw = dict(capacity=4 * 300, max_sinks=1, dtype=dtype)
+    faiss_bank, dev = _bank(**kw), _bank(search_device="cpu", **kw)
+    q = torch.randn(1, 6, 7, 8, generator=torch.Generator().manual_seed(1))
+
+    def same():
+        a, b = faiss_bank.search(q, 5), dev.search(q, 5)
+        assert torch.equal(a.chunk_ids, b.chunk_ids) and torch.equal(a.keys, b.keys) and torch.equal(a.mask, b.mask)
+        assert torch.equal(faiss_bank.select(q, 5).mask, dev.select(q, 5).mask)
+
+    def add(T, seed):
+        k, v = _kv(T, seed=seed)
+        k[:, :, ::32] = 5.0  # a segment start every 32 tokens: sink chunks, at most one per query
+        starts = torch.zeros(1, T, dtype=torch.bool)
+        starts[:, ::32] = True
+        for bank in (faiss_bank, dev):
+            bank.add(k.to(dtype), v.to(dtype), starts=starts)
+
+    add(4 * 50, 0)
+    same()
+    row = dev.rows[0]
+    assert row.mirror.shape == (2, 50, 8) and row.mirror.dtype == torch.float32
+    add(4 * 20 + 2, 1)  # the mirror follows the adds at the next search; a partial chunk waits
+    same()
+    for bank in (faiss_bank, dev):
+        bank.truncate(4 * 40)
+    assert row.mirror.shape[1] == 40
+    same()
+    add(4 * 400, 2)  # past the capacity: the oldest are evicted, positions move, the mirror is built again
+    assert row.evicted > 0
+    same()
+    assert row.mirror.shape[1] == row.n == 300
+    assert dev.rechunk(2).search_device == dev.search_device
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is missing")
+def test_search_on_a_gpu_without_cuda_is_refused_by_name():
+    with pytest.raises(RuntimeError, match="cuda.*no CUDA device"):
+        _bank(search_device="cuda")

@@ -58,6 +58,7 @@ from longmem.bench.inference import (
 )
 from longmem.bench.limits import ingest_flops, matmul_rate, share
 from longmem.model.cpu import add_runtime_flags, setup_cpu
+from longmem.model.device import DeviceError, add_device_flag, resolve_device
 from longmem.tasks.reading import READING_TOPK, SEARCH_EXCERPTS
 
 TARGETS = {"ingest_share": 0.8, "ingest_vs_memorize": 0.9, "reopen_s": 3.0, "reopen_peak_vs_kv": 1.5,
@@ -74,7 +75,8 @@ QUESTIONS = ["Who is the narrator of this story?", "What is the name of Daisy's 
 def _model(args):
     from longmem.model.longmem import LongMemConfig, LongMemModel
 
-    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype)).eval()
+    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype),
+                                    device=resolve_device(args.device)).eval()
 
 
 def _backbone_facts(model) -> dict:
@@ -290,7 +292,8 @@ def scenario_answer(args) -> dict:
 
 def spawn(name: str, args, **extra) -> dict:
     argv = [sys.executable, "-m", "longmem.bench.bank", "--scenario", name, "--work", args.work,
-            "--backbone", args.backbone, "--dtype", args.dtype, "--text", args.text, "--threads", str(args.threads),
+            "--backbone", args.backbone, "--dtype", args.dtype, "--device", args.device, "--text", args.text,
+            "--threads", str(args.threads),
             "--ingest-tokens", str(args.ingest_tokens), "--bank-tokens", str(args.bank_tokens),
             "--reps", str(args.reps)]
     for k, v in extra.items():
@@ -366,6 +369,7 @@ def parse_args(argv):
     p.add_argument("--backbone", default="default",
                    help="'default' (SmolLM2-135M-Instruct), a .gguf file or an HF model dir")
     add_runtime_flags(p)
+    add_device_flag(p)
     p.add_argument("--text", default=default_text(), help="UTF-8 text to ingest (a prefix of it)")
     p.add_argument("--ingest-tokens", type=int, default=None, help="tokens ingested (default 16384; quick 4096)")
     p.add_argument("--bank-tokens", type=int, default=None, help="size of the reopened bank (default 1,000,000; "
@@ -397,6 +401,10 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    try:
+        args.device = resolve_device(args.device)  # checked once, here, before any scenario starts
+    except DeviceError as e:
+        raise SystemExit(f"error: {e}") from None
     setup_cpu(args.threads)
     if args.scenario is not None:
         steal0, total0 = cpu_times()

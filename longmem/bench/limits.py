@@ -85,12 +85,15 @@ def matmul_rate(model, batch_segments: int = 1, min_seconds: float = 2.0, blocks
     rows = batch_segments * model.segment_len
     dtype = weights[0].dtype
     # GPT-2's Conv1D stores (in, out), nn.Linear (out, in): multiply by whichever side matches, same FLOPs
-    inputs = [torch.randn(rows, w.shape[1], dtype=dtype) for w in weights]
+    inputs = [torch.randn(rows, w.shape[1], dtype=dtype, device=w.device) for w in weights]
     flops_round = sum(2.0 * rows * w.numel() for w in weights)
+    on_gpu = weights[0].device.type == "cuda"
 
     def one_round() -> None:
         for x, w in zip(inputs, weights):
             F.linear(x, w)
+        if on_gpu:  # the time of the products, not of their launch
+            torch.cuda.synchronize()
 
     one_round()
     best, total = 0.0, 0.0

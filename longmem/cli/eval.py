@@ -34,6 +34,7 @@ import torch
 from longmem.eval import SUITES
 from longmem.eval.core import SIZE_ADDED_LATER, EvalContext, SuiteResult, lineup
 from longmem.model.cpu import add_runtime_flags, setup_cpu
+from longmem.model.device import DeviceError, add_device_flag, resolve_device
 from longmem.util.data import add_data_flag
 from longmem.util.files import write_file_atomic
 
@@ -73,6 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "dtype and models, the SideNet by its weights; icl records one unit per set and seed, bookqa "
                         "and facts one per block of questions at one distance, natural one per book)")
     add_runtime_flags(p)
+    add_device_flag(p)
     return p.parse_args(argv)
 
 
@@ -95,9 +97,10 @@ def load_model(args: argparse.Namespace):
         if args.topk < 1:
             raise SystemExit(f"longmem eval: --topk must be >= 1, got {args.topk}")
         window["topk"] = args.topk
+    device = resolve_device(args.device)
     if args.checkpoint:
-        return LongMemModel.load(args.checkpoint, runtime={"dtype": args.dtype, **window}).eval()
-    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype, **window),
+        return LongMemModel.load(args.checkpoint, device=device, runtime={"dtype": args.dtype, **window}).eval()
+    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype, **window), device=device,
                                     pretrained=not args.untrained).eval()
 
 
@@ -274,6 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.suite == "compare":
         return compare_runs(out, args.against)
+    try:
+        args.device = resolve_device(args.device)  # a GPU that is not there fails before anything is written
+    except DeviceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     setup_cpu(args.threads)
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(args)
@@ -286,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.memtrm:
         from longmem.model.baselines import MemTRM
 
-        memtrm = MemTRM.load(args.memtrm, backbone=model.backbone).eval()
+        memtrm = MemTRM.load(args.memtrm, backbone=model.backbone, device=str(model.backbone.device)).eval()
     log = lambda m: print(f"[eval {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     data = args.data
     made_by = provenance(model, argv, sidenet, args.memtrm, args.dtype,

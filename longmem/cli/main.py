@@ -23,6 +23,7 @@ from tqdm import tqdm
 from longmem.cli import bank as cli_bank
 from longmem.cli import models as cli_models
 from longmem.model.cpu import add_runtime_flags, setup_cpu
+from longmem.model.device import add_device_flag, resolve_device
 
 PLUGINS = "longmem.commands"  # entry points of commands that live outside the library (the trainer)
 
@@ -34,6 +35,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="SideNet checkpoint directory (default: the shipped trained SideNet of the backbone, if any)")
     p.add_argument("--untrained", action="store_true", help="use an untrained SideNet (reproduces the backbone)")
     add_runtime_flags(p)
+    add_device_flag(p)
 
 
 def _sampling_args(p: argparse.ArgumentParser, tokens: int = 200, temperature: float = 0.7) -> None:
@@ -47,10 +49,11 @@ def _sampling_args(p: argparse.ArgumentParser, tokens: int = 200, temperature: f
 def _load_model(args):
     from longmem.model.longmem import LongMemConfig, LongMemModel
 
+    device = resolve_device(args.device)  # a GPU that is not there fails before anything loads
     setup_cpu(args.threads)
     if args.checkpoint:
-        return LongMemModel.load(args.checkpoint, runtime={"dtype": args.dtype})
-    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype),
+        return LongMemModel.load(args.checkpoint, device=device, runtime={"dtype": args.dtype})
+    return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype), device=device,
                                     pretrained=not args.untrained)
 
 

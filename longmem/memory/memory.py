@@ -13,6 +13,12 @@ CPU reads an inverted-file (IVF) copy of its chunk keys per KV head instead of t
 into about 2 * sqrt(n) lists, and each query compares only the lists nearest it (``probes`` of them). Ids stay chunk
 positions; the copy follows the row's adds and truncations and is built again after an eviction.
 
+Search on a GPU (``search_device``, set by the model's device: ``search_device_for``): the chunk keys are mirrored
+on that device and each search is one exact inner-product matrix product and a top-k there, the same search as the
+faiss index's; the faiss indexes stay on the CPU, where they are kept in step and written to a bank's index files.
+(faiss's own GPU build is not used: its PyPI wheel is built for another CUDA than PyTorch's, see ``docs/design.md``.)
+The keys and values themselves stay in host RAM; what a search retrieves is gathered there and moved to the device.
+
 Tokens that do not fill a chunk wait in a small pending buffer and become searchable once the chunk is full.
 With a ``capacity`` (M tokens, the paper's FIFO queue) the oldest chunks are evicted first.
 
@@ -92,10 +98,20 @@ def chunk_keys(k: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(k.float().mean(dim=2).numpy())
 
 
-def _gpu_resources():
-    if torch.cuda.is_available() and hasattr(faiss, "StandardGpuResources"):
-        return faiss.StandardGpuResources()
-    return None
+def search_device_for(device: str | torch.device) -> torch.device | None:
+    """Where a memory read by a model on ``device`` searches: that GPU (CUDA), or None for faiss on the CPU."""
+    device = torch.device(device)
+    return device if device.type == "cuda" else None
+
+
+def _check_search_device(device: str | torch.device | None) -> torch.device | None:
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"memory search on {device} was asked for, but this PyTorch has no CUDA device "
+                           f"(torch {torch.__version__})")
+    return device
 
 
 def _ivf(keys: np.ndarray, probes: int | None) -> faiss.IndexIVFFlat:
@@ -116,9 +132,12 @@ def _ivf(keys: np.ndarray, probes: int | None) -> faiss.IndexIVFFlat:
 class _Row:
     """Memory of one stream: per KV head a faiss index plus the chunk key/value tensors, aligned by position."""
 
-    def __init__(self, n_kv_heads: int, head_dim: int, chunk_size: int, dtype: torch.dtype, gpu_res):
+    def __init__(self, n_kv_heads: int, head_dim: int, chunk_size: int, dtype: torch.dtype,
+                 search_device: torch.device | None):
         self.hkv, self.d, self.chunk_size, self.dtype = n_kv_heads, head_dim, chunk_size, dtype
-        self.gpu_res = gpu_res
+        self.search_device = search_device  # None: faiss on the CPU; else a torch search over ``mirror`` there
+        self.mirror: torch.Tensor | None = None  # (Hkv, m, d) float32 chunk keys on search_device, m <= n (the
+        #                                          rest is added at the next search; None: built then)
         self.indexes = [self._new_index() for _ in range(n_kv_heads)]
         self.k = torch.empty(n_kv_heads, 0, chunk_size, head_dim, dtype=dtype)  # (Hkv, capacity, C, d)
         self.v = torch.empty_like(self.k)
@@ -135,10 +154,7 @@ class _Row:
         self.coarse_n = 0
 
     def _new_index(self):
-        index = faiss.IndexFlatIP(self.d)
-        if self.gpu_res is not None:
-            index = faiss.index_cpu_to_gpu(self.gpu_res, 0, index)
-        return index
+        return faiss.IndexFlatIP(self.d)
 
     def _reserve(self, n_total: int):
         cap = self.k.shape[1]
@@ -183,12 +199,8 @@ class _Row:
         e = min(n_chunks, self.n)
         if e <= 0:
             return
-        for j, index in enumerate(self.indexes):
-            if self.gpu_res is None:
-                index.remove_ids(faiss.IDSelectorRange(0, e))
-            else:  # GPU flat indexes cannot remove: rebuild from the kept keys
-                index.reset()
-                index.add(chunk_keys(self.k[j:j + 1, e:self.n])[0])
+        for index in self.indexes:
+            index.remove_ids(faiss.IDSelectorRange(0, e))
         keep = self.n - e
         self.k[:, :keep] = self.k[:, e:self.n].clone()
         self.v[:, :keep] = self.v[:, e:self.n].clone()
@@ -196,18 +208,16 @@ class _Row:
         self.starts[:keep] = self.starts[e:self.n].clone()
         self.n = keep
         self.evicted += e
-        self.coarse = None  # positions moved: built again at the next search
+        self.coarse = self.mirror = None  # positions moved: built again at the next search
 
     def truncate(self, keep: int) -> None:
         """Forget the chunks from position ``keep`` on (the exact indexes and the IVF copies alike)."""
         if keep >= self.n:
             return
-        for j, index in enumerate(self.indexes):
-            if self.gpu_res is None:
-                index.remove_ids(faiss.IDSelectorRange(keep, self.n))
-            else:  # GPU flat indexes cannot remove: rebuild from the kept keys
-                index.reset()
-                index.add(chunk_keys(self.k[j:j + 1, :keep])[0])
+        for index in self.indexes:
+            index.remove_ids(faiss.IDSelectorRange(keep, self.n))
+        if self.mirror is not None and self.mirror.shape[1] > keep:
+            self.mirror = self.mirror[:, :keep]
         if self.coarse is not None and self.coarse_n > keep:
             for index in self.coarse:  # the tail's ids go; later adds are numbered from ``keep`` again
                 index.remove_ids(faiss.IDSelectorRange(keep, self.coarse_n))
@@ -217,7 +227,7 @@ class _Row:
     def searched(self) -> list:
         """The indexes a search reads: the exact ones, or (approximate search from its size on, on CPU) the IVF
         copies, built or brought up to date first."""
-        if self.approx is None or self.n < self.approx[0] or self.gpu_res is not None:
+        if self.approx is None or self.n < self.approx[0]:
             return self.indexes
         if self.coarse is None:
             self.coarse = [_ivf(chunk_keys(self.k[j:j + 1, :self.n])[0], self.approx[1]) for j in range(self.hkv)]
@@ -229,6 +239,29 @@ class _Row:
             self.coarse_n = self.n
         return self.coarse
 
+    def device_keys(self) -> torch.Tensor:
+        """The chunk keys (Hkv, n, d) float32 on the search device, brought up to date first (from the stored K, as
+        the faiss indexes were: ``chunk_keys``)."""
+        have = 0 if self.mirror is None else self.mirror.shape[1]
+        if have < self.n:
+            new = [torch.from_numpy(chunk_keys(self.k[:, s:min(s + INDEX_BLOCK, self.n)])).to(self.search_device)
+                   for s in range(have, self.n, INDEX_BLOCK)]
+            self.mirror = torch.cat(([self.mirror] if self.mirror is not None else []) + new, dim=1)
+        return self.mirror
+
+    def _found(self, q: torch.Tensor, group: int, fetch: int) -> list[np.ndarray]:
+        """Per KV head, the positions (group * T, fetch) of the best chunks of its query heads' queries in q (Hq, T,
+        d), best first: faiss on the CPU, or a matrix product and top-k on the search device."""
+        hq, T, d = q.shape
+        if self.search_device is not None:
+            keys = self.device_keys()  # (Hkv, n, d)
+            qd = q.detach().to(self.search_device, torch.float32).reshape(self.hkv, group * T, d)
+            top = torch.topk(torch.bmm(qd, keys.transpose(1, 2)), fetch, dim=2).indices  # (Hkv, group * T, fetch)
+            return list(top.cpu().numpy())
+        qf = q.detach().to("cpu", torch.float32).numpy()
+        return [index.search(np.ascontiguousarray(qf[j * group:(j + 1) * group].reshape(group * T, d)), fetch)[1]
+                for j, index in enumerate(self.searched())]
+
     def top_chunks(self, q: torch.Tensor, n_chunks: int, group: int, max_sinks: int | None) -> torch.Tensor:
         """q (Hq, T, d) -> positions (Hq, T, n_chunks) int64 of each query's best chunks, best first, -1 = none."""
         hq, T, d = q.shape
@@ -237,10 +270,7 @@ class _Row:
             sink = self.starts[: self.n].any(dim=1).numpy()  # (n,) sink chunks
             extra = 0 if max_sinks is None else max(0, int(sink.sum()) - max_sinks)  # sink chunks that may be skipped
             fetch = min(n_chunks + extra, self.n)
-            qf = q.detach().to("cpu", torch.float32).numpy()
-            for j, index in enumerate(self.searched()):
-                block = np.ascontiguousarray(qf[j * group:(j + 1) * group].reshape(group * T, d))
-                _, found = index.search(block, fetch)  # (group * T, fetch), best first
+            for j, found in enumerate(self._found(q, group, fetch)):  # (group * T, fetch), best first
                 if extra:
                     found = _limit_sinks(found, sink, max_sinks)
                 found = found[:, :n_chunks]
@@ -303,8 +333,8 @@ class Memory:
     read-outs)."""
 
     def __init__(self, n_kv_heads: int, head_dim: int, *, chunk_size: int = 4, capacity: int | None = 65536,
-                 batch_size: int = 1, dtype: torch.dtype = torch.bfloat16, use_gpu: bool | None = None,
-                 max_sinks: int | None = MAX_SINKS):
+                 batch_size: int = 1, dtype: torch.dtype = torch.bfloat16,
+                 search_device: str | torch.device | None = None, max_sinks: int | None = MAX_SINKS):
         if chunk_size < 1:
             raise ValueError(f"chunk size must be >= 1, got {chunk_size}")
         if capacity is not None and capacity < chunk_size:
@@ -315,15 +345,13 @@ class Memory:
         self.capacity = capacity
         self.dtype = dtype
         self.max_sinks = max_sinks  # sink chunks allowed among a query's top chunks (None = no limit)
-        self.gpu_res = _gpu_resources() if use_gpu is not False else None
-        if use_gpu and self.gpu_res is None:
-            raise RuntimeError("GPU faiss requested but faiss has no GPU support or CUDA is unavailable")
+        self.search_device = _check_search_device(search_device)  # None: faiss on the CPU (see the module doc)
         self.rows = [self._row() for _ in range(batch_size)]
 
     @classmethod
     def from_chunks(cls, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, indexes: list | None = None, *,
                     n: int | None = None, first_serial: int = 0, capacity: int | None = None,
-                    use_gpu: bool | None = None, starts: torch.Tensor | None = None,
+                    search_device: str | torch.device | None = None, starts: torch.Tensor | None = None,
                     max_sinks: int | None = MAX_SINKS) -> "Memory":
         """A one-row bank that adopts memory already cut into chunks, without copying it: k, v (Hkv, N, C, d) and
         tokens (N, C) of which the first ``n`` (default N) are filled (the rest is room to grow), and optionally
@@ -337,8 +365,8 @@ class Memory:
                 or tuple(starts.shape) != (room, chunk_size)):
             raise ValueError(f"chunks do not line up: k {tuple(k.shape)}, v {tuple(v.shape)}, "
                              f"tokens {tuple(tokens.shape)}, starts {tuple(starts.shape)}")
-        bank = cls(hkv, d, chunk_size=chunk_size, capacity=None, batch_size=1, dtype=k.dtype, use_gpu=use_gpu,
-                   max_sinks=max_sinks)
+        bank = cls(hkv, d, chunk_size=chunk_size, capacity=None, batch_size=1, dtype=k.dtype,
+                   search_device=search_device, max_sinks=max_sinks)
         row = bank.rows[0]
         if indexes is None:
             for s in range(0, n, INDEX_BLOCK):  # in blocks: the float32 mean of all keys at once could be large
@@ -349,8 +377,6 @@ class Memory:
             if len(indexes) != hkv or any(ix.ntotal != n or ix.d != d for ix in indexes):
                 raise ValueError(f"expected {hkv} indexes of {n} keys of dimension {d}, got "
                                  f"{[(ix.ntotal, ix.d) for ix in indexes]}")
-            if bank.gpu_res is not None:
-                indexes = [faiss.index_cpu_to_gpu(bank.gpu_res, 0, ix) for ix in indexes]
             row.indexes = list(indexes)
         row.k, row.v, row.tokens, row.starts, row.n, row.evicted = k, v, tokens.to(torch.int64), starts, n, first_serial
         bank.capacity = capacity
@@ -359,7 +385,7 @@ class Memory:
         return bank
 
     def _row(self) -> _Row:
-        return _Row(self.n_kv_heads, self.head_dim, self.chunk_size, self.dtype, self.gpu_res)
+        return _Row(self.n_kv_heads, self.head_dim, self.chunk_size, self.dtype, self.search_device)
 
     @property
     def batch_size(self) -> int:
@@ -468,9 +494,8 @@ class Memory:
         v = r.v[:, : r.n].reshape(self.n_kv_heads, r.n * f, chunk_size, self.head_dim)
         tokens = r.tokens[: r.n].reshape(r.n * f, chunk_size)
         starts = r.starts[: r.n].reshape(r.n * f, chunk_size)
-        use_gpu = self.gpu_res is not None
         out = Memory.from_chunks(k, v, tokens, first_serial=r.evicted * f, capacity=self.capacity,
-                                     use_gpu=use_gpu, starts=starts, max_sinks=self.max_sinks)
+                                 search_device=self.search_device, starts=starts, max_sinks=self.max_sinks)
         if r.pend_t.numel():  # an unfinished chunk of the coarse bank may already fill finer chunks
             out.add(r.pend_k[None], r.pend_v[None], r.pend_t[None], r.pend_s[None])
         if r.approx is not None:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longmem.memory.memory import MAX_SINKS, Memory
+from longmem.memory.memory import MAX_SINKS, Memory, search_device_for
 from longmem.model.backbone import Backbone
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens total)
@@ -111,13 +111,15 @@ class SegmentLM(nn.Module):
     def new_memory(self, batch_size: int = 1, capacity: int | None | str = "config",
                    chunk_size: int | None = None) -> Memory:
         """An empty memory bank shaped for this model (``capacity=None`` for unbounded; ``chunk_size`` another chunk
-        size than the model's: its memory layer then reads K / chunk_size chunks of it)."""
+        size than the model's: its memory layer then reads K / chunk_size chunks of it), searched on the model's GPU
+        when it runs on one."""
         if not self.uses_memory:
             raise ValueError(f"{type(self).__name__} has no memory")
         spec = self.backbone.spec
         cap = self.capacity if capacity == "config" else capacity
         return Memory(spec.n_kv_heads, spec.head_dim, chunk_size=chunk_size or self.chunk_size, capacity=cap,
-                      batch_size=batch_size, dtype=self.backbone.dtype, max_sinks=self.max_sinks)
+                      batch_size=batch_size, dtype=self.backbone.dtype, max_sinks=self.max_sinks,
+                      search_device=search_device_for(self.backbone.device))
 
     def memory_kv(self, hidden_m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-RoPE K/V (B, Hkv, T, d) to store for tokens whose cached-layer input is ``hidden_m`` (B, T, E)."""

@@ -30,7 +30,7 @@ import numpy as np
 import sqlite_utils
 import torch
 
-from longmem.memory.memory import INDEX_BLOCK, MAX_SINKS, Memory, chunk_keys
+from longmem.memory.memory import INDEX_BLOCK, MAX_SINKS, Memory, chunk_keys, search_device_for
 from longmem.storage import passages as bank_passages
 from longmem.storage.app_records import AppRecords
 from longmem.storage.integrity import check_segments
@@ -412,13 +412,14 @@ class Bank(AppRecords):
         return {"rebuilt": sum(ix is None for ix, _ in stored), "appended": total - start, "chunks": total}
 
     # -- reading --------------------------------------------------------------------------------------------------
-    def load_memory(self, model=None, *, capacity: int | None = None, use_gpu: bool | None = None,
-                    repair: bool = True, progress=None) -> Memory:
+    def load_memory(self, model=None, *, capacity: int | None = None,
+                    search_device: str | torch.device | None = "model", repair: bool = True, progress=None) -> Memory:
         """Restore the bank's memory into RAM without running the backbone: K/V blobs are copied segment by segment
         into tensors allocated once (peak RAM ~ the K/V size plus the indexes), indexes come from the index files
         (checked), and whatever the files lack is added from SQLite. With ``model``, first refuse a model the bank
-        was not built for (``BankMismatch``). ``repair`` rewrites missing or stale index files when no other
-        process is writing. ``progress(done, total)`` counts chunks."""
+        was not built for (``BankMismatch``). ``search_device``: where the memory is searched ("model": on the model's
+        GPU when it runs on one, ``memory.search_device_for``; None: faiss on the CPU). ``repair`` rewrites missing or
+        stale index files when no other process is writing. ``progress(done, total)`` counts chunks."""
         import faiss
 
         if model is not None:
@@ -479,9 +480,11 @@ class Bank(AppRecords):
                 log.info("bank %s is being written; its index files will be brought up to date by the writer",
                          self.name)
         self.layout = _Layout(epoch, seg_ids, np.concatenate([[0], np.cumsum(seg_chunks)]))
+        if search_device == "model":
+            search_device = None if model is None else search_device_for(model.backbone.device)
         return Memory.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
-                                      use_gpu=use_gpu, starts=starts,
-                                      max_sinks=MAX_SINKS if model is None else model.max_sinks)
+                                  search_device=search_device, starts=starts,
+                                  max_sinks=MAX_SINKS if model is None else model.max_sinks)
 
     def passage(self, serial: int, context_chunks: int = 12) -> Passage:
         """Chunk ``serial`` of the last loaded memory as a reader is shown it: its text (a chunk of tokens may start

@@ -45,7 +45,7 @@ def _crc32_file(path: Path, block: int = 8 << 20) -> str:
 
 def write_index(index: faiss.Index, path: Path) -> tuple[str, int]:
     """Serialise ``index`` to ``path`` atomically; returns (checksum, size in bytes) of what was written."""
-    data = faiss.serialize_index(faiss.index_gpu_to_cpu(index) if hasattr(index, "getDevice") else index)
+    data = faiss.serialize_index(index)
     buf = memoryview(data)
     digest = f"crc32:{zlib.crc32(buf):08x}"
     write_file_atomic(path, buf)
