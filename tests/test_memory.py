@@ -324,32 +324,33 @@ def test_approximate_search_with_few_probes_still_finds_most_of_the_best_chunks_
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_device_search_finds_what_faiss_finds_through_adds_truncations_evictions_and_sinks(dtype):
-    """The torch search a GPU runs (``search_device``), here on the CPU, against faiss on the same operations."""
+def test_matmul_search_finds_what_faiss_finds_through_adds_truncations_evictions_and_sinks(dtype):
+    """The search by matrix product (a GPU's; a bfloat16 memory's on a CPU with native bfloat16, re-ranked by exact
+    scores; a float32 memory's exact, the GPU's code), forced here on any CPU, against faiss on the same operations."""
     kw = dict(capacity=4 * 300, max_sinks=1, dtype=dtype)
-    faiss_bank, dev = _bank(**kw), _bank(search_device="cpu", **kw)
+    faiss_bank, matmul = _bank(matmul=False, **kw), _bank(matmul=True, **kw)
     q = torch.randn(1, 6, 7, 8, generator=torch.Generator().manual_seed(1))
 
     def same():
-        a, b = faiss_bank.search(q, 5), dev.search(q, 5)
+        a, b = faiss_bank.search(q, 5), matmul.search(q, 5)
         assert torch.equal(a.chunk_ids, b.chunk_ids) and torch.equal(a.keys, b.keys) and torch.equal(a.mask, b.mask)
-        assert torch.equal(faiss_bank.select(q, 5).mask, dev.select(q, 5).mask)
+        assert torch.equal(faiss_bank.select(q, 5).mask, matmul.select(q, 5).mask)
 
     def add(T, seed):
         k, v = _kv(T, seed=seed)
         k[:, :, ::32] = 5.0  # a segment start every 32 tokens: sink chunks, at most one per query
         starts = torch.zeros(1, T, dtype=torch.bool)
         starts[:, ::32] = True
-        for bank in (faiss_bank, dev):
+        for bank in (faiss_bank, matmul):
             bank.add(k.to(dtype), v.to(dtype), starts=starts)
 
     add(4 * 50, 0)
     same()
-    row = dev.rows[0]
-    assert row.mirror.shape == (2, 50, 8) and row.mirror.dtype == torch.float32
+    row = matmul.rows[0]
+    assert row.mirror.shape == (2, 50, 8) and row.mirror.dtype == dtype  # bfloat16 on a CPU: half the bytes read
     add(4 * 20 + 2, 1)  # the mirror follows the adds at the next search; a partial chunk waits
     same()
-    for bank in (faiss_bank, dev):
+    for bank in (faiss_bank, matmul):
         bank.truncate(4 * 40)
     assert row.mirror.shape[1] == 40
     same()
@@ -357,7 +358,27 @@ def test_device_search_finds_what_faiss_finds_through_adds_truncations_evictions
     assert row.evicted > 0
     same()
     assert row.mirror.shape[1] == row.n == 300
-    assert dev.rechunk(2).search_device == dev.search_device
+    assert matmul.rechunk(2).matmul and not faiss_bank.rechunk(2).matmul
+
+
+def test_the_bfloat16_matmul_search_ranks_near_ties_by_their_exact_scores():
+    """Chunks whose keys (means of four bfloat16 token keys, exact in float32) bfloat16 rounds to one value come back
+    in the order of their exact scores, as from faiss: the rounded scores only choose the candidates."""
+    u = 2.0 ** -7  # bfloat16's spacing in [1, 2)
+    c = torch.arange(200)
+    tokens = 1 + (c // 4 * u).repeat_interleave(4)  # chunk c: four tokens at 1 + (c // 4) u ...
+    tokens[3::4] += (c % 4) * u  # ... the last one (c % 4) u higher: chunk means 1 + (c // 4 + (c % 4) / 4) u
+    tokens = torch.cat([tokens, torch.full((800,), -3.0)])  # and 200 chunks far below: the mirror's keys, less
+    #                                                           their mean, stay large enough to tie when rounded
+    k = tokens.view(1, 1, 1600, 1).expand(1, 2, 1600, 8).contiguous().bfloat16()  # every token key exact in bf16
+    q = torch.ones(1, 2, 1, 8)
+    faiss_bank, matmul = (_bank(matmul=m, dtype=torch.bfloat16) for m in (False, True))
+    for bank in (faiss_bank, matmul):
+        bank.add(k, k)
+    assert matmul.rows[0].mirror_keys()[0, :200, 0].unique().numel() < 100  # ties once rounded
+    want = torch.arange(199, 193, -1)  # the largest first
+    assert torch.equal(faiss_bank.search(q, 6).chunk_ids[0, 0, 0], want)
+    assert torch.equal(matmul.search(q, 6).chunk_ids[0, 0, 0], want)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is missing")

@@ -106,7 +106,7 @@ def random_memory(model: LongMemModel, tokens: int, device: str, seed: int = 0) 
     starts = torch.zeros(n, C, dtype=torch.bool)
     starts[:: model.segment_len // C, 0] = True
     return Memory.from_chunks(k, v, torch.full((n, C), -1, dtype=torch.int64), starts=starts,
-                              search_device=search_device_for(device), max_sinks=model.max_sinks)
+                              search_device=search_device_for(model.backbone.device), max_sinks=model.max_sinks)
 
 
 def bench_answer(model: LongMemModel, bank_tokens: int, prompt_tokens: int, question_tokens: int, new_tokens: int,

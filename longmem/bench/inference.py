@@ -38,11 +38,12 @@ import transformers
 from tqdm import tqdm
 
 from longmem.memory.memory import Memory
-from longmem.model.backbone import Backbone, cpu_bf16_features, dtype_choice, load_backbone
+from longmem.model.backbone import Backbone, dtype_choice, load_backbone
 from longmem.model.baselines import BackboneLM
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.model.lm import Sampling, SegmentLM
 from longmem.model.longmem import LongMemConfig, LongMemModel
+from longmem.util.cpu import cpu_bf16_features
 from longmem.util.data import data_dir
 from longmem.util.report import print_report
 

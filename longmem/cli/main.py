@@ -52,9 +52,9 @@ def _load_model(args):
     device = resolve_device(args.device)  # a GPU that is not there fails before anything loads
     setup_cpu(args.threads)
     if args.checkpoint:
-        return LongMemModel.load(args.checkpoint, device=device, runtime={"dtype": args.dtype})
+        return LongMemModel.load(args.checkpoint, device=device, runtime={"dtype": args.dtype}).eval()
     return LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype), device=device,
-                                    pretrained=not args.untrained)
+                                    pretrained=not args.untrained).eval()
 
 
 def _memory(args, model):

@@ -13,11 +13,16 @@ CPU reads an inverted-file (IVF) copy of its chunk keys per KV head instead of t
 into about 2 * sqrt(n) lists, and each query compares only the lists nearest it (``probes`` of them). Ids stay chunk
 positions; the copy follows the row's adds and truncations and is built again after an eviction.
 
-Search on a GPU (``search_device``, set by the model's device: ``search_device_for``): the chunk keys are mirrored
-on that device and each search is one exact inner-product matrix product and a top-k there, the same search as the
-faiss index's; the faiss indexes stay on the CPU, where they are kept in step and written to a bank's index files.
-(faiss's own GPU build is not used: its PyPI wheel is built for another CUDA than PyTorch's, see ``docs/design.md``.)
-The keys and values themselves stay in host RAM; what a search retrieves is gathered there and moved to the device.
+Search by matrix product (``matmul``), the same results as the faiss index's: the chunk keys are mirrored as one
+tensor per KV head and a search is one batched product and a top-k. On a GPU (``search_device``, set by the model's
+device: ``search_device_for``) the mirror is float32 there and its scores are exact. On a CPU that multiplies
+bfloat16 natively, for a bfloat16 memory (the default there, ``matmul=None``), the mirror is bfloat16: half the
+bytes a search reads, which is what an exact search over a large memory costs on a CPU; the candidates its rounded
+scores rank first (``RESCORED`` more than asked) are ranked again by their exact float32 scores, computed from the
+stored keys as the index's are. Elsewhere faiss searches. The faiss indexes are kept in step either way and are what
+a bank writes to its index files. (faiss's own GPU build is not used: its PyPI wheel is built for another CUDA than
+PyTorch's, see ``docs/design.md``.) The keys and values stay in host RAM; what a search retrieves is gathered there
+and moved to the device.
 
 Tokens that do not fill a chunk wait in a small pending buffer and become searchable once the chunk is full.
 With a ``capacity`` (M tokens, the paper's FIFO queue) the oldest chunks are evicted first.
@@ -36,8 +41,12 @@ import faiss
 import numpy as np
 import torch
 
+from longmem.util.cpu import cpu_bf16_features
+
 INDEX_BLOCK = 65536  # chunks per faiss add when building an index from stored keys
 MAX_SINKS = 0  # default: sink chunks a query may retrieve (see the module doc for the measurement)
+RESCORED = 64  # a bfloat16 matmul search ranks this many more candidates than asked again by exact scores
+QUERY_BLOCK = 64  # query rows per KV head scored at once by a matmul search (bounds its (rows, chunks) scores)
 
 
 @dataclass
@@ -105,7 +114,8 @@ def search_device_for(device: str | torch.device) -> torch.device | None:
 
 
 def _check_search_device(device: str | torch.device | None) -> torch.device | None:
-    if device is None:
+    """The search device as stored: None for the CPU; a GPU that is not there is refused."""
+    if device is None or torch.device(device).type == "cpu":
         return None
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -133,11 +143,15 @@ class _Row:
     """Memory of one stream: per KV head a faiss index plus the chunk key/value tensors, aligned by position."""
 
     def __init__(self, n_kv_heads: int, head_dim: int, chunk_size: int, dtype: torch.dtype,
-                 search_device: torch.device | None):
+                 search_device: torch.device | None, matmul: bool):
         self.hkv, self.d, self.chunk_size, self.dtype = n_kv_heads, head_dim, chunk_size, dtype
-        self.search_device = search_device  # None: faiss on the CPU; else a torch search over ``mirror`` there
-        self.mirror: torch.Tensor | None = None  # (Hkv, m, d) float32 chunk keys on search_device, m <= n (the
-        #                                          rest is added at the next search; None: built then)
+        self.search_device = search_device  # where a matmul search runs (None: the CPU)
+        self.matmul = matmul  # search by matrix product over ``mirror`` (else faiss)
+        # the mirror's dtype: bfloat16 (then re-ranked exactly) for a bfloat16 memory searched on the CPU
+        self.mirror_dtype = torch.bfloat16 if search_device is None and dtype == torch.bfloat16 else torch.float32
+        self.mirror: torch.Tensor | None = None  # (Hkv, m, d) chunk keys on search_device, m <= n (the rest is
+        #                                          added at the next search; None: built then)
+        self.center: torch.Tensor | None = None  # (Hkv, 1, d) float32 subtracted from a bfloat16 mirror's keys
         self.indexes = [self._new_index() for _ in range(n_kv_heads)]
         self.k = torch.empty(n_kv_heads, 0, chunk_size, head_dim, dtype=dtype)  # (Hkv, capacity, C, d)
         self.v = torch.empty_like(self.k)
@@ -208,7 +222,9 @@ class _Row:
         self.starts[:keep] = self.starts[e:self.n].clone()
         self.n = keep
         self.evicted += e
-        self.coarse = self.mirror = None  # positions moved: built again at the next search
+        self.coarse = None  # positions moved: built again at the next search
+        if self.mirror is not None:
+            self.mirror = self.mirror[:, e:].clone() if self.mirror.shape[1] > e else None
 
     def truncate(self, keep: int) -> None:
         """Forget the chunks from position ``keep`` on (the exact indexes and the IVF copies alike)."""
@@ -225,8 +241,8 @@ class _Row:
         self.n = keep
 
     def searched(self) -> list:
-        """The indexes a search reads: the exact ones, or (approximate search from its size on, on CPU) the IVF
-        copies, built or brought up to date first."""
+        """The faiss indexes a search reads: the exact ones, or (approximate search from its size on, on CPU) the
+        IVF copies, built or brought up to date first."""
         if self.approx is None or self.n < self.approx[0]:
             return self.indexes
         if self.coarse is None:
@@ -239,25 +255,55 @@ class _Row:
             self.coarse_n = self.n
         return self.coarse
 
-    def device_keys(self) -> torch.Tensor:
-        """The chunk keys (Hkv, n, d) float32 on the search device, brought up to date first (from the stored K, as
-        the faiss indexes were: ``chunk_keys``)."""
+    def mirror_keys(self) -> torch.Tensor:
+        """The chunk keys (Hkv, n, d) in ``mirror_dtype`` on the search device, brought up to date first: copied from
+        the exact faiss indexes, which hold them in float32 (``chunk_keys``) in step with the row. A bfloat16 mirror
+        holds them less their mean at its making (``center``): a query's ranking is the same, and the smaller
+        scores round more finely (a layer's keys share a large common part: ~15 of their ~16 norm in SmolLM2's)."""
         have = 0 if self.mirror is None else self.mirror.shape[1]
         if have < self.n:
-            new = [torch.from_numpy(chunk_keys(self.k[:, s:min(s + INDEX_BLOCK, self.n)])).to(self.search_device)
-                   for s in range(have, self.n, INDEX_BLOCK)]
-            self.mirror = torch.cat(([self.mirror] if self.mirror is not None else []) + new, dim=1)
+            new = torch.stack([torch.from_numpy(faiss.rev_swig_ptr(index.get_xb(), self.n * self.d)  # a view ...
+                                                .reshape(self.n, self.d)[have:]) for index in self.indexes])  # copied
+            if self.mirror_dtype != torch.float32:
+                if self.mirror is None:
+                    self.center = new.mean(dim=1, keepdim=True)
+                new = new - self.center
+            new = new.to(self.search_device or "cpu", self.mirror_dtype)
+            self.mirror = new if self.mirror is None else torch.cat([self.mirror, new], dim=1)
         return self.mirror
+
+    def _matmul_found(self, q: torch.Tensor, group: int, fetch: int) -> list[np.ndarray]:
+        """``_found`` by matrix product over the mirror, ``QUERY_BLOCK`` query rows at a time, outside any autocast
+        (a float32 search stays float32); a bfloat16 mirror's top ``fetch + RESCORED`` candidates are ranked again by
+        their exact float32 scores against the keys the faiss index holds."""
+        _, T, d = q.shape
+        keys = self.mirror_keys()  # (Hkv, n, d)
+        qd = q.detach().to(keys.device, torch.float32).reshape(self.hkv, group * T, d)
+        rescore = keys.dtype != torch.float32
+        m = min(self.n, fetch + RESCORED) if rescore else fetch
+        exact = [torch.from_numpy(faiss.rev_swig_ptr(index.get_xb(), self.n * d).reshape(self.n, d))
+                 for index in self.indexes] if rescore else []  # views of the indexes' float32 keys, read here only
+        out = np.empty((self.hkv, group * T, fetch), dtype=np.int64)
+        with torch.autocast(keys.device.type, enabled=False):
+            for s in range(0, group * T, QUERY_BLOCK):
+                block = qd[:, s:s + QUERY_BLOCK]  # (Hkv, b, d)
+                top = torch.topk(torch.bmm(block.to(keys.dtype), keys.transpose(1, 2)), m, dim=2).indices  # (Hkv, b, m)
+                if rescore:
+                    top = top.cpu()
+                    for j in range(self.hkv):
+                        cand = exact[j].index_select(0, top[j].reshape(-1)).view(*top[j].shape, d)  # (b, m, d)
+                        order = torch.topk((block[j, :, None, :] * cand).sum(-1), fetch, dim=1).indices
+                        top[j, :, :fetch] = top[j].gather(1, order)
+                    top = top[:, :, :fetch]
+                out[:, s:s + QUERY_BLOCK] = top.cpu().numpy()
+        return list(out)
 
     def _found(self, q: torch.Tensor, group: int, fetch: int) -> list[np.ndarray]:
         """Per KV head, the positions (group * T, fetch) of the best chunks of its query heads' queries in q (Hq, T,
-        d), best first: faiss on the CPU, or a matrix product and top-k on the search device."""
-        hq, T, d = q.shape
-        if self.search_device is not None:
-            keys = self.device_keys()  # (Hkv, n, d)
-            qd = q.detach().to(self.search_device, torch.float32).reshape(self.hkv, group * T, d)
-            top = torch.topk(torch.bmm(qd, keys.transpose(1, 2)), fetch, dim=2).indices  # (Hkv, group * T, fetch)
-            return list(top.cpu().numpy())
+        d), best first: by matrix product (``matmul``) or faiss."""
+        _, T, d = q.shape
+        if self.matmul and not (self.approx is not None and self.search_device is None and self.n >= self.approx[0]):
+            return self._matmul_found(q, group, fetch)
         qf = q.detach().to("cpu", torch.float32).numpy()
         return [index.search(np.ascontiguousarray(qf[j * group:(j + 1) * group].reshape(group * T, d)), fetch)[1]
                 for j, index in enumerate(self.searched())]
@@ -334,7 +380,8 @@ class Memory:
 
     def __init__(self, n_kv_heads: int, head_dim: int, *, chunk_size: int = 4, capacity: int | None = 65536,
                  batch_size: int = 1, dtype: torch.dtype = torch.bfloat16,
-                 search_device: str | torch.device | None = None, max_sinks: int | None = MAX_SINKS):
+                 search_device: str | torch.device | None = None, matmul: bool | None = None,
+                 max_sinks: int | None = MAX_SINKS):
         if chunk_size < 1:
             raise ValueError(f"chunk size must be >= 1, got {chunk_size}")
         if capacity is not None and capacity < chunk_size:
@@ -345,14 +392,19 @@ class Memory:
         self.capacity = capacity
         self.dtype = dtype
         self.max_sinks = max_sinks  # sink chunks allowed among a query's top chunks (None = no limit)
-        self.search_device = _check_search_device(search_device)  # None: faiss on the CPU (see the module doc)
+        self.search_device = _check_search_device(search_device)  # None: the CPU (see the module doc)
+        if matmul is None:  # on a GPU; on a CPU for a bfloat16 memory where bfloat16 is native
+            matmul = self.search_device is not None or (dtype == torch.bfloat16 and bool(cpu_bf16_features()))
+        if self.search_device is not None and not matmul:
+            raise ValueError(f"a memory searched on {self.search_device} searches by matrix product (matmul=True)")
+        self.matmul = matmul
         self.rows = [self._row() for _ in range(batch_size)]
 
     @classmethod
     def from_chunks(cls, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, indexes: list | None = None, *,
                     n: int | None = None, first_serial: int = 0, capacity: int | None = None,
-                    search_device: str | torch.device | None = None, starts: torch.Tensor | None = None,
-                    max_sinks: int | None = MAX_SINKS) -> "Memory":
+                    search_device: str | torch.device | None = None, matmul: bool | None = None,
+                    starts: torch.Tensor | None = None, max_sinks: int | None = MAX_SINKS) -> "Memory":
         """A one-row bank that adopts memory already cut into chunks, without copying it: k, v (Hkv, N, C, d) and
         tokens (N, C) of which the first ``n`` (default N) are filled (the rest is room to grow), and optionally
         one faiss index per KV head holding the n mean-pooled chunk keys (built here when None) and which tokens
@@ -366,7 +418,7 @@ class Memory:
             raise ValueError(f"chunks do not line up: k {tuple(k.shape)}, v {tuple(v.shape)}, "
                              f"tokens {tuple(tokens.shape)}, starts {tuple(starts.shape)}")
         bank = cls(hkv, d, chunk_size=chunk_size, capacity=None, batch_size=1, dtype=k.dtype,
-                   search_device=search_device, max_sinks=max_sinks)
+                   search_device=search_device, matmul=matmul, max_sinks=max_sinks)
         row = bank.rows[0]
         if indexes is None:
             for s in range(0, n, INDEX_BLOCK):  # in blocks: the float32 mean of all keys at once could be large
@@ -385,7 +437,7 @@ class Memory:
         return bank
 
     def _row(self) -> _Row:
-        return _Row(self.n_kv_heads, self.head_dim, self.chunk_size, self.dtype, self.search_device)
+        return _Row(self.n_kv_heads, self.head_dim, self.chunk_size, self.dtype, self.search_device, self.matmul)
 
     @property
     def batch_size(self) -> int:
@@ -495,7 +547,8 @@ class Memory:
         tokens = r.tokens[: r.n].reshape(r.n * f, chunk_size)
         starts = r.starts[: r.n].reshape(r.n * f, chunk_size)
         out = Memory.from_chunks(k, v, tokens, first_serial=r.evicted * f, capacity=self.capacity,
-                                 search_device=self.search_device, starts=starts, max_sinks=self.max_sinks)
+                                 search_device=self.search_device, matmul=self.matmul, starts=starts,
+                                 max_sinks=self.max_sinks)
         if r.pend_t.numel():  # an unfinished chunk of the coarse bank may already fill finer chunks
             out.add(r.pend_k[None], r.pend_v[None], r.pend_t[None], r.pend_s[None])
         if r.approx is not None:

@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from longmem.util.cpu import cpu_bf16_features
 from longmem.util.files import atomic_directory, file_sha256
 
 log = logging.getLogger(__name__)
@@ -41,21 +42,6 @@ _CACHE_FORMAT = 1  # bump when the layout of the cached safetensors copy changes
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 DTYPE_VARIABLE = "LONGMEM_DTYPE"  # environment: what "auto" means for every command ("bfloat16", "float32", ...)
-
-
-def cpu_bf16_features() -> list[str]:
-    """The CPU's features that multiply bfloat16 natively: "AVX512-BF16" and/or "AMX" (empty: PyTorch emulates bf16
-    matmuls, ~3x slower than float32; measured 50 vs 150-250 GFLOP/s on a 2-core AVX512 Xeon without BF16).
-    Asked of PyTorch's own CPU probe (cpuinfo, any OS), or read from /proc/cpuinfo where this torch lacks it."""
-    probes = {"AVX512-BF16": getattr(torch.cpu, "_is_avx512_bf16_supported", None),
-              "AMX": getattr(torch.cpu, "_is_amx_tile_supported", None)}
-    if all(callable(f) for f in probes.values()):
-        return [name for name, f in probes.items() if f()]
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return []
-    return [name for name, flag in (("AVX512-BF16", "avx512_bf16"), ("AMX", "amx_bf16")) if flag in flags]
 
 
 def dtype_choice(name: str = "auto", device: str | torch.device = "cpu") -> tuple[torch.dtype, str]:

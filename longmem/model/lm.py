@@ -246,12 +246,16 @@ class SegmentLM(nn.Module):
 
         def last(step: Step) -> tuple[torch.Tensor, int | None]:
             """The next token's logits (V,), and the stop id the backbone would emit next (None: it goes on)."""
-            logits = self.backbone.logits(step.hidden[:, -1:])[0, -1]
             stops = sampling.backbone_stops and bool(sampling.stop_ids)
             if step.reference is None or not (stops or sampling.side_weight < 1):
-                return logits, None
-            own = self.backbone.logits(step.reference[:, -1:])[0, -1]
-            if sampling.side_weight < 1:
+                return self.backbone.logits(step.hidden[:, -1:])[0, -1], None
+            if sampling.side_weight == 0:  # the backbone's own logits, exactly as the backbone alone computes them
+                logits = own = self.backbone.logits(step.reference[:, -1:])[0, -1]
+            else:  # both states through the LM head at once: its weights are read once
+                dtype = self.backbone.dtype
+                logits, own = self.backbone.logits(torch.cat([step.hidden[:, -1:].to(dtype),
+                                                              step.reference[:, -1:].to(dtype)]))[:, -1]
+            if 0 < sampling.side_weight < 1:
                 w = sampling.side_weight
                 logits = w * logits.float() + (1 - w) * own.float()
             ends = int(own.argmax()) if stops else None

@@ -198,7 +198,7 @@ class Workspace:
     def __init__(self, model, directory: BankDirectory, max_upload_bytes: int = MAX_UPLOAD_BYTES,
                  checkpoint: str | None = None, work_dir: str | os.PathLike | None = None,
                  limits: ExtractLimits | None = None, dtype: str = "auto"):
-        self.model = model
+        self.model = model.eval()  # the app's model only answers: eval mode (LoRA projections merged)
         self.limits = limits or ExtractLimits()  # what one uploaded file may expand to while its text is read
         self.dtype = dtype  # the dtype asked for ("auto" or a name); ``load_model`` uses it unless told another
         self.work_dir = Path(work_dir) if work_dir is not None else None
@@ -271,7 +271,7 @@ class Workspace:
                     backbone=backbone, segment_len=window))
             for name in list(self._sessions):
                 self._drop(name)
-            self.model, self.dtype = model, dtype
+            self.model, self.dtype = model.eval(), dtype  # inference only (LoRA projections merged)
             self.checkpoint = checkpoint.strip() if checkpoint and checkpoint.strip() else None
         return self.model_info()
 
