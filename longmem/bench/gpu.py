@@ -109,6 +109,14 @@ def random_memory(model: LongMemModel, tokens: int, device: str, seed: int = 0) 
                               search_device=search_device_for(model.backbone.device), max_sinks=model.max_sinks)
 
 
+def search_kind(memory: Memory) -> str:
+    """How ``memory`` is searched, in words (``longmem.memory``)."""
+    if not memory.matmul:
+        return "faiss, CPU"
+    where = "CPU" if memory.search_device is None else str(memory.search_device)
+    return f"matmul, {where}" + (", bfloat16 re-ranked" if memory.rows[0].mirror_dtype == torch.bfloat16 else "")
+
+
 def bench_answer(model: LongMemModel, bank_tokens: int, prompt_tokens: int, question_tokens: int, new_tokens: int,
                  device: str, reps: int = 3) -> dict:
     memory = random_memory(model, bank_tokens, device)
@@ -127,7 +135,7 @@ def bench_answer(model: LongMemModel, bank_tokens: int, prompt_tokens: int, ques
             firsts.append(stamps[0] - t0)
             per_token.append((stamps[-1] - stamps[0]) / max(1, len(stamps) - 1))
     return {"bank_tokens": size, "prompt_tokens": prompt_tokens, "question_tokens": question_tokens,
-            "new_tokens": new_tokens, "search": "on the device" if memory.search_device is not None else "faiss, CPU",
+            "new_tokens": new_tokens, "search": search_kind(memory),
             "first_token_s": statistics.median(firsts), "first_token_max_s": max(firsts),
             "decode_ms_per_token": 1000 * statistics.median(per_token), "reps": reps}
 
