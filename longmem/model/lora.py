@@ -62,7 +62,6 @@ class LoRA(nn.Module):
                 self._merged = made_from, (base + self.scale * (self.lora_b @ self.lora_a)).to(w.dtype).contiguous()
         return self._merged[1]
 
-
     def train(self, mode: bool = True) -> "LoRA":
         self._merged = None
         return super().train(mode)
