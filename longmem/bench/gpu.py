@@ -11,14 +11,15 @@ more than one call may carry). What the figures are:
 
 - ``memorize``: tokens/s pushed into memory (``SegmentLM.memorize``: the backbone up to the cached layer, segment by
   segment, K/V moved to host RAM and indexed), the device synchronised at the end;
-- ``answer``: a memory of ``--bank-tokens`` random keys/values (the chunk keys mirrored on the device, as a loaded
-  bank's are), then a reading-sized prompt whose last ``--question-tokens`` search it: the first token (the prefill)
+- ``answer``: a memory of ``bank_tokens`` random keys/values (searched where the model runs, as a loaded bank's
+  memory is), then a reading-sized prompt whose last ``question_tokens`` search it: the first token (the prefill)
   and the median time per decoded token after it, greedy, as the chat answers;
-- ``train``: forward, backward and AdamW steps of the SideNet on ``--train-batch`` x segment_len tokens with a
-  memory of ``--train-memory`` tokens, in the dtype training runs in (float32 weights, bfloat16 autocast where the
+- ``train``: forward, backward and AdamW steps of the SideNet on ``train_batch`` x segment_len tokens with a memory
+  of ``train_memory`` tokens, in the dtype training runs in (float32 weights, bfloat16 autocast where the
   device computes it), tokens/s after one warm-up step.
 
-Prints one JSON object, then a markdown table; ``--out`` also writes the JSON.
+The sizes are ``FULL`` (``QUICK`` with ``--quick``). Prints one JSON object, then a markdown table; ``--out`` also
+writes the JSON.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import replace
 import torch
 import transformers
 
-from longmem.memory.memory import Memory, search_device_for
+from longmem.memory.memory import Memory
 from longmem.model.backbone import DEFAULT_BACKBONE, Backbone, dtype_choice, resolve_dtype
 from longmem.model.device import DeviceError, add_device_flag, resolve_device
 from longmem.model.lm import Sampling
@@ -106,7 +107,7 @@ def random_memory(model: LongMemModel, tokens: int, device: str, seed: int = 0) 
     starts = torch.zeros(n, C, dtype=torch.bool)
     starts[:: model.segment_len // C, 0] = True
     return Memory.from_chunks(k, v, torch.full((n, C), -1, dtype=torch.int64), starts=starts,
-                              search_device=search_device_for(model.backbone.device), max_sinks=model.max_sinks)
+                              search_device=model.backbone.device, max_sinks=model.max_sinks)
 
 
 def search_kind(memory: Memory) -> str:

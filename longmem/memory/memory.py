@@ -14,8 +14,8 @@ into about 2 * sqrt(n) lists, and each query compares only the lists nearest it 
 positions; the copy follows the row's adds and truncations and is built again after an eviction.
 
 Search by matrix product (``matmul``), the same results as the faiss index's: the chunk keys are mirrored as one
-tensor per KV head and a search is one batched product and a top-k. On a GPU (``search_device``, set by the model's
-device: ``search_device_for``) the mirror is float32 there and its scores are exact. On a CPU that multiplies
+tensor per KV head and a search is one batched product and a top-k. On a GPU (``search_device``: the model's device,
+the CPU meaning none) the mirror is float32 there and its scores are exact. On a CPU that multiplies
 bfloat16 natively, for a bfloat16 memory (the default there, ``matmul=None``), the mirror is bfloat16: half the
 bytes a search reads, which is what an exact search over a large memory costs on a CPU; the candidates its rounded
 scores rank first (``RESCORED`` more than asked) are ranked again by their exact float32 scores, computed from the
@@ -105,12 +105,6 @@ class MemoryView:
 def chunk_keys(k: torch.Tensor) -> np.ndarray:
     """Mean-pooled chunk keys (Hkv, n, d) float32, C-contiguous, from chunk keys (Hkv, n, C, d): the index entries."""
     return np.ascontiguousarray(k.float().mean(dim=2).numpy())
-
-
-def search_device_for(device: str | torch.device) -> torch.device | None:
-    """Where a memory read by a model on ``device`` searches: that GPU (CUDA), or None for faiss on the CPU."""
-    device = torch.device(device)
-    return device if device.type == "cuda" else None
 
 
 def _check_search_device(device: str | torch.device | None) -> torch.device | None:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longmem.memory.memory import MAX_SINKS, Memory, search_device_for
+from longmem.memory.memory import MAX_SINKS, Memory
 from longmem.model.backbone import Backbone
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens total)
@@ -119,7 +119,7 @@ class SegmentLM(nn.Module):
         cap = self.capacity if capacity == "config" else capacity
         return Memory(spec.n_kv_heads, spec.head_dim, chunk_size=chunk_size or self.chunk_size, capacity=cap,
                       batch_size=batch_size, dtype=self.backbone.dtype, max_sinks=self.max_sinks,
-                      search_device=search_device_for(self.backbone.device))
+                      search_device=self.backbone.device)
 
     def memory_kv(self, hidden_m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-RoPE K/V (B, Hkv, T, d) to store for tokens whose cached-layer input is ``hidden_m`` (B, T, E)."""

@@ -30,7 +30,7 @@ import numpy as np
 import sqlite_utils
 import torch
 
-from longmem.memory.memory import INDEX_BLOCK, MAX_SINKS, Memory, chunk_keys, search_device_for
+from longmem.memory.memory import INDEX_BLOCK, MAX_SINKS, Memory, chunk_keys
 from longmem.storage import passages as bank_passages
 from longmem.storage.app_records import AppRecords
 from longmem.storage.integrity import check_segments
@@ -418,7 +418,7 @@ class Bank(AppRecords):
         into tensors allocated once (peak RAM ~ the K/V size plus the indexes), indexes come from the index files
         (checked), and whatever the files lack is added from SQLite. With ``model``, first refuse a model the bank
         was not built for (``BankMismatch``). ``search_device``: where the memory is searched ("model": on the model's
-        GPU when it runs on one, ``memory.search_device_for``; None: faiss on the CPU). ``repair`` rewrites missing or
+        GPU when it runs on one; None: on the CPU). ``repair`` rewrites missing or
         stale index files when no other process is writing. ``progress(done, total)`` counts chunks."""
         import faiss
 
@@ -481,7 +481,7 @@ class Bank(AppRecords):
                          self.name)
         self.layout = _Layout(epoch, seg_ids, np.concatenate([[0], np.cumsum(seg_chunks)]))
         if search_device == "model":
-            search_device = None if model is None else search_device_for(model.backbone.device)
+            search_device = None if model is None else model.backbone.device
         return Memory.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
                                   search_device=search_device, starts=starts,
                                   max_sinks=MAX_SINKS if model is None else model.max_sinks)
