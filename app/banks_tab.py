@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from longmem.ingest.readers import DemoFormat
-from longmem.service.workspace import Workspace
+from longmem.service import DemoFormat, Workspace
 
-from .common import (BOOK_TYPES, DEMO_TYPES, Told, file_paths, job_html, mib, notice_box, parse_label_words, serve,
-                     wire)
+from .common import BOOK_TYPES, DEMO_TYPES, Told, file_paths, job_html, mib, notice_box, parse_label_words, serve, wire
 from .shared import Shared
 
 BANK_COLUMNS = ["bank", "documents", "tokens", "on disk", "backbone", "stored chunk size", "usable", "status"]
@@ -66,7 +64,7 @@ def build(ws: Workspace, shared: Shared) -> None:
         target = gr.Dropdown(label="Into bank (a new name creates it)", choices=[], allow_custom_value=True,
                              elem_id="upload-bank")
         shared.pickers.append(target)
-        files = gr.File(label="Files (.txt .md .html .epub .pdf, or .csv .tsv .jsonl demonstrations)",
+        files = gr.File(label=f"Files ({' '.join(BOOK_TYPES)}, or {' '.join(DEMO_TYPES)} demonstrations)",
                         file_count="multiple", file_types=BOOK_TYPES + DEMO_TYPES, elem_id="upload-files")
     with gr.Accordion("Demonstration files: how rows become text", open=False):
         template = gr.Textbox(label="Template", value="Review: {text} Sentiment: {label}")

@@ -80,7 +80,7 @@ def _model(args):
 
 
 def scenario_upload(args) -> dict:
-    from longmem.service.workspace import Settings, Workspace
+    from longmem.service import Settings, Workspace
     from longmem.storage import BankDirectory
 
     model = _model(args)
@@ -115,7 +115,7 @@ def scenario_upload(args) -> dict:
 
 
 def scenario_first_token(args) -> dict:
-    from longmem.service.workspace import Settings, Workspace
+    from longmem.service import Settings, Workspace
     from longmem.storage import BankDirectory
 
     model = _model(args)

@@ -10,8 +10,7 @@ import uuid
 
 import gradio as gr
 
-from longmem.service.workspace import CONTINUE, PassageHit, Reply, Settings, Workspace
-from longmem.tasks.reading import FINDERS, READING_TOPK, Citation
+from longmem.service import CONTINUE, FINDERS, READING_TOPK, ChunkHit, Citation, Reply, Settings, Workspace
 
 from .common import BOOK_TYPES, file_paths, job_html, notice_box, wire
 from .shared import Shared
@@ -52,19 +51,20 @@ def stopped_mark(text: str) -> str:
     return f"{shown} *[stopped]*" if shown else "*[stopped before any of the answer was shown]*"
 
 
-def passages_markdown(passages: list[PassageHit]) -> str:
+def retrieved_markdown(chunks: list[ChunkHit]) -> str:
+    """The chunks memory retrieved most while answering, each quoted with the text around it."""
     parts = []
-    for i, p in enumerate(passages, 1):
+    for i, p in enumerate(chunks, 1):
         paragraphs = [html.escape(x).replace("\n", " ") for x in _PARAGRAPH_BREAK.split(p.context.strip())]
         quote = "\n>\n".join(f"> {x}" for x in paragraphs if x.strip())
         parts.append(f"**{i}. {html.escape(p.document)}**, {p.location} (retrieved {p.hits}×)\n\n{quote}")
     return "\n\n".join(parts)
 
 
-def passages_message(passages: list[PassageHit]) -> dict:
+def retrieved_message(chunks: list[ChunkHit]) -> dict:
     """The collapsible block shown under an answer."""
-    return {"role": "assistant", "content": passages_markdown(passages),
-            "metadata": {"title": "Passages memory retrieved", "status": "done"}}
+    return {"role": "assistant", "content": retrieved_markdown(chunks),
+            "metadata": {"title": "What memory retrieved", "status": "done"}}
 
 
 def _words(text: str, n: int) -> str:
@@ -129,14 +129,14 @@ def history_messages(turns: list[dict]) -> list[dict]:
         out.append({"role": t["role"], "content": t["content"]})
         if t.get("citations"):
             out.append(citations_message(t["citations"], t.get("said", True)))
-        if t["passages"]:
-            out.append(passages_message(t["passages"]))
+        if t["retrieved"]:
+            out.append(retrieved_message(t["retrieved"]))
     return out
 
 
-def settings_panel(ws: Workspace, defaults: Settings, reading: bool = False) -> list:
+def settings_panel(ws: Workspace, defaults: Settings, answers: bool = False) -> list:
     """The settings under a Chat or Continue box, starting at ``defaults``: first what a reader understands (how long
-    an answer may be, how adventurous its words, and with ``reading`` whether it says when the book does not say),
+    an answer may be, how adventurous its words, and for ``answers`` whether it says when the book does not say),
     then, in a closed "Advanced" group, the model's own knobs (how passages are found and how many are read, memory
     chunks per query, chunk size). Returns the inputs in ``make_settings``'s order."""
     model = ws.model
@@ -144,17 +144,17 @@ def settings_panel(ws: Workspace, defaults: Settings, reading: bool = False) -> 
         with gr.Row():
             abstain = (gr.Checkbox(value=Settings.abstain, label="Say so when the book does not say",
                                    info="an answer the passages read do not support is replaced by that")
-                       if reading else None)
+                       if answers else None)
             tokens = gr.Slider(8, 512, value=defaults.max_new_tokens, step=8, label="Longest answer (tokens)",
                                info="about ¾ of a word each")
             temperature = gr.Slider(0.0, 1.5, value=defaults.temperature, step=0.05, label="Variety",
                                     info="0: always the most likely words; higher: freer, less exact")
         with gr.Accordion("Advanced", open=False):
             extra = []
-            if reading:
+            if answers:
                 with gr.Row():
-                    extra = [gr.Dropdown([(FINDER_NAMES[f], f) for f in FINDERS], value=Settings.reading,
-                                         elem_id="reading", label="Find the passages to read by",
+                    extra = [gr.Dropdown([(FINDER_NAMES[f], f) for f in FINDERS], value=Settings.finder,
+                                         elem_id="finder", label="Find the passages to read by",
                                          info="none: the paper's memory fusion alone"),
                              gr.Slider(0, 8, value=Settings.passages, step=1, label="Passages read at most"),
                              gr.Checkbox(value=Settings.backbone_stops, label="End answers where the backbone would",
@@ -169,14 +169,14 @@ def settings_panel(ws: Workspace, defaults: Settings, reading: bool = False) -> 
                 chunk_size = gr.Dropdown(choices=sizes, value=model.chunk_size,
                                          label="Memory piece size (chunk size, tokens)",
                                          info="smaller: more precise look-ups, slower")
-    return [temperature, tokens, chunks, chunk_size, *extra, *([abstain] if reading else [])]
+    return [temperature, tokens, chunks, chunk_size, *extra, *([abstain] if answers else [])]
 
 
-def make_settings(temperature, tokens, chunks, chunk_size, reading=Settings.reading,
+def make_settings(temperature, tokens, chunks, chunk_size, finder=Settings.finder,
                   passages=Settings.passages, backbone_stops=Settings.backbone_stops,
                   abstain=Settings.abstain) -> Settings:
     return Settings(max_new_tokens=int(tokens), temperature=float(temperature), chunks=int(chunks) or None,
-                    chunk_size=int(chunk_size) if chunk_size else None, reading=reading or "none",
+                    chunk_size=int(chunk_size) if chunk_size else None, finder=finder or "none",
                     passages=int(passages), backbone_stops=bool(backbone_stops), abstain=bool(abstain))
 
 
@@ -199,7 +199,7 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
     gr.Markdown("Drop a book to ask about it (it is read into a memory bank of its own, kept on disk), or pick a bank "
                 "made before. Each answer reads the passages it finds in the book and cites them.")
     with gr.Row():
-        book = gr.File(label="Drop a book (.txt .md .html .epub .pdf)", file_types=BOOK_TYPES, file_count="single",
+        book = gr.File(label=f"Drop a book ({' '.join(BOOK_TYPES)})", file_types=BOOK_TYPES, file_count="single",
                        height=150, elem_id="chat-book", scale=2)
         with gr.Column(scale=3):
             with gr.Row():
@@ -215,7 +215,7 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
         stop = gr.Button("Stop", scale=1, elem_id="stop", interactive=False)
     notice = notice_box("chat-notice")
-    settings = settings_panel(ws, Settings(), reading=True)
+    settings = settings_panel(ws, Settings(), answers=True)
     session = gr.State(lambda: uuid.uuid4().hex)  # this page's key for its running answer (what Stop stops)
     stops = Stops()
 
@@ -250,8 +250,8 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
             history[-1]["content"] = stopped_mark(history[-1]["content"])
         if reply.citations:
             history.append(citations_message(reply.citations, reply.said))
-        if reply.passages:
-            history.append(passages_message(reply.passages))
+        if reply.retrieved:
+            history.append(retrieved_message(reply.retrieved))
         yield history, "", gr.update(interactive=False)
 
     def do_clear(name):
@@ -292,7 +292,7 @@ def build_continue(ws: Workspace, shared: Shared) -> None:
         stop = gr.Button("Stop", interactive=False)
     notice = notice_box("continue-notice")
     output = gr.Textbox(label="Continuation", lines=12, interactive=False, elem_id="continuation")
-    with gr.Accordion("Passages memory retrieved", open=False):
+    with gr.Accordion("What memory retrieved", open=False):
         found = gr.Markdown()
     settings = settings_panel(ws, CONTINUE)
     session = gr.State(lambda: uuid.uuid4().hex)  # this page's key for its running continuation
@@ -314,7 +314,7 @@ def build_continue(ws: Workspace, shared: Shared) -> None:
             was_stopped = stops.end(key)
         notes = "".join(f"*{n}*\n\n" for n in reply.notes)
         shown = f"{out.rstrip()} [stopped]" if was_stopped else out  # plain text: no Markdown here
-        yield shown, notes + passages_markdown(reply.passages), gr.update(interactive=False)
+        yield shown, notes + retrieved_markdown(reply.retrieved), gr.update(interactive=False)
 
     event = wire(go.click, run, [bank, passage, session, *settings], [output, found, stop], notice,
                  show_progress_on=[output], concurrency_id="model", concurrency_limit=1, api_name="continue")

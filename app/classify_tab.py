@@ -11,12 +11,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from longmem.ingest.readers import DemoFormat
-from longmem.service.workspace import Workspace
-from longmem.tasks.examples import PRESETS, peek_columns
+from longmem.service import PRESETS, DemoFormat, Workspace, peek_columns
 
 from .banks_tab import jobs_html
-from .common import reported, file_paths, notice_box, parse_label_words, wire
+from .common import DEMO_TYPES, file_paths, notice_box, parse_label_words, reported, wire
 from .shared import Shared
 
 CUSTOM = "Custom"
@@ -46,7 +44,7 @@ def build(ws: Workspace, shared: Shared) -> None:
         shared.remember(bank, "classify")
         name = gr.Textbox(label="Classifier name", value="sentiment", elem_id="classifier-name")
     with gr.Row():
-        upload = gr.File(label="Labelled examples (.csv .tsv .jsonl)", file_types=[".csv", ".tsv", ".jsonl"],
+        upload = gr.File(label=f"Labelled examples ({' '.join(DEMO_TYPES)})", file_types=DEMO_TYPES,
                          elem_id="classify-upload")
         header = gr.Checkbox(label="First row is a header", value=True)
     preview = gr.Dataframe(label="First rows", interactive=False, wrap=True, max_height=260, visible=False,
@@ -100,8 +98,8 @@ def build(ws: Workspace, shared: Shared) -> None:
     label = gr.Label(label="Prediction", elem_id="prediction", visible=False)
     read = gr.Markdown(elem_id="demos-read")
     with gr.Row():
-        batch = gr.File(label="File to classify (.csv .tsv .jsonl, or .txt with one text per line)",
-                        file_types=[".csv", ".tsv", ".jsonl", ".txt"])
+        batch = gr.File(label=f"File to classify ({' '.join(DEMO_TYPES)}, or .txt with one text per line)",
+                        file_types=[*DEMO_TYPES, ".txt"])
         batch_col = gr.Textbox(label="Its text column", value="text")
         run_batch = gr.Button("Classify file")
     results = gr.File(label="Results (CSV)", elem_id="classify-results", visible=False)

@@ -13,17 +13,20 @@ import re
 import gradio as gr
 from gradio.utils import get_upload_folder
 
-from longmem.ingest.readers import BOOK_SUFFIXES, DEMO_EXTS
-from longmem.model.backbone import BackboneError
-from longmem.model.longmem import CheckpointError
-from longmem.service.jobs import JobState
-from longmem.storage.records import BankError
-from longmem.text.io import InputError
+from longmem.service import (
+    BOOK_SUFFIXES,
+    DEMO_SUFFIXES,
+    BackboneError,
+    BankError,
+    CheckpointError,
+    InputError,
+    JobState,
+)
 
 log = logging.getLogger("longmem.app")
 
 BOOK_TYPES = list(BOOK_SUFFIXES)  # what an upload box takes as a book
-DEMO_TYPES = list(DEMO_EXTS)  # ... as labelled examples
+DEMO_TYPES = list(DEMO_SUFFIXES)  # ... as labelled examples
 EXPECTED = (InputError, BankError, BackboneError, CheckpointError, ValueError, KeyError, FileNotFoundError)
 
 

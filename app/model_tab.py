@@ -7,8 +7,7 @@ import json
 
 import gradio as gr
 
-from longmem.model.backbone import DTYPES
-from longmem.service.workspace import Workspace
+from longmem.service import DTYPES, Workspace
 
 from .common import Told, mib, notice_box, wire
 from .shared import Shared

@@ -6,7 +6,7 @@ import hashlib
 
 import gradio as gr
 
-from longmem.service.workspace import Workspace
+from longmem.service import Workspace
 
 from . import banks_tab, chat_tab, classify_tab, model_tab
 from .shared import Shared

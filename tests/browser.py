@@ -267,7 +267,7 @@ def wait_stable_height(page, locator, timeout_s: float = 10, settle_s: float = 0
 
 
 def open_passages(page, timeout_s: float = 10):
-    """Open the collapsible "Passages memory retrieved" block of the Chat tab's last answer (a Gradio chatbot
+    """Open the collapsible "What memory retrieved" block of the Chat tab's last answer (a Gradio chatbot
     "thought" message), wait for its expand animation to end and scroll the conversation so that the block's end is
     in view. Returns the block's locator."""
     block = page.locator("#chatbot .thought-group").last

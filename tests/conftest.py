@@ -1,20 +1,18 @@
 """Shared fixtures: tiny random llama (RoPE, GQA), Qwen2 (q/k/v biases, untied head) and GPT-2 backbones built in
-code, float32 for exact checks."""
+code, float32 for exact checks; banks holding a text (``bank_of``), the story's bank (``loaded``), a saved chat
+checkpoint. Plain helpers are in ``helpers.py``, the tiny models in ``tiny.py``."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from helpers import story
+from tiny import VOCAB, chat_model, small_config, tiny_backbone, tiny_gpt2, tiny_llama
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py, also for subprocess-based tests
-
-from tiny import VOCAB, small_config, tiny_backbone, tiny_gpt2, tiny_llama  # noqa: E402
-
-from longmem.model.backbone import Backbone  # noqa: E402
-from longmem.model.longmem import LongMemModel  # noqa: E402
+from longmem.ingest.pipeline import ingest
+from longmem.model.backbone import Backbone
+from longmem.model.longmem import LongMemModel
+from longmem.storage import BankDirectory
 
 __all__ = ["VOCAB", "small_config", "tiny_backbone", "tiny_gpt2", "tiny_llama", "random_ids"]
 
@@ -40,23 +38,31 @@ def random_ids(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.fixture
-def loaded(tmp_path):
+def bank_of(tmp_path):
+    """``bank_of(model, text)``: a bank ``b`` under ``tmp_path/banks`` holding ``text``, written to
+    ``tmp_path/story.txt`` (or ``filename``) and ingested through ``model``; closed after the test."""
+    made = []
+
+    def make(model: LongMemModel, text: str, name: str = "b", filename: str = "story.txt"):
+        book = tmp_path / filename
+        book.write_text(text)
+        bank = BankDirectory(tmp_path / "banks").create(name, model)
+        made.append(bank)
+        ingest(bank, model, book)
+        return bank
+
+    yield make
+    for bank in made:
+        bank.close()
+
+
+@pytest.fixture
+def loaded(bank_of):
     """A tiny chat llama with a 512-token window (room to read a passage), a bank of the story
-    (``test_passages.story``) and its memory."""
-    from test_passages import story
-    from tiny import chat_model
-
-    from longmem.ingest.pipeline import ingest
-    from longmem.storage import BankDirectory
-
+    (``helpers.story``) and its memory."""
     model = chat_model(segment_len=512)
-    book = tmp_path / "story.txt"
-    book.write_text(story())
-    bank = BankDirectory(tmp_path / "banks").create("b", model)
-    ingest(bank, model, book)
-    memory = bank.load_memory(model)
-    yield model, bank, memory
-    bank.close()
+    bank = bank_of(model, story())
+    return model, bank, bank.load_memory(model)
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from browser import (  # noqa: E402
+from browser import (  # the script's own folder, tests/, is first on sys.path
     MS,
     REPO,
     VIEWPORT,
@@ -40,7 +38,7 @@ from browser import (  # noqa: E402
 )
 
 SHARED = REPO.parent / "shared" / "data"
-PASSAGES = "Passages memory retrieved"
+RETRIEVED = "What memory retrieved"
 SHOT_LIMIT = 400 * 1024
 
 
@@ -149,7 +147,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             wait_idle(page, "chatbot")
             page.locator("#question textarea").fill(args.question)
             page.click("#send")
-            block = page.locator("#chatbot .thought-group", has_text=PASSAGES)
+            block = page.locator("#chatbot .thought-group", has_text=RETRIEVED)
             block.wait_for(timeout=600 * MS)
             wait_idle(page, "chatbot", timeout_s=120)
             # what the answer read: the first passage opened in its surrounding text
@@ -166,7 +164,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             page.get_by_role("tab", name="Continue").click()
             choose(page, "continue-bank", args.bank)
             page.locator("#continue-passage textarea").fill(args.passage)
-            found = page.locator(".gr-accordion", has=page.locator("button.label-wrap", has_text=PASSAGES))
+            found = page.locator(".gr-accordion", has=page.locator("button.label-wrap", has_text=RETRIEVED))
             found.locator("button.label-wrap").click()  # open it: the passages show when the continuation is done
             page.click("#continue")
             found.get_by_text(re.compile(r"retrieved \d+×")).first.wait_for(timeout=600 * MS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_passages import story
+from helpers import story
 from tiny import chat_model, small_config, tiny_llama
 
 from longmem.eval.answering import Asked, Haystack, Reader, ReadingSize, says_not_said, scored
@@ -17,7 +17,7 @@ from longmem.ingest.pipeline import ingest
 from longmem.model.baselines import BackboneLM
 from longmem.model.lm import Sampling, repeats
 from longmem.model.longmem import LongMemModel
-from longmem.service.workspace import Settings, Workspace
+from longmem.service import Settings, Workspace
 from longmem.storage import BankDirectory
 from longmem.tasks.answer import ANSWER_SAMPLING, NOT_SAID, answer
 from longmem.tasks.chat import Chat
@@ -100,6 +100,7 @@ def test_no_repeat_bans_the_token_that_would_repeat_an_n_gram():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.heavy
 def test_no_repeat_ends_a_greedy_loop(dtype):
     model = chat_model(dtype=dtype)
     ids = model.backbone.tokenizer("the the the the", return_tensors="pt").input_ids
@@ -216,13 +217,14 @@ def test_a_reloaded_conversation_keeps_its_replies_that_the_book_does_not_say_ou
     try:
         assert [t["said"] for t in ws.chat_history("empty")] == [True, False]
         list(ws.chat("empty", "Who rang the bell?"))
-        history = ws.session("empty").chat.history
-        assert [t.get("said", True) for t in history] == [True, False, True, False]
-        assert "lighthouse" not in ws.model.backbone.tokenizer.decode(ws.session("empty").chat.prompt_ids("Why?")[0])
+        chat = ws.sessions.session("empty").chat
+        assert [t.get("said", True) for t in chat.history] == [True, False, True, False]
+        assert "lighthouse" not in ws.model.backbone.tokenizer.decode(chat.prompt_ids("Why?")[0])
     finally:
         ws.close()
 
 
+@pytest.mark.heavy
 def test_questions_that_cannot_be_asked_are_refused_clearly(loaded):
     model, bank, memory = loaded
     chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
@@ -277,6 +279,7 @@ def saved(chat_checkpoint, tmp_path_factory):
 
 
 @pytest.mark.parametrize("checks", [True, False])
+@pytest.mark.heavy
 def test_the_workspace_the_cli_and_the_eval_give_the_same_answer(saved, capsys, checks):
     """Item 1 of the answers issue: one function, one set of defaults, whoever asks."""
     from longmem.cli.main import main

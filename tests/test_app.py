@@ -16,8 +16,10 @@ from gradio_client.exceptions import AppError  # noqa: E402
 from tiny import chat_model  # noqa: E402
 
 from app.main import build_parser, launch  # noqa: E402
-from longmem.service.workspace import Settings, Workspace  # noqa: E402
+from longmem.service import Settings, Workspace  # noqa: E402
 from longmem.storage import BankDirectory  # noqa: E402
+
+pytestmark = pytest.mark.heavy  # a running app, end to end
 
 BOOK = "".join(f"Chapter {i}. The keeper of the lighthouse counted {i * 7} gulls at dawn.\n" for i in range(30))
 
@@ -94,7 +96,7 @@ def test_ingestion_shows_progress_and_bank_is_listed(server, book_bank):
     assert "lighthouse" in html and "done" in html
 
 
-def test_chat_streams_and_shows_what_it_read_and_the_passages(server, book_bank):
+def test_chat_streams_and_shows_what_it_read_and_what_memory_retrieved(server, book_bank):
     ws, client, _ = server
     job = client.submit(book_bank, "How many gulls did the keeper count?", [], 0.0, 16, 8, 2, "lexical", 3, True,
                         False, api_name="/chat")  # every answer shown (a random model's would say the book does not)
@@ -103,14 +105,14 @@ def test_chat_streams_and_shows_what_it_read_and_the_passages(server, book_bank)
     assert len(outputs) >= 3  # the question, then the answer piece by piece
     chat = final[0]
     assert chat[0]["role"] == "user" and chat[1]["role"] == "assistant" and text_of(chat[1])
-    passages = [m for m in chat if (m.get("metadata") or {}).get("title") == "Passages memory retrieved"]
-    assert passages and "lighthouse" in text_of(passages[0]) and "part " in text_of(passages[0])
+    retrieved = [m for m in chat if (m.get("metadata") or {}).get("title") == "What memory retrieved"]
+    assert retrieved and "lighthouse" in text_of(retrieved[0]) and "part " in text_of(retrieved[0])
     read = [m for m in chat if (m.get("metadata") or {}).get("title", "").startswith("Read from the book: ")]
     assert read and "<summary><b>[1]</b> lighthouse, " in text_of(read[0]) and "gulls" in text_of(read[0])
     assert "<mark>" in text_of(read[0])  # opening a citation shows the passage marked in its surrounding text
     history = client.predict(book_bank, api_name="/chat_history")  # what a reloaded page shows
     assert text_of(history[0]) == "How many gulls did the keeper count?"
-    assert [text_of(m) for m in history] == [text_of(m) for m in chat]  # passages included, as they were shown
+    assert [text_of(m) for m in history] == [text_of(m) for m in chat]  # the retrieved chunks too, as shown
     client.predict(book_bank, api_name="/clear_chat")
     assert ws.chat_history(book_bank) == []
 
@@ -304,10 +306,10 @@ def test_settings_slider_starts_automatic_and_reaches_the_model_own_k(tmp_path):
         assert "128 while passages are read, else the model's 512" in chunks.info
         assert make_settings(0.0, 16, 0, 2).chunks is None and make_settings(0.0, 16, 7, 2).chunks == 7
         with gr.Blocks():
-            *_, reading, passages, stops, abstain = settings_panel(ws, Settings(), reading=True)
+            *_, finder, passages, stops, abstain = settings_panel(ws, Settings(), answers=True)
         assert abstain.value is True and make_settings(0.0, 16, 0, 2, abstain=False).reading_config().abstain == 0
         assert stops.value is True and "backbone" in stops.label  # answers end where the backbone would, or unticked
-        assert make_settings(0.0, 16, 0, 2, reading.value, passages.value, stops.value).sampling().backbone_stops
+        assert make_settings(0.0, 16, 0, 2, finder.value, passages.value, stops.value).sampling().backbone_stops
         assert not make_settings(0.0, 16, 0, 2, "lexical", 4, False).sampling().backbone_stops
     finally:
         ws.close()

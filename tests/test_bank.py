@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import child_env
 from tiny import small_config, tiny_llama, tiny_model
 
 from longmem.ingest.pipeline import cut_segments, ingest
@@ -163,7 +164,7 @@ def test_round_trip_reopen_gives_identical_retrieval(directory, model, text_file
     ingest(bank, model, text_file)
     q = queries(model)
     before = search_all(bank.load_memory(), q)
-    passage = bank.passage(int(before[3][0, 0, 0, 0]))
+    passage = bank.chunk_text(int(before[3][0, 0, 0, 0]))
     bank.close()
     with BankDirectory(directory.root).open("b") as again:
         mem = again.load_memory()
@@ -171,7 +172,7 @@ def test_round_trip_reopen_gives_identical_retrieval(directory, model, text_file
         assert mem.dtype == torch.bfloat16
         for a, b in zip(before, after):
             assert torch.equal(a, b)
-        assert again.passage(passage.serial) == passage
+        assert again.chunk_text(passage.serial) == passage
         assert passage.text and passage.text in text_file.read_text() and passage.document == "book"
 
 
@@ -196,7 +197,7 @@ def test_delete_document_removes_its_memory(directory, model, text_file, tmp_pat
     assert [d.id for d in bank.documents()] == [b.id]
     assert len(mem) == n_b - (a.n_tokens // 2) * 2
     assert bank.info.epoch == 1 and bank.verify().ok and bank.verify().notes == []
-    assert all(bank.passage(i).document_id == b.id for i in range(0, len(mem) // 2, 7))
+    assert all(bank.chunk_text(i).document_id == b.id for i in range(0, len(mem) // 2, 7))
 
 
 def test_interrupted_ingest_resumes_to_the_same_state(directory, model, text_file):
@@ -278,6 +279,7 @@ def test_one_writer_at_a_time(directory, model, text_file):
     assert ingest(second, model, text_file).action == "ingested"
 
 
+@pytest.mark.heavy
 def test_huge_text_file_streams_with_bounded_memory(directory, model, tmp_path):
     psutil = pytest.importorskip("psutil")
     big = tmp_path / "huge.txt"
@@ -400,7 +402,7 @@ def test_capacity_loads_only_the_newest_chunks_and_quotes_them(directory, model,
     assert len(part) == 200
     assert torch.equal(part.rows[0].k[:, :100], full.rows[0].k[:, full.rows[0].n - 100:full.rows[0].n])
     serial = int(part.search(queries(model), n_chunks=2).chunk_ids[0, 0, 0, 0])
-    assert serial >= full.rows[0].n - 100 and bank.passage(serial).text
+    assert serial >= full.rows[0].n - 100 and bank.chunk_text(serial).text
 
 
 def test_passages_of_a_memory_loaded_before_a_deletion_are_refused(directory, model, text_file):
@@ -409,7 +411,7 @@ def test_passages_of_a_memory_loaded_before_a_deletion_are_refused(directory, mo
     bank.load_memory()
     directory.open("b").delete_document(doc.id)
     with pytest.raises(KeyError, match="load it again"):
-        bank.passage(0)
+        bank.chunk_text(0)
 
 
 def test_leftovers_of_killed_processes_are_swept(directory, model):
@@ -422,9 +424,8 @@ def test_leftovers_of_killed_processes_are_swept(directory, model):
 
 # -- crashes and concurrency, with real processes ------------------------------------------------------------------
 
-WORKER = f"""
+WORKER = """
 import sys
-sys.path.insert(0, {str(TESTS)!r})
 from tiny import tiny_model
 from longmem.storage import BankDirectory
 from longmem.ingest.pipeline import ingest
@@ -435,8 +436,7 @@ print("done")
 
 
 def start_worker(directory, name, path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
-    return subprocess.Popen([sys.executable, "-c", WORKER, str(directory.root), name, str(path)], env=env,
+    return subprocess.Popen([sys.executable, "-c", WORKER, str(directory.root), name, str(path)], env=child_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -455,6 +455,7 @@ def wait_for_segments(directory, name, n, proc, timeout=120.0) -> int:
     raise TimeoutError
 
 
+@pytest.mark.heavy
 def test_kill_9_mid_ingest_leaves_a_bank_that_opens_verifies_and_resumes(directory, model, tmp_path):
     p = tmp_path / "long.txt"
     p.write_text(book(24000))
@@ -481,6 +482,7 @@ def test_kill_9_mid_ingest_leaves_a_bank_that_opens_verifies_and_resumes(directo
             assert torch.equal(a, b)
 
 
+@pytest.mark.heavy
 def test_readers_see_consistent_memory_while_a_writer_ingests(directory, model, tmp_path):
     p = tmp_path / "long.txt"
     p.write_text(book(16000, seed=5))

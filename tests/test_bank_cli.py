@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 from docfiles import extraction_children, slow_pdf
+from helpers import story
 from tiny import small_config, tiny_llama
 
 from longmem.cli.main import main
 from longmem.model.longmem import LongMemModel
 from longmem.storage import BankDirectory
 from longmem.tasks.classify import Classifier
+
+pytestmark = pytest.mark.heavy  # whole command-line runs, end to end
 
 WORDS = "the lamps were lit again while the boat drifted past the mill towards the sea".split()
 
@@ -146,14 +149,12 @@ def test_classifier_scores_every_label_and_reads_the_bank_template(tmp_path, fil
 
 
 def test_chat_reads_and_cites_the_passages_of_a_file_or_a_bank(tmp_path, chat_checkpoint, capsys):
-    from test_passages import story
-
     book = tmp_path / "story.txt"
     book.write_text(story())
     question = "What drifted over the harbour? A zeppelin?"
     common = ["--ask", question, "--checkpoint", chat_checkpoint, "--temperature", "0", "--max-new-tokens", "4",
               "--banks-dir", str(tmp_path / "banks")]
-    assert main(["chat", "--file", str(book), "--reading", "lexical", *common]) == 0
+    assert main(["chat", "--file", str(book), "--finder", "lexical", *common]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"> {question}\n")
     cited = [line for line in out.splitlines() if line.startswith("  [")]

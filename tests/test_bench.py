@@ -77,9 +77,9 @@ def test_a_report_prints_json_then_the_table_and_writes_the_json(tmp_path, capsy
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
 def test_ingestion_work_is_counted_from_the_model_s_own_weights(family):
     import torch
+    from tiny import tiny_model
 
     from longmem.bench.limits import ingest_flops
-    from tiny import tiny_model
 
     model = tiny_model(family)
     spec, n, T = model.backbone.spec, model.cached_layer, model.segment_len
@@ -99,9 +99,9 @@ def test_ingestion_work_is_counted_from_the_model_s_own_weights(family):
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_the_matmul_rate_is_measured_on_the_model_s_shapes_and_dtype(family, dtype):
     import torch
+    from tiny import tiny_model
 
     from longmem.bench.limits import ingest_flops, matmul_rate, share
-    from tiny import tiny_model
 
     model = tiny_model(family, dtype=getattr(torch, dtype))
     rate = matmul_rate(model, batch_segments=2, min_seconds=0.05, blocks=2)
@@ -112,8 +112,9 @@ def test_the_matmul_rate_is_measured_on_the_model_s_shapes_and_dtype(family, dty
 
 
 def test_a_segment_s_profile_names_its_ops_and_the_matmul_share():
-    from longmem.bench.limits import profile_segment
     from tiny import tiny_model
+
+    from longmem.bench.limits import profile_segment
 
     prof = profile_segment(tiny_model(), reps=1, top=5)
     assert prof["segment_s"] > 0 and 0 < prof["matmul_share"] <= 1 and len(prof["top"]) == 5
@@ -122,6 +123,7 @@ def test_a_segment_s_profile_names_its_ops_and_the_matmul_share():
     assert any(t["op"] in ("aten::mm", "aten::addmm", "aten::bmm") for t in prof["top"])
 
 
+@pytest.mark.heavy
 def test_the_gpu_benchmark_runs_its_three_measures_on_the_cpu_at_quick_sizes(tmp_path, capsys):
     """``make gpu-check``'s benchmark, at its small sizes on the CPU: the same code the GPU runs."""
     from longmem.bench.gpu import QUICK, main

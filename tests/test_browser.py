@@ -18,15 +18,11 @@ from __future__ import annotations
 import os
 import random
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from browser import (  # noqa: E402
+from browser import (
     MS,
     VIEWPORT,
     BrowserUnavailable,
@@ -45,7 +41,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 BANK = "gull_point"  # the bank a dropped gull_point.txt gets
 QUESTION = "Who kept the lighthouse on Gull Point, and what did he do every evening? Tell me about him."
-PASSAGES = "Passages memory retrieved"
+RETRIEVED = "What memory retrieved"
 READ = "Read from the book"
 
 OPENING = """\
@@ -215,7 +211,7 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
             page.wait_for_function("() => window.__answers.length >= 12 || window.__passagesAt !== null",
                                    timeout=300 * MS)
             page.screenshot(path=str(shots / "3-streaming.png"), full_page=True)
-            page.locator("#chatbot .thought-group", has_text=PASSAGES).wait_for(timeout=300 * MS)
+            page.locator("#chatbot .thought-group", has_text=RETRIEVED).wait_for(timeout=300 * MS)
             wait_idle(page, "chatbot", timeout_s=120)
             timings["answer"] = time.perf_counter() - t0
             answers = page.evaluate("() => window.__answers")

@@ -55,6 +55,7 @@ def _huge_kb(mode: str, env: dict) -> int:
 
 @pytest.mark.skipif(not THP_MODE.exists() or "[madvise]" not in THP_MODE.read_text(),
                     reason="needs Linux transparent huge pages in 'madvise' mode (the only mode where asking matters)")
+@pytest.mark.heavy
 def test_large_tensors_get_huge_pages_only_when_set_up():
     env = {k: v for k, v in os.environ.items() if k != THP_VARIABLE}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])

@@ -13,8 +13,8 @@ from longmem.storage import BankDirectory
 from longmem.tasks import classify as CL
 from longmem.tasks import examples as EX
 from longmem.tasks import measure as ME
-from longmem.tasks.classify import Classifier, ClassifierSpec, calibrate
-from longmem.tasks.demos import Choice, DemoFinder, accuracy_vs_bank, balanced, demo_pattern, grow_bank, parse_demo
+from longmem.tasks.classify import Choice, Classifier, ClassifierSpec, calibrate
+from longmem.tasks.demos import DemoFinder, accuracy_vs_bank, balanced, demo_pattern, grow_bank, parse_demo
 from longmem.tasks.examples import Example
 
 TEMPLATE = "Review: {text} Sentiment: {label}"
@@ -179,6 +179,7 @@ def test_grow_bank_adds_only_what_each_step_adds(tmp_path, model):
     b.close()
 
 
+@pytest.mark.heavy
 def test_accuracy_vs_bank(tmp_path, model):
     data = demos_set(20)
     test, memory_examples = data[:4], data[4:]

@@ -227,6 +227,7 @@ def test_a_training_step_under_bfloat16_autocast(tmp_path, scope):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.heavy
 def test_every_eval_suite_runs_in_both_dtypes(dtype, tmp_path, capsys):
     """``longmem eval all --quick`` (sizes cut further) on a tiny llama saved as a local model directory, whose native
     context is 8k like SmolLM2's: every suite runs in ``--dtype`` and its record says the dtype it ran in."""

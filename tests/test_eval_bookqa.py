@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_passages import story
+from helpers import story
 from tiny import chat_model
 
 from longmem.eval.bookqa import gold_found, spliced

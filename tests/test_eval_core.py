@@ -135,18 +135,19 @@ def test_rigged_icl_labels_give_exactly_100_and_0_percent(llama):
     the suite's scoring after a shared prefix, its protocol and its accuracy agree with ``SegmentLM.score``."""
     lm = memory_model(llama, segment_len=256)
     task = toy_task([])
-    bank = icl.memory_bank(lm, task.memory, TEMPLATE, chunk_size=2)
+    memory = icl.demo_memory(lm, task.memory, TEMPLATE, chunk_size=2)
     tok, context = lm.backbone.tokenizer, icl.context_ids(llama.tokenizer, TEMPLATE, task.shots(2))
     texts = ["a dull, slow film", "warm and funny", "it was fine", "the plot made no sense"]
     own = []
     for text in texts:
         prompt = context + tok("Review: " + text + " Sentiment:", add_special_tokens=False).input_ids
-        scores = {w: lm.score(prompt, tok(" " + w, add_special_tokens=False).input_ids, bank) for w in PRESET.labels}
+        scores = {w: lm.score(prompt, tok(" " + w, add_special_tokens=False).input_ids, memory) for w in PRESET.labels}
         own.append(max(scores, key=scores.get))
-    right = icl.classify(lm, bank, context, TEMPLATE, PRESET.labels, [Example(t, w) for t, w in zip(texts, own)])
+    right = icl.classify(lm, memory, context, TEMPLATE, PRESET.labels, [Example(t, w) for t, w in zip(texts, own)])
     assert right.label_acc == 1.0 and right.predictions == own
     other = {"positive": "negative", "negative": "positive"}
-    wrong = icl.classify(lm, bank, context, TEMPLATE, PRESET.labels, [Example(t, other[w]) for t, w in zip(texts, own)])
+    flipped = [Example(t, other[w]) for t, w in zip(texts, own)]
+    wrong = icl.classify(lm, memory, context, TEMPLATE, PRESET.labels, flipped)
     assert wrong.label_acc == 0.0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tiny import chat_model, char_tokenizer
+from tiny import char_tokenizer, chat_model
 
 from longmem.eval.core import EvalContext
 from longmem.eval.datasets.recall import NAME_FACTS, NUMBER_FACTS, make_fact_passage
@@ -30,6 +30,7 @@ def test_a_fact_passage_states_its_fact_between_whole_sentences():
         make_fact_passage(tok, ids[:50], np.random.default_rng(0), n_tokens=120)
 
 
+@pytest.mark.heavy
 def test_a_run_answers_every_fact_at_each_distance_and_resumes(tmp_path):
     from longmem.eval.facts import Size, items, run
     from longmem.eval.recall import filler

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_passages import story
+from helpers import story
 from tiny import chat_model
 
 from longmem.eval.core import EvalContext
@@ -63,6 +63,7 @@ def test_the_passage_holding_the_evidence_is_gold(tmp_path):
         assert gold_passages(bank, doc.id, text.replace("zeppelin", "balloon"), qs[0]) is None  # not in the text
 
 
+@pytest.mark.heavy
 def test_a_run_answers_each_book_once_and_leaves_out_cut_evidence(tmp_path):
     data, out = data_folder(tmp_path), tmp_path / "out"
     none = {"book": "tale.txt", "question": "What colour was the captain's hat?", "answers": [],

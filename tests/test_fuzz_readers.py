@@ -1,10 +1,10 @@
-"""Property-based fuzzing of every reader (txt, md, html, epub, pdf, csv, tsv, jsonl) with Hypothesis: mutated bytes
-of small valid files, truncated files, wrong extensions, deep nesting, huge single lines, zero-width and control
-characters, mixed encodings.
+"""Property-based fuzzing of every reader (txt, md, html, epub, pdf, srt, csv, tsv, jsonl) with Hypothesis: mutated
+bytes of small valid files, truncated files, wrong extensions, deep nesting, huge single lines, zero-width and
+control characters, mixed encodings.
 
 The property: reading a file returns its text or raises ``InputError``, never another exception, within its time
 budget and without growing memory past its budget. Most examples run the readers in this process (what the
-extraction child runs: ``check_source``, then ``documents.extract`` or the plain-text stream), where time and peak
+extraction child runs: ``check_source``, then ``formats.extract`` or the plain-text stream), where time and peak
 memory are measured per example; a share runs through the child itself (``open_source``), where the caps hold by
 construction and the property is the same. The default run takes about a minute; ``pytest -m slow`` runs 25 times
 as many examples.
@@ -26,7 +26,7 @@ from docfiles import chapter, package, pdf_bytes, text_stream, write_epub
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from longmem.ingest.documents import extract
+from longmem.ingest.formats import extract
 from longmem.ingest.limits import MIB, ExtractLimits
 from longmem.ingest.readers import check_source, open_source
 from longmem.text.io import InputError
@@ -38,7 +38,7 @@ SLOW = 25  # the slow run's multiple of the examples
 ZERO_WIDTH_AND_CONTROL = ("\u200b\u200c\u200d\u2060\ufeff\u00ad\u202e\u2028\u2029\ue000\ue001\x85\x0b\x0c\x1c\x1f"
                           "\x7f\x00\x01\x1b\t\r\n ")
 ENCODINGS = ("utf-8", "latin-1", "cp1252", "utf-16-le", "utf-16", "shift_jis", "koi8-r", "utf-32")
-EXTS = ("txt", "md", "html", "epub", "pdf", "csv", "tsv", "jsonl")
+EXTS = ("txt", "md", "html", "epub", "pdf", "srt", "csv", "tsv", "jsonl")
 
 
 @functools.cache
@@ -64,6 +64,8 @@ def valid() -> dict[str, bytes]:
         "epub": epub.getvalue(),
         "pdf": pdf_bytes([text_stream("Page one says hello."), text_stream("Page two (second).")], title="Two"),
         "fpdf": bytes(pdf.output()),
+        "srt": b"1\n00:00:01,000 --> 00:00:02,500\n<i>Hello</i> there.\n\n2\n00:00:02,600 --> 00:00:04,000\nGeneral\n"
+               b"Kenobi.\n",
         "csv": b'text,label\n"A gripping, moving film.",1\nDull and slow.,0\n',
         "tsv": b"text\tlabel\nhide new secretions\t0\nthe greatest musicians\t1\n",
         "jsonl": b'{"text": "great", "label": 1}\n{"text": "awful", "label": 0, "id": 7}\n',
@@ -180,6 +182,8 @@ def wrap(ext: str, text: bytes) -> bytes:
     if ext == "pdf":
         return pdf_bytes([b"BT /F1 12 Tf 72 720 Td (" + text.replace(b"\\", b"\\\\").replace(b"(", b"\\(")
                           .replace(b")", b"\\)") + b") Tj ET"])
+    if ext == "srt":
+        return b"1\n00:00:01,000 --> 00:00:02,000\n" + text + b"\n"
     if ext == "jsonl":
         return b'{"text": "' + text.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'", "label": 1}\n'
     sep = b"\t" if ext == "tsv" else b","
@@ -282,12 +286,14 @@ def cases() -> dict[str, tuple]:
 
 
 @pytest.mark.parametrize("case", NAMES)
+@pytest.mark.heavy
 def test_fuzz(case):
     strategy, prop, examples = cases()[case]
     fuzz(strategy, prop, examples)()
 
 
-@pytest.mark.parametrize("ext", ["txt", "html", "csv", "tsv", "jsonl", "pdf", "epub"])
+@pytest.mark.parametrize("ext", ["txt", "html", "csv", "tsv", "jsonl", "pdf", "epub", "srt"])
+@pytest.mark.heavy
 def test_huge_single_line(ext):
     """One line of 8 MiB without a newline (or a space, for the text kinds) in each kind."""
     line = b"x" * (8 * MIB)
@@ -308,4 +314,5 @@ def test_the_valid_files_read():
     assert texts["epub"] == "One\n\nIt was the best of times.\n\nIt was the worst of times.\nYes."
     assert texts["pdf"] == "Page one says hello.\n\nPage two (second)." and "Revenue went up." in texts["fpdf"]
     assert texts["jsonl"] == "Review: great Sentiment: 1\n\nReview: awful Sentiment: 0"
+    assert texts["srt"] == "Hello there. General Kenobi."
     assert all(texts.values())

@@ -79,7 +79,7 @@ def test_longmem_chat_answers_from_a_gguf_backbone(tmp_path, capsys):
 def test_the_workspace_loads_a_gguf_lists_it_and_answers_from_a_bank_built_with_it(tmp_path):
     from tiny import chat_model
 
-    from longmem.service.workspace import Settings, Workspace
+    from longmem.service import Settings, Workspace
     from longmem.storage import BankDirectory
 
     path = tmp_path / "tiny-qwen2.gguf"

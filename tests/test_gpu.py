@@ -83,7 +83,7 @@ def test_memory_search_on_the_gpu_finds_what_faiss_finds(dtype):
 
 
 def test_a_bank_ingested_on_the_gpu_reopens_on_the_cpu_and_answers_the_same(tmp_path):
-    from test_passages import story
+    from helpers import story
 
     from longmem.ingest.pipeline import ingest
     from longmem.storage import BankDirectory

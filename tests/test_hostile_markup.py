@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from docfiles import NCX, package, write_epub
 
-from longmem.ingest.documents import extract
+from longmem.ingest.formats import extract
 from longmem.ingest.limits import ExtractLimits
 from longmem.ingest.readers import open_source
 
@@ -72,7 +72,7 @@ PAGE_TEXT = "Before &xxe; and &remote; and &lol9; after.\n\nEnd."
 
 
 def read(path: Path, kind: str, tmp_path: Path, inline: bool) -> tuple[str, str]:
-    """(title, text) of a file, read in this process (``documents.extract``) or as the app does (a child)."""
+    """(title, text) of a file, read in this process (``formats.extract``) or as the app does (a child)."""
     if inline:
         out = tmp_path / "out.txt"
         facts = extract(path, kind, out, ExtractLimits())

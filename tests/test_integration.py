@@ -143,7 +143,7 @@ def test_book_bank_round_trip_on_the_real_backbone(model, backbone, book_text, t
         assert torch.allclose(memory.rows[0].v[:, :n], ref.rows[0].v[:, :n].float(), atol=tol, rtol=0)
         again = memory.search(q, n_chunks=4)
         assert torch.equal(first.chunk_ids, again.chunk_ids) and torch.equal(first.keys, again.keys)
-        passage = bank.passage(int(again.chunk_ids[0, 0, 0, 0]))
+        passage = bank.chunk_text(int(again.chunk_ids[0, 0, 0, 0]))
         shown = reflow(book_text)  # the passage and its context are reflowed, "…" where the context was cut
         assert passage.text.strip() and passage.text in passage.context and passage.context.strip(ELLIPSIS) in shown
 
@@ -195,7 +195,7 @@ def test_the_shipped_sidenet_answers_with_a_bank_in_memory(dtype, book_text, tmp
     """What a user does first: the default model (the shipped compact SideNet, in this dtype) reads a piece of a book
     into a bank and answers a question about it, with the passages it read and those memory retrieved; the answer
     is checked against what it read, so it comes a sentence at a time."""
-    from longmem.service.workspace import Settings, Workspace
+    from longmem.service import Settings, Workspace
     from longmem.storage import BankDirectory
 
     piece = tmp_path / "gatsby.txt"
@@ -212,6 +212,6 @@ def test_the_shipped_sidenet_answers_with_a_bank_in_memory(dtype, book_text, tmp
         assert pieces and reply.said and any(w in reply.text for w in right) and len(_words(reply.text)) >= 4, \
             reply.text
         assert reply.citations and any(w in c.text for c in reply.citations for w in right)
-        assert reply.passages and all(p.text.strip() in book_text for p in reply.passages)
+        assert reply.retrieved and all(p.text.strip() in book_text for p in reply.retrieved)
     finally:
         ws.close()

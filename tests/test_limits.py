@@ -19,7 +19,6 @@ from tiny import chat_model
 from longmem.ingest.limits import MIB, ExtractLimits, LimitError
 from longmem.ingest.pipeline import ingest
 from longmem.ingest.readers import DemoFormat, check_source, open_source
-from longmem.storage import BankDirectory
 from longmem.text.io import InputError
 
 # a guard against a hung extraction, not a speed target: refusals take well under a second on an idle machine
@@ -68,15 +67,11 @@ def temp_dir(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def bank(tmp_path):
+def bank(bank_of):
     """A bank holding one small book, with a model to ingest through."""
     model = chat_model()
-    book = tmp_path / "book.txt"
-    book.write_text("".join(f"Line {i}: the keeper of the lighthouse counted gulls.\n" for i in range(20)))
-    b = BankDirectory(tmp_path / "banks").create("b", model)
-    ingest(b, model, book)
-    yield b, model
-    b.close()
+    text = "".join(f"Line {i}: the keeper of the lighthouse counted gulls.\n" for i in range(20))
+    return bank_of(model, text, filename="book.txt"), model
 
 
 def snapshot(bank) -> tuple:
@@ -98,6 +93,7 @@ def refused(bank, model, path: Path, limits: ExtractLimits, limit: str) -> Watch
 # -----------------------------------------------------------------------------
 # the evidence the issue asks for
 
+@pytest.mark.heavy
 def test_zip_bomb_epub_is_refused_from_its_directory(bank, tmp_path, temp_dir):
     model = bank[1]
     bomb = bomb_epub(tmp_path / "bomb.epub", 192 * MIB)  # deflates ~270 times
@@ -111,6 +107,7 @@ def test_zip_bomb_epub_is_refused_from_its_directory(bank, tmp_path, temp_dir):
     assert list(temp_dir.iterdir()) == []
 
 
+@pytest.mark.heavy
 def test_zip_bomb_past_every_directory_check_is_stopped_by_its_text(bank, tmp_path, temp_dir):
     """With the directory checks set out of the way, the inflated text itself is counted as it is read."""
     bomb = bomb_epub(tmp_path / "bomb.epub", 192 * MIB)
@@ -120,6 +117,7 @@ def test_zip_bomb_past_every_directory_check_is_stopped_by_its_text(bank, tmp_pa
     assert list(temp_dir.iterdir()) == []
 
 
+@pytest.mark.heavy
 def test_pdf_stream_bomb_is_refused_by_pypdf_limit(bank, tmp_path, temp_dir):
     bomb = bomb_pdf(tmp_path / "bomb.pdf", 32 * MIB)
     assert bomb.stat().st_size < 100_000
@@ -194,6 +192,7 @@ def test_plain_text_limit_counts_characters_not_bytes(tmp_path):
         check_source(p, limits=ExtractLimits(max_chars=299))
 
 
+@pytest.mark.heavy
 def test_time_cap_stops_the_child(tmp_path, temp_dir):
     slow = slow_pdf(tmp_path / "slow.pdf")
     w = Watch(lambda: open_source(slow, limits=ExtractLimits(max_extract_seconds=1)))
@@ -203,6 +202,7 @@ def test_time_cap_stops_the_child(tmp_path, temp_dir):
     assert psutil.Process().children() == [] and list(temp_dir.iterdir()) == []
 
 
+@pytest.mark.heavy
 def test_memory_cap_stops_the_child(tmp_path, temp_dir):
     slow = slow_pdf(tmp_path / "slow.pdf", per_page=3_000_000)  # one page's operations at once: hundreds of MiB
     w = Watch(lambda: open_source(slow, limits=ExtractLimits(max_extract_memory_mb=256)))
@@ -212,6 +212,7 @@ def test_memory_cap_stops_the_child(tmp_path, temp_dir):
     assert psutil.Process().children() == [] and list(temp_dir.iterdir()) == []
 
 
+@pytest.mark.heavy
 def test_a_content_stream_past_pypdf_parsing_budget_is_refused_by_name(tmp_path, temp_dir):
     from pypdf import Configuration
 
@@ -231,6 +232,7 @@ def test_a_child_that_cannot_even_start_is_an_input_error(tmp_path):
         open_source(p, limits=ExtractLimits(max_extract_memory_mb=8))  # too little for the interpreter
 
 
+@pytest.mark.heavy
 def test_cancelling_ends_the_extraction_at_once(tmp_path, temp_dir):
     class Stop(Exception):
         pass

@@ -2,7 +2,6 @@
 the gate, checkpoints."""
 
 import json
-
 from dataclasses import replace
 
 import pytest

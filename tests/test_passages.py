@@ -3,41 +3,19 @@ FTS5 index in a real bank, finding them by words and by the chunks memory retrie
 
 from __future__ import annotations
 
-import random
 import sqlite3
 import textwrap
 from dataclasses import replace
 
 import pytest
+from helpers import story
 from tiny import tiny_model
 
 from longmem.ingest.pipeline import ingest
 from longmem.storage import BankDirectory
 from longmem.storage import passages as bank_passages
-from longmem.storage.passages import PassageRef
-from longmem.text.passages import (ELLIPSIS, MAX_TOKENS, Chapters, PassageCutter, cut_passages, excerpt,
-                                   reflow)
-
-NOUNS = ["keeper", "lantern", "harbour", "ferry", "orchard", "miller", "widow", "captain", "stable", "bridge"]
-VERBS = ["counted", "painted", "mended", "watched", "carried", "sold", "found", "lost"]
-
-
-def story(chapters: int = 3, paragraphs: int = 6, seed: int = 0, zeppelin: bool = True) -> str:
-    """A book of ``chapters`` chapters ("CHAPTER I", ...) of prose paragraphs; with ``zeppelin``, chapter 2's third
-    paragraph tells of a zeppelin (a word found nowhere else)."""
-    rng = random.Random(seed)
-    out = ["THE LIGHTHOUSE STORY\n\n"]
-    for c in range(chapters):
-        out.append(f"CHAPTER {'I' * (c + 1)}\n\n")
-        for p in range(paragraphs):
-            sentences = [f"The {rng.choice(NOUNS)} {rng.choice(VERBS)} {rng.randint(2, 99)} "
-                         f"{rng.choice(NOUNS)}s before {rng.choice(['dawn', 'noon', 'dusk'])}."
-                         for _ in range(rng.randint(3, 7))]
-            if zeppelin and (c, p) == (1, 2):
-                sentences.insert(1, "A silver zeppelin drifted over the harbour that morning.")
-            out.append(" ".join(sentences) + "\n\n")
-    return "".join(out)
-
+from longmem.storage.passages import Passage
+from longmem.text.passages import ELLIPSIS, MAX_TOKENS, Chapters, PassageCutter, cut_passages, excerpt, reflow
 
 # ---------------------------------------------------------------------------------------------------- cutting
 
@@ -121,7 +99,7 @@ def test_a_place_names_the_part_the_chapter_and_where_in_the_book():
                                "Part Two, chapter II"]
     assert chapters.headings == ["PART ONE I", "II", "PART TWO I", "II"]  # as the book prints them
     at = text.index("The p3s5w0")
-    ref = PassageRef(id=1, document_id=1, document="Two Parts", chapter=chapters.heading(at), char_start=at,
+    ref = Passage(id=1, document_id=1, document="Two Parts", chapter=chapters.heading(at), char_start=at,
                      char_end=at + 10, document_chars=len(text), text="The p3s5w0", label=chapters.label(at))
     percent = f"{at / len(text):.0%}"
     assert ref.place() == f"Two Parts, Part Two, chapter II, {percent} through the book"
@@ -182,13 +160,8 @@ def model():
 
 
 @pytest.fixture
-def bank(tmp_path, model):
-    book = tmp_path / "story.txt"
-    book.write_text(story())
-    bank = BankDirectory(tmp_path / "banks").create("b", model)
-    ingest(bank, model, book)
-    yield bank
-    bank.close()
+def bank(bank_of, model):
+    return bank_of(model, story())
 
 
 def passages(bank) -> list[tuple]:

@@ -131,6 +131,7 @@ def test_answer_probe_attention_is_the_memory_layers_softmax_over_memory():
     assert answers_markdown(result).count("\n") == len(items) + 3
 
 
+@pytest.mark.heavy
 def test_linear_readout_names_unseen_tokens_only_when_the_features_carry_them():
     from training.probe import fit_readout, readout_accuracy
 

@@ -6,12 +6,13 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longmem.ingest import readers
+from longmem.ingest import formats, readers
 from longmem.ingest.readers import Block, DemoFormat, InputError, open_source
 
 SENTIMENT = {"0": "negative", "1": "positive"}
@@ -140,7 +141,7 @@ def test_html_without_text_is_refused(tmp_path):
 
 
 def test_extracted_files_over_the_limit_are_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(readers, "MAX_EXTRACT_BYTES", 100)
+    monkeypatch.setitem(formats.BY_SUFFIX, ".html", replace(formats.BY_SUFFIX[".html"], max_bytes=100))
     p = tmp_path / "big.html"
     p.write_text("<p>" + "word " * 100 + "</p>")
     with pytest.raises(InputError, match=r"big\.html.*larger than"):
@@ -155,6 +156,7 @@ def test_html_doctype_internal_subset_leaves_no_text(tmp_path):
     assert (src.title, all_text(src)) == ("T", "Kept &xxe; literal.")
 
 
+@pytest.mark.heavy
 def test_a_long_html_document_reads_in_time_linear_in_its_size():
     """16 MiB of paragraphs in one document: the former tree-based extraction was quadratic here (minutes)."""
     from longmem.ingest.htmltext import html_paragraphs
@@ -400,7 +402,7 @@ def test_blocks_start_bounds(tmp_path):
 
 
 def test_default_block_size_and_limits():
-    assert readers.BLOCK_BYTES == 256 * 1024 and readers.MAX_EXTRACT_BYTES == 256 * 1024 * 1024
+    assert readers.BLOCK_BYTES == 256 * 1024 and formats.MAX_EXTRACT_BYTES == 256 * 1024 * 1024
 
 
 # -----------------------------------------------------------------------------
@@ -415,6 +417,7 @@ def _status_kb(field: str) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc to measure memory")
+@pytest.mark.heavy
 def test_200mb_file_streams_with_bounded_memory(tmp_path):
     lines = [f"{i} the quick brown fox — jumps over the lazy dog; ünïcödé 日本語 {'x' * (i % 97)}\n"
              for i in range(6000)]

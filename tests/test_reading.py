@@ -7,16 +7,26 @@ import json
 import re
 
 import pytest
-from test_passages import story
+from helpers import story
 from tiny import chat_model
 
 from longmem.ingest.pipeline import ingest
-from longmem.service.workspace import Settings, Workspace
-from longmem.storage import BankDirectory
 from longmem.model.lm import Sampling
+from longmem.service import Settings, Workspace
+from longmem.storage import BankDirectory
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import (INSTRUCTION, PASSAGES_READ, READING_TOPK, PassageFinder, Reading, citations,
-                                   find_for_chat, fit, fuse, reading_prompt)
+from longmem.tasks.reading import (
+    INSTRUCTION,
+    PASSAGES_READ,
+    READING_TOPK,
+    PassageFinder,
+    Reading,
+    citations,
+    find_for_chat,
+    fit,
+    fuse,
+    reading_prompt,
+)
 from longmem.text.passages import ELLIPSIS
 
 QUESTION = "What drifted over the harbour? A zeppelin?"
@@ -64,9 +74,10 @@ def test_an_answer_reads_fewer_memory_tokens_while_it_reads_passages():
 
 
 def test_the_chat_searches_memory_at_the_reading_k_while_it_reads(tmp_path, monkeypatch):
+    from tiny import CHAT_TEMPLATE, small_config, tiny_llama
+
     from longmem.memory.memory import Memory
     from longmem.model.longmem import LongMemModel
-    from tiny import CHAT_TEMPLATE, small_config, tiny_llama
 
     backbone = tiny_llama()
     backbone.tokenizer.chat_template = CHAT_TEMPLATE
@@ -80,12 +91,12 @@ def test_the_chat_searches_memory_at_the_reading_k_while_it_reads(tmp_path, monk
         real = getattr(Memory, name)
         monkeypatch.setattr(Memory, name, lambda self, q, n, real=real: asked.append(n) or real(self, q, n))
     try:
-        for settings, want in [(Settings(reading="lexical"), READING_TOPK // 2), (Settings(reading="none"), 512),
-                               (Settings(reading="lexical", chunks=5), 5)]:
+        for settings, want in [(Settings(finder="lexical"), READING_TOPK // 2), (Settings(finder="none"), 512),
+                               (Settings(finder="lexical", chunks=5), 5)]:
             asked.clear()
             reply = ws.chat("b", QUESTION, Settings(**{**settings.__dict__, "max_new_tokens": 2, "temperature": 0}))
             list(reply)
-            assert bool(reply.citations) == (settings.reading != "none") and set(asked) == {want}, settings
+            assert bool(reply.citations) == (settings.finder != "none") and set(asked) == {want}, settings
     finally:
         ws.close()
 
@@ -94,16 +105,16 @@ def test_the_excerpts_read_need_not_search_memory(searched_queries):
     model = chat_model(segment_len=256)
     memory = model.new_memory(capacity=None)
     model.memorize(model.backbone.tokenizer(story()[:400], return_tensors="pt").input_ids, memory)
-    reading = f"Read these excerpts.\n\n[1] (story)\nA zeppelin drifted over the harbour.\n\nQuestion: {QUESTION}"
+    excerpts = f"Read these excerpts.\n\n[1] (story)\nA zeppelin drifted over the harbour.\n\nQuestion: {QUESTION}"
     searched = searched_queries
     chat = Chat(model, memory, Sampling(max_new_tokens=2, temperature=0))
     list(chat.ask("Hello?"))  # an earlier turn, in the window
-    for search_reading in (True, False):
+    for search_excerpts in (True, False):
         searched.clear()
-        prompt = chat.prompt_ids(QUESTION, reading).shape[1]  # the earlier turn, the excerpts, the question
-        list(chat.ask(QUESTION, reading, search_reading=search_reading))
+        prompt = chat.prompt_ids(QUESTION, excerpts).shape[1]  # the earlier turn, the excerpts, the question
+        list(chat.ask(QUESTION, excerpts, search_excerpts=search_excerpts))
         tail = len(" " + QUESTION + "\n<assistant>")  # one token per character, the space before the question too
-        assert sum(searched) == (prompt if search_reading else tail) + 2, search_reading  # then each answer token
+        assert sum(searched) == (prompt if search_excerpts else tail) + 2, search_excerpts  # then each answer token
         chat.history = chat.history[:2]
 
 
@@ -182,7 +193,7 @@ def test_a_chat_answer_reads_and_cites_its_passages(ws, monkeypatch):
     seen = []
     generate = ws.model.generate
     monkeypatch.setattr(ws.model, "generate", lambda ids, *a, **k: seen.append(ids) or generate(ids, *a, **k))
-    reply = ws.chat("b", QUESTION, Settings(max_new_tokens=8, temperature=0, reading="lexical", passages=3))
+    reply = ws.chat("b", QUESTION, Settings(max_new_tokens=8, temperature=0, finder="lexical", passages=3))
     list(reply)
     assert 1 <= len(reply.citations) <= 3 and "zeppelin" in reply.citations[-1].text  # the best, read last
     c = reply.citations[-1]
@@ -198,7 +209,7 @@ def test_a_chat_answer_reads_and_cites_its_passages(ws, monkeypatch):
 
 
 def test_reading_off_is_the_paper_memory_fusion_alone(ws):
-    reply = ws.chat("b", QUESTION, Settings(max_new_tokens=4, temperature=0, reading="none"))
+    reply = ws.chat("b", QUESTION, Settings(max_new_tokens=4, temperature=0, finder="none"))
     list(reply)
     assert reply.citations == [] and ws.chat_history("b")[-1]["citations"] == []
 
@@ -210,4 +221,4 @@ def test_turns_stored_before_reading_existed_still_load(ws):
             {"role": "assistant", "content": "yes", "created": "then", "passages": json.dumps([
                 {"document": "story", "location": "part 1 of 2", "text": "t", "context": "c t c", "hits": 3}])}])
     old = ws.chat_history("b")[-1]
-    assert old["citations"] == [] and old["passages"][0].hits == 3
+    assert old["citations"] == [] and old["retrieved"][0].hits == 3

@@ -88,6 +88,7 @@ def test_a_pdf_title_from_its_metadata(tmp_path):
     assert book_title(p) == "Quarterly Report"
 
 
+@pytest.mark.heavy
 def test_files_without_a_title_give_none(tmp_path):
     plain, html = tmp_path / "notes.txt", tmp_path / "page.html"
     plain.write_text("The Keeper of Gull Point\n\nThe lamp was lit at six.\n")
@@ -100,6 +101,7 @@ def test_files_without_a_title_give_none(tmp_path):
         assert book_title(p) is None, p
 
 
+@pytest.mark.heavy
 def test_bad_and_hostile_files_give_none_without_raising(tmp_path):
     junk_epub, junk_pdf = tmp_path / "junk.epub", tmp_path / "junk.pdf"
     junk_epub.write_bytes(b"PK\x03\x04" + os.urandom(2000))

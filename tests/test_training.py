@@ -5,17 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import child_env
 from tiny import tiny_model
 
 from training.data import Document
 from training.train import TrainConfig, Trainer, learning_rate
-
-TESTS = Path(__file__).parent
 
 
 def documents(n: int = 4, length: int = 160) -> list[Document]:
@@ -82,6 +80,7 @@ def test_backbone_weights_do_not_change(tmp_path):
 
 
 @pytest.mark.parametrize("scope", ["full", "compact"])
+@pytest.mark.heavy
 def test_resume_equals_an_uninterrupted_run(tmp_path, scope):
     docs = documents()
     whole = Trainer(config(tmp_path / "a", train_scope=scope), docs, model=model(scope))
@@ -140,6 +139,7 @@ def test_number_tokens_are_digits_and_blanks():
     assert sorted(tok.decode([i]) for i in numbers.nonzero().flatten().tolist()) == sorted("0123456789 \n")
 
 
+@pytest.mark.heavy
 def test_scales_get_their_own_learning_rate(tmp_path):
     from training.train import param_groups
 
@@ -168,9 +168,8 @@ def test_scales_get_their_own_learning_rate(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-DDP_WORKER = f"""
+DDP_WORKER = """
 import sys
-sys.path.insert(0, {str(TESTS)!r})
 from test_training import config, documents, model
 from pathlib import Path
 from training.train import Trainer
@@ -178,12 +177,13 @@ Trainer(config(Path(sys.argv[1]), batch_size=1, steps=3), documents(), model=mod
 """
 
 
+@pytest.mark.heavy
 def test_ddp_with_two_gloo_processes_matches_one_process(tmp_path):
     single = Trainer(config(tmp_path / "single", steps=3), documents(), model=model())
     single.fit(progress=False)
     script = tmp_path / "worker.py"
     script.write_text(DDP_WORKER)
-    env = {**os.environ, "PYTHONPATH": str(TESTS.parent), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            "--master_port", str(29500 + os.getpid() % 1000), str(script), str(tmp_path / "ddp")],
                           env=env, capture_output=True, text=True, timeout=300)

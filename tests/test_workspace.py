@@ -13,12 +13,12 @@ from tiny import chat_model
 
 from longmem.ingest.limits import MIB
 from longmem.memory.memory import MemoryView
+from longmem.service import Settings, Workspace
 from longmem.service.jobs import Cancelled, JobManager
-from longmem.service.workspace import Settings, Workspace
 from longmem.storage import BankDirectory
 from longmem.storage.records import BankBusy, BankMismatch, UnknownBank
-from longmem.text.passages import ELLIPSIS, reflow
 from longmem.text.io import InputError
+from longmem.text.passages import ELLIPSIS, reflow
 
 JOB_TIMEOUT = 600  # seconds: a guard against a hung job, not a speed target (a loaded CI machine is slow)
 
@@ -75,6 +75,7 @@ def test_upload_size_limit(tmp_path, book):
         ws.ingest("b", [book], create=True)
 
 
+@pytest.mark.heavy
 def test_cancel_stops_a_job_and_keeps_what_was_stored(ws, tmp_path):
     big = tmp_path / "big.txt"
     big.write_text("word " * 40000)
@@ -109,17 +110,17 @@ def test_jobs_run_in_order_and_report_failures():
     assert not jobs.busy("x")
 
 
-def test_chat_streams_stores_turns_and_shows_passages(ws, book):
+def test_chat_streams_stores_turns_and_shows_what_memory_retrieved(ws, book):
     ingested(ws, book)
     reply = ws.chat("b", "How many gulls?", FAST)
     pieces = list(reply)
     assert len(pieces) >= 1 and reply.text == "".join(pieces)
-    assert reply.passages and all(p.document == "book" and p.location.startswith("part ") for p in reply.passages)
-    shown = reflow(book.read_text())  # a passage and its context are reflowed, "…" where the context was cut
-    assert all(p.text in p.context and p.context.strip(ELLIPSIS) in shown for p in reply.passages)
+    assert reply.retrieved and all(p.document == "book" and p.location.startswith("part ") for p in reply.retrieved)
+    shown = reflow(book.read_text())  # a chunk and its context are reflowed, "…" where the context was cut
+    assert all(p.text in p.context and p.context.strip(ELLIPSIS) in shown for p in reply.retrieved)
     history = ws.chat_history("b")
     assert [(t["role"], t["content"]) for t in history] == [("user", "How many gulls?"), ("assistant", reply.text)]
-    assert history[0]["passages"] == [] and history[1]["passages"] == reply.passages  # stored with the answer
+    assert history[0]["retrieved"] == [] and history[1]["retrieved"] == reply.retrieved  # stored with the answer
 
 
 def test_a_dropped_book_gets_a_bank_of_its_own_loads_and_answers(book, tmp_path):
@@ -169,6 +170,7 @@ def test_a_dropped_file_that_is_refused_leaves_no_bank(ws, tmp_path):
     assert ws.banks() == [] and ws.jobs.list() == [] and ws.loading("x") is None
 
 
+@pytest.mark.heavy
 def test_chat_history_survives_a_new_workspace_and_moves_old_turns_into_memory(ws, book, tmp_path):
     ingested(ws, book)
     for q in ("first question about the keeper", "second one", "a third, longer question about the gulls"):
@@ -178,9 +180,9 @@ def test_chat_history_survives_a_new_workspace_and_moves_old_turns_into_memory(w
                                                                      "a third, longer question about the gulls"]
     before = len(again.run_locked(lambda: again.loaded_memory("b")))
     list(again.chat("b", "and the gulls now?", FAST))  # found in the book: the model answers
-    chat = again.session("b").chat
+    chat = again.sessions.session("b").chat
     assert chat.moved_turns > 0  # the 64-token window cannot hold them all: the oldest went into memory
-    assert len(again.session("b").memory) > before
+    assert len(again.sessions.session("b").memory) > before
     again.clear_chat("b")
     assert again.chat_history("b") == []
 
@@ -190,7 +192,7 @@ def test_continue_from_the_end_and_from_a_passage(ws, book):
     memory = ws.run_locked(lambda: ws.loaded_memory("b"))
     size = len(memory)
     reply = ws.continue_text("b", None, FAST)
-    assert list(reply) and reply.passages
+    assert list(reply) and reply.retrieved
     long = ws.continue_text("b", "The keeper said " * 40, FAST)
     list(long)
     assert long.notes and "last" in long.notes[0]
@@ -291,6 +293,7 @@ def children(monkeypatch) -> list:
     return started
 
 
+@pytest.mark.heavy
 def test_the_upload_check_reads_no_text_and_a_bomb_fails_only_its_job(ws, book, tmp_path, children):
     ingested(ws, book)
     before = [(d.id, d.n_tokens, d.status) for d in ws.documents("b")]
@@ -332,6 +335,7 @@ def test_a_job_in_extraction_is_cancelled_at_once(ws, tmp_path):
     assert ws.documents("b") == [] and not ws.jobs.busy("b")
 
 
+@pytest.mark.heavy
 def test_a_classifier_finds_its_demonstrations_in_its_bank(ws, tmp_path):
     from longmem.ingest.readers import DemoFormat
 

@@ -98,7 +98,7 @@ def build_data(args, tokenizer, segment_len: int):
         recall_as_documents,
         recall_documents,
     )
-    from longmem.model.backbone import cache_root
+    from longmem.util.data import cache_root
 
     from .data import book_split, tokenize_files
 

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
              else LongMemModel.from_config(LongMemConfig(**runtime), pretrained=False))
     model.eval()
     tok = model.backbone.tokenizer
-    from longmem.model.backbone import cache_root
+    from longmem.util.data import cache_root
 
     _, test_files = book_split(args.data)
     books = tokenize_files(test_files[: args.books], tok, cache_root() / "tokens")

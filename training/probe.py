@@ -51,10 +51,10 @@ from torch import nn
 
 from longmem.eval.datasets.recall import RecallItem, name_word, recall_documents
 from longmem.memory.memory import MAX_SINKS, MemoryView
-from longmem.model.backbone import cache_root, load_backbone
+from longmem.model.backbone import load_backbone
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.model.longmem import LongMemConfig, LongMemModel
-from longmem.util.data import add_data_flag
+from longmem.util.data import add_data_flag, cache_root
 from longmem.util.report import print_report
 
 from .data import book_split, tokenize_files
@@ -150,9 +150,9 @@ def copy_heads(backbone, items: list[RecallItem]) -> dict:
             qr, kr = backbone.rope(q, k, positions)
             group = spec.n_heads // k.shape[1]
 
-            def scores(qq, kk):  # (Hq, qpos + 1): the query against every token up to itself
+            def scores(qq, kk, qpos=qpos, group=group):  # (Hq, qpos + 1): the query against every token up to itself
                 kk = kk[0, :, : qpos + 1].repeat_interleave(group, dim=0)  # (Hq, qpos + 1, d)
-                return torch.einsum("hd,htd->ht", qq[0, :, qpos].float(), kk.float()) / math.sqrt(q.shape[-1])
+                return torch.einsum("hd,htd->ht", qq[0, :, qpos].float(), kk.float()) / math.sqrt(qq.shape[-1])
 
             attn[i, layer] = torch.softmax(scores(qr, kr), dim=-1)[:, apos].cpu().numpy()  # the backbone's own
             raw = scores(q, k)  # un-rotated, as memory scores

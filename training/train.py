@@ -98,7 +98,7 @@ def token_nll(model: SegmentLM, hidden: torch.Tensor, targets: torch.Tensor) -> 
     """Next-token cross-entropy (B, T) of hidden (B, T, E) against targets (B, T), the LM head applied in chunks. When
     backward would keep more than ``LOSS_KEEP_BYTES`` of log-probabilities (B * T * 49k floats), each chunk runs under
     activation checkpointing and its logits are recomputed in backward instead (at 2 x 1k tokens, 0.4 GB are kept:
-    the recomputation cost ~9% of a MemTRM step on CPU)."""
+    why, ``docs/design.md``)."""
     return token_losses(model, hidden, targets)[0]
 
 

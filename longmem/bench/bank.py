@@ -13,7 +13,8 @@ Scenarios, each in a fresh Python process (``--scenario NAME``):
   again (``Bank.rebuild_passages``): ingesting without them would take the ingest time less that.
 - ``build``: a bank of ``--bank-tokens`` (1M) tokens made by committing the ingested bank's real segments again,
   as further documents, through the same write path (``Bank.add_segment``) -- ingesting 1M tokens from scratch
-  would take ~30 minutes on this CPU and gives the same bytes per token -- then its passages cut and indexed.
+  would take far longer (the ingestion rate is in ``docs/benchmarks.md``) and gives the same bytes per token --
+  then its passages cut and indexed.
 - ``reopen``: open that bank and restore its memory into RAM (``Bank.load_memory``), in a process that never loads
   the model. Timed with the file cache warm and, where this process may drop the OS page cache (root on Linux),
   cold. Peak RSS is measured from just before the open (the imports of torch and faiss are not the bank's). Then
@@ -239,8 +240,8 @@ def scenario_reopen(args) -> dict:
 
 
 def scenario_answer(args) -> dict:
-    from longmem.tasks.answer import ANSWER_SAMPLING, answer
     from longmem.storage import BankDirectory
+    from longmem.tasks.answer import ANSWER_SAMPLING, answer
     from longmem.tasks.chat import Chat
     from longmem.tasks.reading import PassageFinder, Reading, reading_prompt
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from longmem.ingest import formats
 from longmem.ingest.limits import ExtractLimits
 from longmem.storage import Bank, BankDirectory, BankError
 from longmem.text.io import InputError
@@ -92,12 +93,11 @@ def cmd_ingest(args, load_model) -> int:
             template=args.template, label_words=_pairs(args.label_words, "--label-words"), labels=_list(args.labels),
             text_column=args.text_column, label_column=args.label_column, columns=_list(args.columns)).items()
             if v is not None})
-    demo_exts = (".csv", ".tsv", ".jsonl")
     limits = ExtractLimits.from_args(args)
     sources = []
     try:
         for f in args.files:  # every file is read (once: ingest takes its text from here) before the model loads
-            sources.append(open_source(f, demos if str(f).lower().endswith(demo_exts) else None, limits))
+            sources.append(open_source(f, demos if str(f).lower().endswith(formats.DEMO_SUFFIXES) else None, limits))
         directory = BankDirectory(args.banks_dir)
         if not directory.exists(args.name) and not args.create:
             directory.open(args.name)  # raises UnknownBank with the list of banks
@@ -219,14 +219,15 @@ def add_parser(sub, model_args) -> None:
     model_args(p)
     banks_dir_arg(p)
 
-    p = cmds.add_parser("ingest", help="read files into a bank (txt, md, html, epub, pdf; csv/tsv/jsonl demos)")
+    p = cmds.add_parser("ingest", help=f"read files into a bank ({formats.listed()}; "
+                                        f"{formats.listed(labelled=True)} demonstrations)")
     p.add_argument("name", help="bank name")
     p.add_argument("files", nargs="+", help="files to ingest; an interrupted ingestion of a file resumes")
     p.add_argument("--create", action="store_true", help="create the bank if it does not exist")
     p.add_argument("--kv-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="with --create: storage dtype of the keys/values")
     p.add_argument("--title", default=None, help="document title (default: from the file)")
-    g = p.add_argument_group("demonstrations (csv, tsv, jsonl)")
+    g = p.add_argument_group(f"demonstrations ({formats.listed(labelled=True)})")
     g.add_argument("--template", default=None, help="one demonstration (default 'Review: {text} Sentiment: {label}')")
     g.add_argument("--label-words", default=None, help="label value -> word, e.g. 0=negative,1=positive")
     g.add_argument("--labels", default=None, help="allowed label values, comma-separated (default: any, or the "

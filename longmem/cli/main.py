@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from longmem.cli import bank as cli_bank
 from longmem.cli import models as cli_models
+from longmem.ingest import formats
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.model.device import add_device_flag, resolve_device
 
@@ -140,7 +141,7 @@ def cmd_chat(args) -> int:
 
     if args.file and args.bank:
         raise ValueError("give --file or --bank, not both (`longmem bank ingest NAME FILE` adds a file to a bank)")
-    reading = Reading(finder=args.reading, passages=args.passages,  # bad settings fail before the model loads
+    reading = Reading(finder=args.finder, passages=args.passages,  # bad settings fail before the model loads
                       **({} if args.abstain == "yes" else {"abstain": 0.0}))
     with contextlib.ExitStack() as stack:
         # the file is read once (within the extraction limits), before the model loads: bad input fails first
@@ -149,7 +150,7 @@ def cmd_chat(args) -> int:
         model = _load_model(args)
         bank = _chat_bank(args, model, stack, source)
         memory = cli_bank.load_memory(bank, model) if bank is not None else model.new_memory(capacity=None)
-        finder = PassageFinder(bank, model, memory) if bank is not None and args.reading != "none" else None
+        finder = PassageFinder(bank, model, memory) if bank is not None and args.finder != "none" else None
         chat = Chat(model, memory, _sampling(args))
         for question in _questions(args):
             try:
@@ -202,8 +203,8 @@ def cmd_generate(args) -> int:
 def cmd_classify(args) -> int:
     from longmem.cli.bank import load_memory
     from longmem.storage import BankDirectory
-    from longmem.tasks.classify import Classifier
-    from longmem.tasks.demos import Choice, DemoFinder
+    from longmem.tasks.classify import Choice, Classifier
+    from longmem.tasks.demos import DemoFinder
 
     texts = args.text or [line.strip() for line in sys.stdin if line.strip()]
     if not texts:
@@ -248,12 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="ask about a book (a file or a bank): answers read the passages found for "
                                        "each question and cite them")
-    chat.add_argument("--file", help="a book to read for this run (txt, md, html, epub, pdf)")
+    chat.add_argument("--file", help=f"a book to read for this run ({formats.listed()})")
     chat.add_argument("--ask", help="ask this one question and exit (non-interactive)")
-    chat.add_argument("--reading", default=DEFAULT_FINDER, choices=list(FINDERS),
+    chat.add_argument("--finder", "--reading", dest="finder", default=DEFAULT_FINDER, choices=list(FINDERS),
                       help="how the passages an answer reads are found: BM25 over the bank's passages (lexical), "
                            "LongMem's memory retrieval and BM25 fused, memory retrieval alone, or none (the paper's "
-                           "memory fusion alone)")
+                           "memory fusion alone); --reading is its old name")
     chat.add_argument("--passages", type=int, default=PASSAGES_READ,
                       help=f"passages an answer reads at most (default {PASSAGES_READ})")
     chat.add_argument("--backbone-stops", default="yes" if ANSWER_SAMPLING.backbone_stops else "no",

@@ -1,4 +1,4 @@
-"""Layer 9, the paper's evaluation, reproduced on our backbone: ``longmem eval <suite>`` (see ``longmem.cli.eval``).
+"""The paper's evaluation, reproduced on our backbone: ``longmem eval <suite>`` (see ``longmem.cli.eval``).
 
 Each suite is a module with ``run(ctx) -> SuiteResult``; ``SUITES`` names them in the order ``all`` runs them.
 """

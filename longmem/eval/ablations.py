@@ -1,7 +1,7 @@
 """Suite 6, ablations (paper figure 4): LongMem's memory chunk size on the ICL sets, its memory size on the books.
 
 - **Chunk size** (2, 4, 8 tokens): the in-context-learning task of ``longmem.eval.icl`` at k shots with the same
-  memory demonstrations, stored in banks of each chunk size; LongMem reads K memory tokens per query either way
+  memory demonstrations, held in memories of each chunk size; LongMem reads K memory tokens per query either way
   (K / chunk size chunks per head). Label-word scoring, mean over seeds.
 - **Memory size** (8k, 16k, 32k, 65k tokens): perplexity of the held-out books (whole, the 10k-100k split) with a
   memory that keeps only the last M tokens (first in, first out).
@@ -15,7 +15,7 @@ from longmem.eval.books import score_documents, split_of
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, mean_std, ppl, table
 from longmem.eval.datasets.books import Document
 from longmem.eval.icl import Size as IclSize
-from longmem.eval.icl import memory_bank, run_entrant, tasks_for
+from longmem.eval.icl import demo_memory, run_entrant, tasks_for
 
 
 @dataclass
@@ -44,8 +44,8 @@ def chunk_size_ablation(ctx: EvalContext, size: Size) -> dict:
     accs: dict[int, dict[str, list[float]]] = {c: {} for c in size.chunk_sizes}
     for task in tasks_for(ctx, icl):
         for chunk_size in size.chunk_sizes:
-            bank = memory_bank(longmem.lm, task.memory, task.preset.template, chunk_size)
-            r = run_entrant(longmem, task, size.shots, bank)
+            memory = demo_memory(longmem.lm, task.memory, task.preset.template, chunk_size)
+            r = run_entrant(longmem, task, size.shots, memory)
             accs[chunk_size].setdefault(task.preset.name, []).append(100 * r.label_acc)
             ctx.log(f"ablation chunk size {chunk_size}, {task.preset.name} seed {task.seed}: {r.label_acc:.3f}")
     return {str(c): {s: mean_std(v) for s, v in by_set.items()} for c, by_set in accs.items()}

@@ -46,8 +46,18 @@ from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces
 from longmem.tasks.answer import ANSWER_SAMPLING, NOT_SAID, answer
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import (ABSTAIN, DEFAULT_FINDER, PASSAGES_READ, READING_TOPK, SEARCH_EXCERPTS, SIDE_WEIGHT,
-                                   Found, PassageFinder, Reading, find_for_chat)
+from longmem.tasks.reading import (
+    ABSTAIN,
+    DEFAULT_FINDER,
+    PASSAGES_READ,
+    READING_TOPK,
+    SEARCH_EXCERPTS,
+    SIDE_WEIGHT,
+    Found,
+    PassageFinder,
+    Reading,
+    find_for_chat,
+)
 from longmem.util.files import write_file_atomic
 
 FINDER_ENTRANTS = {"app": DEFAULT_FINDER, "longmem_memory": "memory", "longmem_fused": "fused"}
@@ -152,7 +162,7 @@ def text_bank(ctx: EvalContext, folder: str, stem: str, text: str, title: str) -
 
 def bank_embeddings(bank: Bank, embedder, texts: list[str]) -> np.ndarray:
     """The embeddings of the bank's passage ``texts`` (n, dim), kept beside the bank and reused while the texts are
-    the same (embedding a 1M-token text takes ~12 minutes on a 2-core CPU)."""
+    the same (embedding a long book's passages takes minutes on a CPU: ``docs/design.md``)."""
     path = bank.path.parent / f"{bank.name}.embeddings.npz"
     made_by = f"{embedder.model.config.name_or_path}|{embedder.max_length}"
     digest = hashlib.sha256("\x00".join([made_by, *texts]).encode()).hexdigest()

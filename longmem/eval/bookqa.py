@@ -28,8 +28,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from longmem.eval.answering import (LABELS, Asked, Haystack, Reader, label, ReadingSize, finders, indexed_haystack,
-                                    reader_for, scored, summary, text_bank, versus_notes)
+from longmem.eval.answering import (
+    LABELS,
+    Asked,
+    Haystack,
+    Reader,
+    ReadingSize,
+    finders,
+    indexed_haystack,
+    label,
+    reader_for,
+    scored,
+    summary,
+    text_bank,
+    versus_notes,
+)
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, legend_below, table
 from longmem.eval.datasets.squad import QA, read_squad
 from longmem.eval.recall import borrowed_note, distance_label, filler
@@ -37,7 +50,7 @@ from longmem.ingest.pipeline import cut_segments, store_segment
 from longmem.ingest.readers import Block
 from longmem.memory.memory import Memory
 from longmem.storage.bank import Bank
-from longmem.storage.passages import ChunkPlaces, PassageRef
+from longmem.storage.passages import ChunkPlaces, Passage
 from longmem.tasks.reading import Found
 from longmem.text.passages import PassageCutter
 
@@ -106,7 +119,7 @@ def _starts(n: int) -> torch.Tensor:
 
 
 def gold_found(qa: QA, doc_id: int) -> Found:
-    ref = PassageRef(id=-1, document_id=doc_id, document=qa.title, chapter=None, char_start=0,
+    ref = Passage(id=-1, document_id=doc_id, document=qa.title, chapter=None, char_start=0,
                      char_end=len(qa.passage), document_chars=len(qa.passage), text=qa.passage)
     return Found(ref, 0.0)
 

@@ -31,7 +31,7 @@ from longmem.eval.core import (
 )
 from longmem.eval.datasets.books import Document, tokenize_files
 from longmem.eval.measures import perplexity
-from longmem.model.backbone import cache_root
+from longmem.util.data import cache_root
 
 SPLITS = ((0, 5_000, "<5k"), (5_000, 10_000, "5k-10k"), (10_000, 100_000, "10k-100k"),
           (100_000, 500_000, "100k-500k"), (500_000, 1_000_000, "500k-1M"), (1_000_000, None, ">1M"))

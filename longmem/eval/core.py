@@ -131,7 +131,7 @@ class EvalContext:
     def held_out_books(self) -> list[Document]:
         """The test split of the shared books (never trained on), tokenized once (cached on disk)."""
         if self._books is None:
-            from longmem.model.backbone import cache_root
+            from longmem.util.data import cache_root
 
             _, test = book_split(self.data_dir)
             self._books = tokenize_files(test, self.tokenizer, cache_root() / "tokens")

@@ -21,8 +21,15 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from longmem.eval.answering import DEFAULT_READER, FINDER_ENTRANTS, label, reader_for, versus_notes
-from longmem.eval.bookqa import (SplicedSize, answer_at_distances, chosen_blocks, chosen_items, plot_distances,
-                                 reads_table, run_notes)
+from longmem.eval.bookqa import (
+    SplicedSize,
+    answer_at_distances,
+    chosen_blocks,
+    chosen_items,
+    plot_distances,
+    reads_table,
+    run_notes,
+)
 from longmem.eval.core import EvalContext, SuiteResult, Timer, table
 from longmem.eval.datasets.recall import make_fact_passage
 from longmem.eval.datasets.squad import QA

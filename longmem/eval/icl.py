@@ -51,8 +51,8 @@ from longmem.eval.scoring import Prefix
 from longmem.memory.memory import Memory
 from longmem.model.lm import SegmentLM
 from longmem.storage import BankDirectory
-from longmem.tasks.classify import calibrate
-from longmem.tasks.demos import Choice, DemoFinder, grow_bank
+from longmem.tasks.classify import Choice, calibrate
+from longmem.tasks.demos import DemoFinder, grow_bank
 from longmem.tasks.examples import PRESETS, Example, Preset, demo_stream, format_demo, split_examples
 from longmem.tasks.measure import majority_accuracy, wilson
 
@@ -200,12 +200,12 @@ def context_ids(tokenizer, template: str, demos: Sequence[Example]) -> list[int]
     return encode(tokenizer, "".join(format_demo(template, e) + SEPARATOR for e in demos)) if demos else []
 
 
-def memory_bank(lm: SegmentLM, demos: Sequence[Example], template: str, chunk_size: int) -> Memory:
+def demo_memory(lm: SegmentLM, demos: Sequence[Example], template: str, chunk_size: int) -> Memory:
     """A memory of chunk size ``chunk_size`` holding ``demos`` (none: an empty memory)."""
-    bank = lm.new_memory(capacity=None, chunk_size=chunk_size)
+    memory = lm.new_memory(capacity=None, chunk_size=chunk_size)
     if demos:
-        lm.memorize(encode(lm.backbone.tokenizer, demo_stream(template, demos, MEMORY_SEPARATOR)), bank)
-    return bank
+        lm.memorize(encode(lm.backbone.tokenizer, demo_stream(template, demos, MEMORY_SEPARATOR)), memory)
+    return memory
 
 
 def full_context_ids(tokenizer, task: Task, k: int, budget: int) -> list[int]:
@@ -220,14 +220,14 @@ def full_context_ids(tokenizer, task: Task, k: int, budget: int) -> list[int]:
     return extra + shots
 
 
-def run_entrant(entrant: Entrant, task: Task, k: int, bank: Memory | None) -> Scored:
-    """One model on one task at k shots (``bank``: LongMem's memory of the task's memory demonstrations)."""
+def run_entrant(entrant: Entrant, task: Task, k: int, memory: Memory | None) -> Scored:
+    """One model on one task at k shots (``memory``: LongMem's memory of the task's memory demonstrations)."""
     lm, tok, preset = entrant.lm, entrant.lm.backbone.tokenizer, task.preset
     if entrant.key == "backbone_full":
         ids = full_context_ids(tok, task, k, lm.segment_len - TEST_ROOM)
     else:
         ids = context_ids(tok, preset.template, task.shots(k))[-(lm.segment_len - TEST_ROOM):]
-    return classify(lm, bank if lm.uses_memory else None, ids, preset.template, preset.labels, task.test)
+    return classify(lm, memory if lm.uses_memory else None, ids, preset.template, preset.labels, task.test)
 
 
 def tasks_for(ctx: EvalContext, size: Size) -> list[Task]:
@@ -272,7 +272,7 @@ def run_task(ctx: EvalContext, size: Size, task: Task, entrants: list[Entrant]) 
             if e.key == "longmem":
                 continue  # below: LongMem reads its bank's memory
             if e.lm.uses_memory and e.key not in memories:
-                memories[e.key] = memory_bank(e.lm, task.memory if e.fills_memory else [], preset.template,
+                memories[e.key] = demo_memory(e.lm, task.memory if e.fills_memory else [], preset.template,
                                               size.chunk_size)
             filled = n_memory if e.lm.uses_memory and e.fills_memory else 0
             record(e.key, k, filled, run_entrant(e, task, k, memories.get(e.key)))

@@ -26,8 +26,21 @@ from pathlib import Path
 
 import numpy as np
 
-from longmem.eval.answering import (DEFAULT_READER, Asked, Reader, ReadingSize, check_entrants, finders,
-                                    indexed_haystack, label, reader_for, says_not_said, scored, summary, text_bank)
+from longmem.eval.answering import (
+    DEFAULT_READER,
+    Asked,
+    Reader,
+    ReadingSize,
+    check_entrants,
+    finders,
+    indexed_haystack,
+    label,
+    reader_for,
+    says_not_said,
+    scored,
+    summary,
+    text_bank,
+)
 from longmem.eval.compare import discordant, sign_test
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, table
 from longmem.eval.datasets.recall import template_wording

@@ -20,7 +20,7 @@ from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, table, ve
 from longmem.eval.datasets.books import book_split, tokenize_files
 from longmem.eval.datasets.recall import recall_documents
 from longmem.eval.measures import recall_record, recalled
-from longmem.model.backbone import cache_root
+from longmem.util.data import cache_root
 
 
 @dataclass

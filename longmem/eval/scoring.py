@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from longmem.memory.memory import Memory
-from longmem.model.lm import SegmentLM, Window, _as_ids
+from longmem.model.lm import SegmentLM, Window, as_ids
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Prefix:
     @torch.no_grad()
     def read(cls, lm: SegmentLM, context: Sequence[int] | torch.Tensor, memory: Memory | None = None) -> "Prefix":
         """Read ``context`` (a non-empty token sequence shorter than the model's window) with ``memory``."""
-        ids = _as_ids(context, lm.backbone.device)
+        ids = as_ids(context, lm.backbone.device)
         if ids.shape != (1, ids.shape[1]) or ids.shape[1] == 0:
             raise ValueError("a prefix is one non-empty token sequence")
         if ids.shape[1] >= lm.segment_len:
@@ -60,7 +60,7 @@ class Prefix:
     @torch.no_grad()
     def logprobs(self, continuation: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """(n,) log P of each token of ``continuation`` after the prefix (the prefix itself is unchanged)."""
-        cont = _as_ids(continuation, self.lm.backbone.device)
+        cont = as_ids(continuation, self.lm.backbone.device)
         n = cont.shape[1]
         if n == 0:
             return torch.zeros(0)
@@ -73,7 +73,7 @@ class Prefix:
     @torch.no_grad()
     def extend(self, ids: Sequence[int] | torch.Tensor) -> "Prefix":
         """A new prefix: this one followed by ``ids`` (this one is unchanged)."""
-        ext = _as_ids(ids, self.lm.backbone.device)
+        ext = as_ids(ids, self.lm.backbone.device)
         if ext.shape[1] == 0:
             return self
         if ext.shape[1] > self.room:

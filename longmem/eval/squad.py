@@ -127,11 +127,14 @@ def run(ctx: EvalContext) -> SuiteResult:
             r = run_entrant(e, split.context, split.memory, split.test, size, bank, stops, ctx.log)
             runs.append({"model": e.key, "seed": ctx.seed + s, **r})
     rows, summary = [], {}
+
+    def fmt(m: tuple[float, float], n: int) -> str:  # mean ± std over n seeds (the mean alone for one)
+        return f"{m[0]:.1f}" if n < 2 else f"{m[0]:.1f} ± {m[1]:.1f}"
+
     for e in ctx.entrants + empty:
         sel = [r for r in runs if r["model"] == e.key]
         summary[e.key] = {m: mean_std([r[m] for r in sel]) for m in ("em", "f1")}
-        fmt = lambda m: f"{m[0]:.1f}" if len(sel) < 2 else f"{m[0]:.1f} ± {m[1]:.1f}"  # noqa: E731
-        rows.append([e.label, fmt(summary[e.key]["em"]), fmt(summary[e.key]["f1"])])
+        rows.append([e.label, fmt(summary[e.key]["em"], len(sel)), fmt(summary[e.key]["f1"], len(sel))])
     scores = {k: {"EM": v["em"][0], "F1": v["f1"][0]} for k, v in summary.items()}
     notes = [versus(scores, lambda v: v, False) + f" Every model reads the same {size.n_context} demonstrations; "
              f"the models with memory hold {size.n_memory} more there (chunk size {size.chunk_size})."]

@@ -1,6 +1,7 @@
-"""Layer 5, ingestion: reading untrusted files into text blocks under limits (``readers``, ``documents``,
-``htmltext``, ``sandbox``, ``limits``) and the pipeline that cuts them into segments and passages and stores them in
-a bank (``pipeline.ingest``, also ``longmem.ingest.ingest``).
+"""Ingestion: reading untrusted files into text blocks under limits (``formats``, the registry of file formats;
+``readers``, ``documents``, ``demofiles``, ``subtitles``, ``htmltext``, ``sandbox``, ``limits``) and the pipeline
+that cuts them into segments and passages and stores them in a bank (``pipeline.ingest``, also
+``longmem.ingest.ingest``).
 
 Nothing is imported here eagerly: the extraction child (``sandbox``) imports this package without torch, and the
 pipeline needs it."""

@@ -1,8 +1,13 @@
-"""Reading the text out of documents (HTML, EPUB, PDF) and demonstration files (CSV, TSV, JSONL) into a UTF-8 text
-file, within ``ExtractLimits``. This is what the extraction child process runs (``sandbox``); it can run in any
-process, as the tests do.
+"""Reading the text out of documents (HTML, EPUB, PDF) into a UTF-8 text file, within ``ExtractLimits``, and the
+title each gives itself. These are the format registry's readers (``formats``): the extraction child process runs
+them (``sandbox``); they can run in any process, as the tests do.
 
-    facts = extract(Path("book.epub"), "epub", Path("/tmp/book.txt"), ExtractLimits())  # {"title", "meta", "chars"}
+    with open("/tmp/book.txt", "wb") as f:
+        title, meta = read_epub(Path("book.epub"), TextSink(f, Path("book.epub"), limits), limits, None)
+    epub_title(Path("book.epub"), limits)          # the raw dc:title, "" if none
+
+The parsers (lxml through ``htmltext``, pypdf) are imported inside the functions that use them: importing this module
+(the registry does) loads none of them.
 
 Contract: the text is written part by part (paragraphs, pages, demonstrations) as it is read, so what is held in
 memory is one paragraph, one PDF page or one demonstration file's rows, never the whole text. Every limit is checked
@@ -24,9 +29,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 from urllib.parse import unquote
 
-from longmem.ingest.htmltext import html_paragraphs, utf8_without_doctype
 from longmem.ingest.limits import MIB, ExtractLimits, LimitError
-from longmem.ingest.readers import DemoFormat, demo_texts
 from longmem.text.io import InputError
 
 log = logging.getLogger(__name__)
@@ -35,7 +38,7 @@ CHUNK = 256 * 1024  # bytes read at a time from a file or a zip member
 RATIO_FLOOR = MIB  # zip members up to this size may inflate any number of times (they cannot grow far)
 PACKAGE_BYTES = 16 * MIB  # an EPUB's container.xml or package (.opf) file larger than this is not an EPUB's
 DOCUMENT_TYPES = ("application/xhtml+xml", "text/html")  # EPUB spine items that hold text
-KINDS = ("html", "epub", "pdf", "demos")
+HTML_BYTES = 64 * 1024  # bytes of an HTML file parsed for its <title> (it sits in the <head>)
 
 
 class TextSink:
@@ -64,23 +67,6 @@ class TextSink:
             raise self.limits.error("max_chars", f"{self.path}: its text runs on")
 
 
-def extract(path: Path, kind: str, out: Path, limits: ExtractLimits, demos: DemoFormat | None = None) -> dict:
-    """Write the text of ``path`` (a ``kind`` of ``KINDS``) to ``out``; returns {"title", "meta", "chars"}."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind of document {kind!r} (known: {', '.join(KINDS)})")
-    with open(out, "wb", buffering=1 << 20) as f:
-        sink = TextSink(f, path, limits, (demos or DemoFormat()).separator if kind == "demos" else "\n\n")
-        if kind == "html":
-            title, meta = read_html(path, sink)
-        elif kind == "epub":
-            title, meta = read_epub(path, sink, limits)
-        elif kind == "pdf":
-            title, meta = read_pdf(path, sink, limits)
-        else:
-            title, meta = "", demo_texts(path, demos or DemoFormat(), sink.part)
-    return {"title": title, "meta": meta, "chars": sink.chars}
-
-
 def file_chunks(path: Path) -> Iterator[bytes]:
     try:
         with open(path, "rb") as f:
@@ -93,7 +79,10 @@ def file_chunks(path: Path) -> Iterator[bytes]:
 # -----------------------------------------------------------------------------
 # HTML
 
-def read_html(path: Path, sink: TextSink) -> tuple[str, dict]:
+def read_html(path: Path, sink: TextSink, limits: ExtractLimits, demos=None) -> tuple[str, dict]:
+    """The registry's reader of HTML (see ``formats.Reader``): its paragraphs, its <title>."""
+    from longmem.ingest.htmltext import html_paragraphs
+
     try:
         title = html_paragraphs(file_chunks(path), sink.part, sink.pending)
     except (InputError, MemoryError):
@@ -103,6 +92,15 @@ def read_html(path: Path, sink: TextSink) -> tuple[str, dict]:
     if not sink.parts:
         raise InputError(f"{path}: has no text")
     return title, {}
+
+
+def html_title(path: Path, limits: ExtractLimits) -> str:
+    """The raw <title> of an HTML file, parsed from its first ``HTML_BYTES`` ("" if none)."""
+    from longmem.ingest.htmltext import html_paragraphs
+
+    with open(path, "rb") as f:
+        head = f.read(HTML_BYTES)
+    return html_paragraphs([head], lambda paragraph: None)
 
 
 # -----------------------------------------------------------------------------
@@ -173,6 +171,8 @@ def _xml(data: bytes, what: str):
     readers of EPUBs are."""
     from lxml import etree
 
+    from longmem.ingest.htmltext import utf8_without_doctype
+
     parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False,
                              huge_tree=False, recover=True, encoding="utf-8")
     data = utf8_without_doctype(data)
@@ -187,7 +187,10 @@ def _local(el) -> str:
     return el.tag.rsplit("}", 1)[-1] if isinstance(el.tag, str) else ""
 
 
-def read_epub(path: Path, sink: TextSink, limits: ExtractLimits) -> tuple[str, dict]:
+def read_epub(path: Path, sink: TextSink, limits: ExtractLimits, demos=None) -> tuple[str, dict]:
+    """The registry's reader of EPUB: its spine's chapters in reading order, its dc:title."""
+    from longmem.ingest.htmltext import html_paragraphs
+
     try:
         with SafeZip(path, limits) as z:
             root, package = epub_package(z)
@@ -213,6 +216,12 @@ def read_epub(path: Path, sink: TextSink, limits: ExtractLimits) -> tuple[str, d
     if not chapters:
         raise InputError(f"{path}: has no text")
     return title, {"chapters": chapters}
+
+
+def epub_title(path: Path, limits: ExtractLimits) -> str:
+    """The raw dc:title of an EPUB, read from its container and package files only ("" if none)."""
+    with SafeZip(path, limits) as z:
+        return package_parts(epub_package(z)[1])[0]
 
 
 def epub_package(z: SafeZip) -> tuple:
@@ -259,7 +268,8 @@ def pdf_configuration(limits: ExtractLimits) -> dict:
     return out
 
 
-def read_pdf(path: Path, sink: TextSink, limits: ExtractLimits) -> tuple[str, dict]:
+def read_pdf(path: Path, sink: TextSink, limits: ExtractLimits, demos=None) -> tuple[str, dict]:
+    """The registry's reader of PDF: the text layer of each page, the /Title of its metadata."""
     from pypdf import PdfReader, apply_configuration
     from pypdf.errors import LimitReachedError
 
@@ -287,3 +297,15 @@ def read_pdf(path: Path, sink: TextSink, limits: ExtractLimits) -> tuple[str, di
     if not sink.parts:
         raise InputError(f"{path}: has no text layer (a scanned PDF? run OCR first)")
     return title, {"pages": pages}
+
+
+def pdf_title(path: Path, limits: ExtractLimits) -> str:
+    """The raw /Title of a PDF's document information ("" if none, or if it is password-protected)."""
+    from pypdf import PdfReader, apply_configuration
+
+    with apply_configuration(**pdf_configuration(limits)):
+        reader = PdfReader(path)
+        if reader.is_encrypted and not reader.decrypt(""):
+            return ""
+        info = reader.metadata
+        return str((info.title if info else None) or "")

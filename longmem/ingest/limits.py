@@ -33,7 +33,7 @@ class ExtractLimits:
     """Limits on what one file may expand to while it is read (see the module docstring)."""
     # characters of text one source may hold (plain text, a document's extracted text, demonstrations): 256 Mi,
     # ~25 times the longest novel cycles (Proust's is ~9.6 M characters), the size the project's whole-file limits
-    # already allow (readers.MAX_EXTRACT_BYTES, text.MAX_TEXT_BYTES), and ~64 M tokens, days of ingestion on a CPU
+    # already allow (formats.MAX_EXTRACT_BYTES, text.MAX_TEXT_BYTES), and ~64 M tokens, days of ingestion on a CPU
     max_chars: int = 256 * MIB
     # uncompressed bytes of a zip (EPUB): the sum of its members' declared sizes, and again of the bytes actually
     # read; 1 GiB, where a 256 MiB EPUB of images (which do not compress) stays near 256 MiB and text deflates ~4x
@@ -51,7 +51,7 @@ class ExtractLimits:
     # a few minutes; jobs run one at a time, so this is also the longest a hostile file holds the others up
     max_extract_seconds: float = 300.0
     # address space of the extraction child process (resource.RLIMIT_AS), MiB: the interpreter with its parsers
-    # takes tens of MiB, lxml the largest single document, pypdf the whole file (at most readers.MAX_EXTRACT_BYTES,
+    # takes tens of MiB, lxml the largest single document, pypdf the whole file (at most formats.MAX_EXTRACT_BYTES,
     # 256 MiB) and one decoded stream (max_pdf_stream_bytes)
     max_extract_memory_mb: int = 2048
 

@@ -70,11 +70,11 @@ class Extracted:
 
 def extract_in_child(path: Path, kind: str, demos, limits: ExtractLimits,
                      check: Callable[[], None] | None = None) -> Extracted:
-    """Extract the text of ``path`` (a ``documents.KINDS`` kind; ``demos`` a ``DemoFormat`` for demonstration
-    files) in a child process held to ``limits``. ``check`` is called every ``POLL_S`` seconds; whatever it raises
-    (a job's ``Cancelled``) stops the child at once and is raised here, as is ``KeyboardInterrupt``. Raises
-    ``InputError`` for unreadable files and ``LimitError`` when a limit is crossed, the time and memory caps
-    included; the temporary text file is removed then."""
+    """Extract the text of ``path`` (a file of one of ``formats.KINDS``, read by its format's reader; ``demos`` a
+    ``DemoFormat`` for demonstration files) in a child process held to ``limits``. ``check`` is called every
+    ``POLL_S`` seconds; whatever it raises (a job's ``Cancelled``) stops the child at once and is raised here, as is
+    ``KeyboardInterrupt``. Raises ``InputError`` for unreadable files and ``LimitError`` when a limit is crossed, the
+    time and memory caps included; the temporary text file is removed then."""
     fd, name = tempfile.mkstemp(prefix="longmem-text-", suffix=".txt")
     os.close(fd)
     out = Path(name)
@@ -89,9 +89,9 @@ def extract_in_child(path: Path, kind: str, demos, limits: ExtractLimits,
 
 
 def title_in_child(path: Path, kind: str, limits: ExtractLimits, check: Callable[[], None] | None = None) -> str:
-    """The raw title that a document of ``kind`` ("html", "epub" or "pdf") gives itself (``titles.read_title``;
-    "" if none), read in a child process held to ``limits`` with at most ``TITLE_SECONDS`` on its clock. Raises as
-    ``extract_in_child`` does."""
+    """The raw title that a document of ``kind`` (one of ``formats.TITLED_KINDS``) gives itself
+    (``formats.read_title``; "" if none), read in a child process held to ``limits`` with at most ``TITLE_SECONDS``
+    on its clock. Raises as ``extract_in_child`` does."""
     limits = replace(limits, max_extract_seconds=min(limits.max_extract_seconds, TITLE_SECONDS))
     request = {"op": "title", "path": str(path), "kind": kind, "limits": asdict(limits)}
     return _ask(request, path, limits, check)["title"]
@@ -132,7 +132,7 @@ def _run(request: bytes, err, path: Path, limits: ExtractLimits, check) -> tuple
                 if check is not None:
                     check()
                 if time.monotonic() > deadline:
-                    raise limits.error("max_extract_seconds", f"{path}: reading its text took too long")
+                    raise limits.error("max_extract_seconds", f"{path}: reading its text took too long") from None
     finally:
         if proc.returncode is None:  # stopped here (time, cancel, Ctrl-C): end the child and all it started
             _kill(proc)
@@ -201,12 +201,12 @@ def child_main() -> None:
     _cap(limits)
     try:
         if request["op"] == "title":
-            from longmem.ingest.titles import read_title
+            from longmem.ingest.formats import read_title
 
             answer = {"ok": {"title": read_title(path, request["kind"], limits)}}
         else:
-            from longmem.ingest.documents import extract
-            from longmem.ingest.readers import DemoFormat
+            from longmem.ingest.demofiles import DemoFormat
+            from longmem.ingest.formats import extract
 
             demos = DemoFormat(**request["demos"]) if request["demos"] is not None else None
             answer = {"ok": extract(path, request["kind"], Path(request["out"]), limits, demos)}

@@ -7,11 +7,12 @@ X, by Y"), or, in a Gutenberg text whose header was stripped, its title page ("A
 Files are untrusted, and only what holds the title is read. Plain text: its first ``TEXT_BYTES``, matched line by
 line by this module's own patterns, in the calling process. HTML, EPUB and PDF are parsed by libraries (lxml,
 zipfile and zlib, pypdf) that no Python check can interrupt, so their title is read as their text is, in a child
-process held to the extraction limits (``sandbox.title_in_child``, with a clock of ``sandbox.TITLE_SECONDS``): an
-HTML file's first ``HTML_BYTES``, an EPUB's container and package files (checked zip directory, each file capped),
-a PDF's document information dictionary; the web app's process never parses an untrusted document. A title is
-cleaned (``clean_title``) and junk is refused. ``book_title`` never raises for a bad file: it answers None, and
-the reader that extracts the text refuses the file later, with its reason.
+process held to the extraction limits (``sandbox.title_in_child``, with a clock of ``sandbox.TITLE_SECONDS``), by
+its format's title reader (``formats``, ``documents``): an HTML file's first ``documents.HTML_BYTES``, an EPUB's
+container and package files (checked zip directory, each file capped), a PDF's document information dictionary;
+the web app's process never parses an untrusted document. A title is cleaned (``clean_title``) and junk is
+refused. ``book_title`` never raises for a bad file: it answers None, and the reader that extracts the text refuses
+the file later, with its reason.
 """
 
 from __future__ import annotations
@@ -22,17 +23,15 @@ import unicodedata
 from pathlib import Path
 from typing import Callable
 
+from longmem.ingest import formats
 from longmem.ingest.limits import ExtractLimits
-from longmem.ingest.readers import HTML_EXTS, MAX_EXTRACT_BYTES, TEXT_EXTS
 from longmem.text.chapters import title_case
 from longmem.text.io import InputError
 
 log = logging.getLogger(__name__)
 
 TEXT_BYTES = 16 * 1024  # bytes of a plain-text file looked at for a Gutenberg header (it ends within ~2 KB)
-HTML_BYTES = 64 * 1024  # bytes of an HTML file parsed for its <title> (it sits in the <head>)
 MAX_TITLE_CHARS = 120  # a longer title is cut at a word
-TITLED_KINDS = ("html", "epub", "pdf")  # documents that carry their title in their markup or metadata
 
 GUTENBERG = re.compile(r"project\s+gutenberg", re.IGNORECASE)
 START_MARKER = re.compile(r"^\W*\*\*\*\s*START OF", re.IGNORECASE)  # the header ends here, the book begins
@@ -59,7 +58,7 @@ def book_title(path: str | Path, limits: ExtractLimits | None = None,
     p, limits = Path(path), limits or ExtractLimits()
     kind = titled_kind(p)
     try:
-        if kind is None or not p.is_file() or p.stat().st_size > MAX_EXTRACT_BYTES:
+        if kind is None or not p.is_file() or p.stat().st_size > formats.MAX_EXTRACT_BYTES:
             return None
         if kind == "text":
             return text_title(p)
@@ -80,14 +79,14 @@ def text_title(path: Path) -> str | None:
 
 
 def titled_kind(path: Path) -> str | None:
-    """Where a book file's title is looked for, by its extension: "text" (a Gutenberg header) or one of
-    ``TITLED_KINDS``; None for any other file."""
-    ext = path.suffix.lower()
-    if ext in TEXT_EXTS:
+    """Where a book file's title is looked for, by its format (``formats``): "text" (a Gutenberg header) or one of
+    ``formats.TITLED_KINDS`` (read in a child); None for any other file."""
+    fmt = formats.for_path(path)
+    if fmt is None or fmt.labelled:
+        return None
+    if fmt.kind == formats.TEXT:
         return "text"
-    if ext in HTML_EXTS:
-        return "html"
-    return ext[1:] if ext in (".epub", ".pdf") else None
+    return fmt.kind if fmt.title is not None else None
 
 
 def clean_title(raw: str | None) -> str | None:
@@ -161,44 +160,3 @@ def title_page(head: str) -> str | None:
         return None
     title = " ".join(first)
     return title_case(title)
-
-
-def read_title(path: Path, kind: str, limits: ExtractLimits) -> str:
-    """The raw title of a document of ``kind`` in ``TITLED_KINDS`` ("" if it gives none), reading only what holds
-    it. Raises for a file that cannot be read. Runs in the extraction child (``sandbox.title_in_child``): lxml and
-    pypdf are only imported here."""
-    if kind == "html":
-        return _html_title(path)
-    if kind == "epub":
-        return _epub_title(path, limits)
-    if kind == "pdf":
-        return _pdf_title(path, limits)
-    raise ValueError(f"no title is read from a document of kind {kind!r} (known: {', '.join(TITLED_KINDS)})")
-
-
-def _html_title(path: Path) -> str:
-    from longmem.ingest.htmltext import html_paragraphs
-
-    with open(path, "rb") as f:
-        head = f.read(HTML_BYTES)
-    return html_paragraphs([head], lambda paragraph: None)
-
-
-def _epub_title(path: Path, limits: ExtractLimits) -> str:
-    from longmem.ingest.documents import SafeZip, epub_package, package_parts
-
-    with SafeZip(path, limits) as z:
-        return package_parts(epub_package(z)[1])[0]
-
-
-def _pdf_title(path: Path, limits: ExtractLimits) -> str:
-    from pypdf import PdfReader, apply_configuration
-
-    from longmem.ingest.documents import pdf_configuration
-
-    with apply_configuration(**pdf_configuration(limits)):
-        reader = PdfReader(path)
-        if reader.is_encrypted and not reader.decrypt(""):
-            return ""
-        info = reader.metadata
-        return str((info.title if info else None) or "")

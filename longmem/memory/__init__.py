@@ -1,4 +1,4 @@
-"""Layer 2, the in-RAM searchable memory (``Memory``): chunked keys/values of the backbone's layer m in faiss
+"""The in-RAM searchable memory (``Memory``): chunked keys/values of the backbone's layer m in faiss
 indexes, one row per stream, with ``add`` / ``search`` / ``clear``. It is passed into a model's forward, never
 hidden inside it. Imports nothing above the utilities."""
 

@@ -1,4 +1,4 @@
-"""The in-RAM memory (the paper's cached memory bank): head-wise key/value chunks of past text, searched with faiss.
+"""The in-RAM memory (the paper's cached memory): head-wise key/value chunks of past text, searched with faiss.
 
 One memory holds ``batch_size`` independent rows (each row of a batch is its own document stream). Per row and per
 key/value head, tokens are grouped into chunks of C = ``chunk_size`` consecutive tokens; a chunk is keyed by its
@@ -69,9 +69,9 @@ class Selected:
 
 
 class MemoryView:
-    """A read-through view of a memory bank, passed into forward in its place: it counts which chunks were
+    """A read-through view of a memory, passed into forward in its place: it counts which chunks were
     retrieved (to show a reader the passages behind an answer) and can set how many chunks each query gets.
-    Everything else (``add``, ``chunk_size``, ``len``...) is the bank's."""
+    Everything else (``add``, ``chunk_size``, ``len``...) is the memory's."""
 
     def __init__(self, memory: "Memory", n_chunks: int | None = None):
         self.memory = memory
@@ -168,7 +168,7 @@ class _Row:
         cap = self.k.shape[1]
         if n_total <= cap:
             return
-        new = max(n_total, cap + cap // 4, 64)  # grow by 1/4: a restored bank may already hold GBs
+        new = max(n_total, cap + cap // 4, 64)  # grow by 1/4: a memory restored from a bank may already hold GBs
         k = self.k.new_empty(self.hkv, new, self.chunk_size, self.d)
         v = self.v.new_empty(self.hkv, new, self.chunk_size, self.d)
         k[:, :cap], v[:, :cap] = self.k, self.v
@@ -253,7 +253,7 @@ class _Row:
         """The chunk keys (Hkv, n, d) in ``mirror_dtype`` on the search device, brought up to date first: copied from
         the exact faiss indexes, which hold them in float32 (``chunk_keys``) in step with the row. A bfloat16 mirror
         holds them less their mean at its making (``center``): a query's ranking is the same, and the smaller
-        scores round more finely (a layer's keys share a large common part: ~15 of their ~16 norm in SmolLM2's)."""
+        scores round more finely (a layer's keys share a large common part: ``docs/design.md``)."""
         have = 0 if self.mirror is None else self.mirror.shape[1]
         if have < self.n:
             new = torch.stack([torch.from_numpy(faiss.rev_swig_ptr(index.get_xb(), self.n * self.d)  # a view ...
@@ -399,7 +399,7 @@ class Memory:
                     n: int | None = None, first_serial: int = 0, capacity: int | None = None,
                     search_device: str | torch.device | None = None, matmul: bool | None = None,
                     starts: torch.Tensor | None = None, max_sinks: int | None = MAX_SINKS) -> "Memory":
-        """A one-row bank that adopts memory already cut into chunks, without copying it: k, v (Hkv, N, C, d) and
+        """A one-row memory that adopts keys/values already cut into chunks, without copying it: k, v (Hkv, N, C, d) and
         tokens (N, C) of which the first ``n`` (default N) are filled (the rest is room to grow), and optionally
         one faiss index per KV head holding the n mean-pooled chunk keys (built here when None) and which tokens
         began a forward pass, (N, C) bool (the sinks, see the module doc; None = none). Chunk serial numbers start at
@@ -411,9 +411,9 @@ class Memory:
                 or tuple(starts.shape) != (room, chunk_size)):
             raise ValueError(f"chunks do not line up: k {tuple(k.shape)}, v {tuple(v.shape)}, "
                              f"tokens {tuple(tokens.shape)}, starts {tuple(starts.shape)}")
-        bank = cls(hkv, d, chunk_size=chunk_size, capacity=None, batch_size=1, dtype=k.dtype,
-                   search_device=search_device, matmul=matmul, max_sinks=max_sinks)
-        row = bank.rows[0]
+        memory = cls(hkv, d, chunk_size=chunk_size, capacity=None, batch_size=1, dtype=k.dtype,
+                     search_device=search_device, matmul=matmul, max_sinks=max_sinks)
+        row = memory.rows[0]
         if indexes is None:
             for s in range(0, n, INDEX_BLOCK):  # in blocks: the float32 mean of all keys at once could be large
                 keys = chunk_keys(k[:, s:min(s + INDEX_BLOCK, n)])
@@ -425,10 +425,10 @@ class Memory:
                                  f"{[(ix.ntotal, ix.d) for ix in indexes]}")
             row.indexes = list(indexes)
         row.k, row.v, row.tokens, row.starts, row.n, row.evicted = k, v, tokens.to(torch.int64), starts, n, first_serial
-        bank.capacity = capacity
+        memory.capacity = capacity
         if capacity is not None and n * chunk_size > capacity:
             row.evict(n - capacity // chunk_size)
-        return bank
+        return memory
 
     def _row(self) -> _Row:
         return _Row(self.n_kv_heads, self.head_dim, self.chunk_size, self.dtype, self.search_device, self.matmul)
@@ -438,7 +438,7 @@ class Memory:
         return len(self.rows)
 
     def __len__(self) -> int:
-        """Tokens searchable in row 0 (all rows of a single-document bank)."""
+        """Tokens searchable in row 0 (all rows of a single-document memory)."""
         return self.rows[0].n * self.chunk_size
 
     def sizes(self) -> list[int]:
@@ -525,10 +525,10 @@ class Memory:
         return self
 
     def rechunk(self, chunk_size: int) -> "Memory":
-        """The same one-row memory cut into smaller chunks (``chunk_size`` divides this bank's chunk size): the K/V are
-        shared, not copied; only the chunk keys are re-pooled and indexed. Finer chunks retrieve more precisely
+        """The same one-row memory cut into smaller chunks (``chunk_size`` divides this memory's chunk size): the K/V
+        are shared, not copied; only the chunk keys are re-pooled and indexed. Finer chunks retrieve more precisely
         (the paper uses chunk size 2 for classification demonstrations with a model trained at 4). Chunk serial s
-        here is serial ``s // (self.chunk_size // chunk_size)`` of this bank."""
+        here is serial ``s // (self.chunk_size // chunk_size)`` of this memory."""
         if self.batch_size != 1:
             raise ValueError("only a one-row memory can be re-chunked")
         if chunk_size < 1 or self.chunk_size % chunk_size:
@@ -543,7 +543,7 @@ class Memory:
         out = Memory.from_chunks(k, v, tokens, first_serial=r.evicted * f, capacity=self.capacity,
                                  search_device=self.search_device, matmul=self.matmul, starts=starts,
                                  max_sinks=self.max_sinks)
-        if r.pend_t.numel():  # an unfinished chunk of the coarse bank may already fill finer chunks
+        if r.pend_t.numel():  # an unfinished chunk of the coarse memory may already fill finer chunks
             out.add(r.pend_k[None], r.pend_v[None], r.pend_t[None], r.pend_s[None])
         if r.approx is not None:
             out.approximate(*r.approx)

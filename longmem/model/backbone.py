@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from longmem.util.cpu import cpu_bf16_features
+from longmem.util.data import cache_root
 from longmem.util.files import atomic_directory, file_sha256
 
 log = logging.getLogger(__name__)
@@ -340,16 +341,6 @@ class Backbone(nn.Module):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Loading
-
-
-def cache_root() -> Path:
-    """Where derived files (the safetensors copy of the default backbone) live; ``LONGMEM_CACHE_DIR`` overrides."""
-    env = os.environ.get("LONGMEM_CACHE_DIR")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("longmem"))
 
 
 def default_gguf() -> Path:

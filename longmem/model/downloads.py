@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from longmem.util.data import cache_root
 from longmem.util.files import write_file_atomic
 
 
@@ -77,8 +78,6 @@ CHUNK = 1 << 22
 
 
 def models_dir() -> Path:
-    from longmem.model.backbone import cache_root
-
     return cache_root() / "models"
 
 

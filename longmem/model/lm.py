@@ -1,4 +1,4 @@
-"""What every model in LongMem shares: segment-wise language modelling with an optional memory bank.
+"""What every model in LongMem shares: segment-wise language modelling with an optional memory.
 
 A model implements ``step``: run ids (B, T) that follow an optional local ``Window`` (incremental decoding) and
 return its last hidden state (before the frozen norm + LM head) plus the pre-RoPE keys/values of its cached layer
@@ -84,13 +84,14 @@ class Sampling:
             raise ValueError(f"no_repeat must be >= 0, got {self.no_repeat}")
 
 
-def _as_ids(x, device) -> torch.Tensor:
+def as_ids(x, device) -> torch.Tensor:
+    """Token ids as a (B, T) long tensor on ``device``: a tensor of one or two dimensions, or any sequence of ints."""
     t = x if isinstance(x, torch.Tensor) else torch.tensor(list(x), dtype=torch.long)
     return (t if t.dim() == 2 else t.view(1, -1)).to(device)
 
 
 class SegmentLM(nn.Module):
-    """Base class: a frozen backbone, a local window of ``segment_len`` tokens and (optionally) a memory bank."""
+    """Base class: a frozen backbone, a local window of ``segment_len`` tokens and (optionally) a memory."""
 
     backbone: Backbone
     segment_len: int
@@ -110,7 +111,7 @@ class SegmentLM(nn.Module):
 
     def new_memory(self, batch_size: int = 1, capacity: int | None | str = "config",
                    chunk_size: int | None = None) -> Memory:
-        """An empty memory bank shaped for this model (``capacity=None`` for unbounded; ``chunk_size`` another chunk
+        """An empty memory shaped for this model (``capacity=None`` for unbounded; ``chunk_size`` another chunk
         size than the model's: its memory layer then reads K / chunk_size chunks of it), searched on the model's GPU
         when it runs on one."""
         if not self.uses_memory:
@@ -137,9 +138,9 @@ class SegmentLM(nn.Module):
         """Push token ids (T,) or (B, T) into memory, segment by segment, running the backbone only up to the
         cached layer. Each segment is encoded on its own (positions from 0), as in training; for a single stream,
         ``batch_segments`` consecutive segments run as one batch (larger matmuls; the same result up to rounding,
-        which some kernels change with the batch: bfloat16 on AMX CPUs; 1 gives exactly what a bank stores).
+        which some kernels change with the batch: bfloat16 on AMX CPUs; 1 gives exactly what a bank stores from it).
         Returns the number of tokens added per row."""
-        ids = _as_ids(ids, self.backbone.device)
+        ids = as_ids(ids, self.backbone.device)
         total, L = ids.shape[1], self.segment_len
         step = L * (batch_segments if ids.shape[0] == 1 else 1)
         for s in range(0, total, step):
@@ -191,7 +192,7 @@ class SegmentLM(nn.Module):
         """Summed negative log-likelihood and number of predicted tokens of a long stream (T,) or (B, T), read in
         consecutive segments. Each segment sees its own tokens locally and (through memory) everything before.
         The first token of a segment is predicted from the previous segment's last position."""
-        ids = _as_ids(ids, self.backbone.device)
+        ids = as_ids(ids, self.backbone.device)
         total, nll, count, prev = ids.shape[1], 0.0, 0, None
         for s in range(0, total, self.segment_len):
             seg = ids[:, s:s + self.segment_len]
@@ -209,7 +210,7 @@ class SegmentLM(nn.Module):
     def score(self, context, continuation, memory: Memory | None = None) -> float:
         """log P(continuation | context, memory), summed over the continuation's tokens. Memory is read, never
         changed; a context too long for the local window is cut from the left."""
-        ctx, cont = _as_ids(context, self.backbone.device), _as_ids(continuation, self.backbone.device)
+        ctx, cont = as_ids(context, self.backbone.device), as_ids(continuation, self.backbone.device)
         n = cont.shape[1]
         if n == 0:
             return 0.0
@@ -229,7 +230,7 @@ class SegmentLM(nn.Module):
         sampling = sampling or Sampling()
         if search_from < 0:
             raise ValueError(f"search_from must be >= 0, got {search_from}")
-        ids = _as_ids(prompt, self.backbone.device)
+        ids = as_ids(prompt, self.backbone.device)
         if ids.shape[0] != 1:
             raise ValueError("generate takes a single prompt")
         if ids.shape[1] == 0:

@@ -1,8 +1,8 @@
-"""LongMemModel: frozen backbone + residual SideNet + memory bank (the paper's figure 1).
+"""LongMemModel: frozen backbone + residual SideNet + memory (the paper's figure 1).
 
     ids (B, T) --backbone (frozen, no grad)--> H_llm[0..L'] and pre-RoPE K/V of layer m
         H_llm --SideNet (L'/r layers, one memory-augmented; reads memory)--> H_side[L] --frozen norm + LM head--> logits
-        K/V of layer m --after the step--> memory bank (retrieval for later segments)
+        K/V of layer m --after the step--> memory (retrieval for later segments)
 
 Checkpoints are a directory with ``sidenet.safetensors`` and ``config.json`` (model config, backbone identity and
 weights hash, provenance). Loading refuses a checkpoint trained for another backbone.

@@ -4,12 +4,12 @@ SideNet layer l (1-based, l = 1..L with L = L'/r) starts as a copy of backbone l
 cross-network residual H_llm[r*l] - H_llm[r*(l-1)] (the last one reaches H_llm[L'] when r does not divide L').
 
 Initialisation. The paper copies the layers and adds their full output on top of the residuals, which on SmolLM2
-sends perplexity from ~35 to ~1e250: every copied layer re-applies an update the backbone already made. By default
-each side layer's two residual branches (attention, MLP) are scaled by a learnable scalar initialised at 0
-(ReZero). With the branches closed the side stream telescopes, H_side[L] = H_llm[0] + sum of differences = H_llm[L'],
-so the untrained SideNet reproduces the backbone exactly; training opens the branches. ``side_init="plain"``
-keeps the paper's initialisation for ablation. The residual stream is kept in float32 so the telescoping sum adds
-no bf16 rounding; each layer computes in the backbone's dtype.
+makes the untrained model's perplexity explode (``docs/design.md``): every copied layer re-applies an update the
+backbone already made. By default each side layer's two residual branches (attention, MLP) are scaled by a learnable
+scalar initialised at 0 (ReZero). With the branches closed the side stream telescopes, H_side[L] = H_llm[0] + sum
+of differences = H_llm[L'], so the untrained SideNet reproduces the backbone exactly; training opens the branches.
+``side_init="plain"`` keeps the paper's initialisation for ablation. The residual stream is kept in float32 so the
+telescoping sum adds no bf16 rounding; each layer computes in the backbone's dtype.
 
 The memory-augmented layer attends to its local causal context (RoPE applied) and, with separate softmaxes, to the
 K retrieved memory tokens of each query token (no RoPE: queries and memory keys are both un-rotated). A head-wise
@@ -34,9 +34,8 @@ from longmem.model.lora import compute_dtype
 
 RETRIEVAL_BLOCK = 256  # query tokens per memory search + memory attention (bounds the (B, H, T, K, d) gather)
 # Memory attention reads the whole memory, masked to each query's top chunks, while memory holds at most this many
-# times K tokens; beyond it, each query's K keys/values are gathered. One 256-query block, 9 heads, K = 1,024, one
-# thread: gather 1.6-2.2 s at any memory size; masked dense 0.08 s at 3k tokens, 0.34 s at 7k, 0.70 s at 16k, 3.9 s
-# at 64k (numbers of the two paths equal within 1e-6).
+# times K tokens; beyond it, each query's K keys/values are gathered (the two paths agree up to rounding; where they
+# cross in time: docs/design.md).
 DENSE_MEMORY_RATIO = 16
 RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 

@@ -23,8 +23,8 @@ from longmem.model.longmem import LongMemModel
 from longmem.service.jobs import JobManager
 from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
-from longmem.tasks.classify import ClassifierSpec, classify_rows, write_predictions_csv
-from longmem.tasks.demos import Choice, DemoFinder, accuracy_vs_bank, jsonl_format, write_demos
+from longmem.tasks.classify import Choice, ClassifierSpec, classify_rows, write_predictions_csv
+from longmem.tasks.demos import DemoFinder, accuracy_vs_bank, jsonl_format, write_demos
 from longmem.tasks.examples import Example, format_demo, read_examples, read_texts, split_examples
 from longmem.tasks.measure import accuracy_vs_memory, default_sizes, majority_accuracy, plot_confusion, plot_curve
 from longmem.tasks.measure import evaluate as evaluate_classifier
@@ -119,7 +119,7 @@ class ClassifierBuilder:
 
     def _classifier(self, name: str, spec: ClassifierSpec, chunk_size: int | None):
         """The classifier over the bank's loaded memory (callers hold the model lock)."""
-        s = self.host.session(name, chunk_size)
+        s = self.host.sessions.session(name, chunk_size)
         demos = DemoFinder(s.bank, self.host.model, s.memory, spec.template, spec.labels) if spec.finder != "none" \
             else None
         return spec.classifier(self.host.model, s.memory, demos)

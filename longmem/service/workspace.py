@@ -1,5 +1,6 @@
-"""A workspace: one model shared by every user of an app, the banks directory, each bank's loaded memory and
-conversation, and the background jobs that fill banks. The web app's handlers call this and nothing else.
+"""A workspace: one model shared by every user of an app, the banks directory and its administration, uploads and
+the background jobs that fill banks, and (through ``sessions``) each bank's loaded memory and conversation. The web
+app's handlers call this and nothing else.
 
     ws = Workspace(LongMemModel.from_config(), BankDirectory())
     job = ws.ingest("gatsby", ["gatsby.epub"], create=True)   # runs in the background; ws.jobs.get(job) for progress
@@ -7,97 +8,42 @@ conversation, and the background jobs that fill banks. The web app's handlers ca
     reply.citations                                            # the passages the answer read, with their places
 
 Concurrency. Model calls that read or change a bank's in-RAM memory (chat, continue, classify) run one at a time,
-under the workspace's lock, each in its own thread that streams into a ``Reply``; a reader that goes away cancels
-it between two tokens. Ingestion jobs only read the model's weights and write SQLite, so they run beside a chat.
-An uploaded file is only checked in the request (``check_upload``); its text is extracted by the job, in a child
-process held to ``limits`` (``sandbox``), so a hostile file costs its own job and cancelling the job ends it at once.
+under the sessions' lock (``service.sessions``). Ingestion jobs only read the model's weights and write SQLite, so
+they run beside a chat. An uploaded file is only checked in the request (``check_upload``); its text is extracted by
+the job, in a child process held to ``limits`` (``sandbox``), so a hostile file costs its own job and cancelling the
+job ends it at once.
 Changing the model waits for no one: it is refused while a job runs.
-
-A bank's memory is loaded on first use and reloaded when its contents change (new or removed documents). The chat
-of a bank is stored in the bank; when it outgrows the local window its oldest turns move into memory (``Chat``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import shutil
 import tempfile
-import threading
-from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
-import torch
-
+from longmem.ingest.formats import BOOK_SUFFIXES, DEMO_SUFFIXES, SUPPORTED
 from longmem.ingest.limits import ExtractLimits
 from longmem.ingest.pipeline import ingest as ingest_file
-from longmem.ingest.readers import BOOK_SUFFIXES, SUPPORTED, DemoFormat, check_source, open_source
+from longmem.ingest.readers import DemoFormat, check_source, open_source
 from longmem.ingest.titles import book_title
-from longmem.memory.memory import Memory, MemoryView
-from longmem.model.lm import Sampling
+from longmem.memory.memory import Memory
 from longmem.service.classifier_builder import ClassifierBuilder
 from longmem.service.jobs import JobContext, JobManager, JobState
+from longmem.service.replies import Reply, Settings
+from longmem.service.sessions import Sessions
 from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.directory import name_base
 from longmem.storage.records import BankBusy, BankError, BankExists
-from longmem.tasks.chat import Chat
-from longmem.tasks.answer import ANSWER_SAMPLING, answer
-from longmem.tasks.reading import DEFAULT_FINDER, PASSAGES_READ, Citation, PassageFinder, Reading
-from longmem.text.io import InputError, stream_text
+from longmem.text.io import InputError
 
 log = logging.getLogger(__name__)
 
 MAX_UPLOAD_BYTES = 512 * 2**20  # files larger than this are refused before any work starts
-LOADED_BANKS = 2  # bank memories kept in RAM at once (least recently used is dropped)
-PASSAGES = 3  # passages shown under an answer
-
-
-@dataclass
-class Settings:
-    """Generation and retrieval settings of one request; the defaults are an answer's (``tasks.answer``), and
-    ``CONTINUE`` is the Continue tab's."""
-    max_new_tokens: int = ANSWER_SAMPLING.max_new_tokens  # tokens to generate at most
-    temperature: float = ANSWER_SAMPLING.temperature  # 0 = greedy
-    top_p: float = ANSWER_SAMPLING.top_p  # nucleus sampling mass
-    chunks: int | None = None  # memory chunks per query token and head; None: READING_TOPK tokens' worth while reading
-    chunk_size: int | None = None  # chunk size used for retrieval, a divisor of the bank's; None = the bank's own
-    seed: int | None = None  # for reproducible sampling
-    reading: str = DEFAULT_FINDER  # passages a chat reads before answering: found by "lexical", "fused" or "memory"
-    #                                ranking (``longmem.tasks.reading``), or "none" (the paper's memory fusion alone)
-    passages: int = PASSAGES_READ  # passages read at most (within what the window leaves for them)
-    backbone_stops: bool = ANSWER_SAMPLING.backbone_stops  # an answer also ends where the frozen backbone would
-    abstain: bool = True  # an answer the passages read do not support says that the book does not say
-
-    def reading_config(self) -> Reading:
-        """How a chat answer reads its bank under these settings (``tasks.reading.Reading``)."""
-        return Reading(finder=self.reading, passages=self.passages,
-                       **({} if self.abstain else {"abstain": 0.0}))
-
-    def sampling(self, stop_ids: tuple[int, ...] = ()) -> Sampling:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max new tokens must be at least 1, got {self.max_new_tokens}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"temperature must be >= 0 and top-p in (0, 1], got {self.temperature}, {self.top_p}")
-        return Sampling(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                        seed=self.seed, stop_ids=stop_ids, backbone_stops=self.backbone_stops,
-                        no_repeat=ANSWER_SAMPLING.no_repeat)
-
-
-CONTINUE = Settings(max_new_tokens=160, temperature=0.7, backbone_stops=False)  # the Continue tab samples
-
-
-@dataclass(frozen=True)
-class PassageHit:
-    """A passage behind an answer: the chunk memory retrieved, its surroundings and where it is."""
-    document: str  # title of the book (or "this conversation" for chat turns moved into memory)
-    location: str  # e.g. "part 12 of 40"
-    text: str  # the retrieved chunk
-    context: str  # the chunk with its neighbours
-    hits: int  # how many times (heads x tokens) it was retrieved
 
 
 @dataclass(frozen=True)
@@ -113,92 +59,12 @@ class BankSummary:
     updated: str
 
 
-def _stored(turn: dict) -> dict:
-    """What a stored turn keeps beside its text: {"retrieved", "read", "said"} (before 0.2, a list: retrieved)."""
-    return turn["passages"] if isinstance(turn["passages"], dict) else {"retrieved": turn["passages"]}
-
-
-def _chat_turns(bank: Bank) -> list[dict]:
-    """The bank's conversation as a ``Chat`` keeps it: an answer that said the book does not say is marked so."""
-    return [{"role": t["role"], "content": t["content"], **({} if _stored(t).get("said", True) else {"said": False})}
-            for t in bank.chat_turns(passages=True)]
-
-
-def _citation(stored: dict) -> Citation:
-    """A citation as the bank stored it (JSON: the support span is a list, absent before it existed)."""
-    support = stored.get("support")
-    return Citation(**{**stored, "support": tuple(support) if support else None})
-
-
-class Reply:
-    """The streamed output of a request: iterate for text pieces; ``text`` and ``passages`` once it is finished.
-    ``cancel()`` stops the generation between two tokens (also done when the iterator is closed early)."""
-
-    _END = object()
-
-    def __init__(self):
-        self.pieces: list[str] = []
-        self.passages: list[PassageHit] = []  # what memory retrieved most while answering
-        self.citations: list[Citation] = []  # the passages the answer read, numbered as in its prompt
-        self.said = True  # False: the reply says that the book does not say (the citations are the closest passages)
-        self.notes: list[str] = []  # facts about the request worth telling the reader (e.g. a prompt was cut)
-        self.done = threading.Event()
-        self._queue: queue.Queue = queue.Queue()
-        self._stop = threading.Event()
-
-    @property
-    def text(self) -> str:
-        return "".join(self.pieces)
-
-    @property
-    def cancelled(self) -> bool:
-        return self._stop.is_set()
-
-    def cancel(self) -> None:
-        self._stop.set()
-
-    def __iter__(self) -> Iterator[str]:
-        try:
-            while True:
-                item = self._queue.get()
-                if item is self._END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self._stop.set()  # a reader that stops early stops the generation
-
-    # -- producer side (the worker thread) ----------------------------------------------------------------------
-    def _emit(self, piece: str) -> None:
-        self.pieces.append(piece)
-        self._queue.put(piece)
-
-    def _finish(self, error: BaseException | None = None) -> None:
-        if error is not None:
-            self._queue.put(error)
-        self._queue.put(self._END)
-        self.done.set()
-
-
-@dataclass
-class _Session:
-    """A bank's memory as loaded in RAM, its version, and its conversation."""
-    bank: Bank
-    version: tuple[int, int]  # (epoch, chunks) of the bank when loaded
-    stored: Memory  # the bank's memory at its own chunk size
-    chunk_size: int  # chunk size of ``memory``
-    memory: Memory  # ``stored`` re-chunked to ``chunk_size`` (same K/V), plus what the chat moved into it
-    bank_chunks: int  # chunks of ``stored`` that come from the bank (what a chat adds comes after them)
-    chat: Chat | None = None
-    finder: PassageFinder | None = None  # ranks the bank's passages for questions (made on first use)
-
-
 class Workspace:
     def __init__(self, model, directory: BankDirectory, max_upload_bytes: int = MAX_UPLOAD_BYTES,
                  checkpoint: str | None = None, work_dir: str | os.PathLike | None = None,
                  limits: ExtractLimits | None = None, dtype: str = "auto"):
-        self.model = model.eval()  # the app's model only answers: eval mode (LoRA projections merged)
+        # the app's model only answers: eval mode (LoRA projections merged); the sessions hold it
+        self.sessions = Sessions(model.eval(), directory)  # each bank's loaded memory and conversation; chat, continue
         self.limits = limits or ExtractLimits()  # what one uploaded file may expand to while its text is read
         self.dtype = dtype  # the dtype asked for ("auto" or a name); ``load_model`` uses it unless told another
         self.work_dir = Path(work_dir) if work_dir is not None else None
@@ -207,11 +73,14 @@ class Workspace:
         self.jobs = JobManager()
         self.max_upload_bytes = max_upload_bytes
         self.checkpoint = checkpoint  # where the SideNet came from (None = shipped default or untrained)
-        self._lock = threading.RLock()  # one model call at a time; guards the sessions
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self.classifiers = ClassifierBuilder(self)  # build, evaluate and use classifiers saved in banks
 
     # -- the model ------------------------------------------------------------------------------------------------
+    @property
+    def model(self):
+        """The model every request runs (``load_model`` replaces it)."""
+        return self.sessions.model
+
     def model_info(self) -> dict:
         """What is loaded: backbone, SideNet checkpoint and its provenance, sizes and memory use."""
         import psutil
@@ -234,7 +103,7 @@ class Workspace:
             "provenance": m.provenance,
             "memory_layer": m.config.memory_layer, "cached_layer": m.cached_layer, "chunk_size": m.chunk_size,
             "topk": m.config.topk, "segment_len": m.segment_len,
-            "loaded_banks": list(self._sessions), "bank_memory_bytes": self.memory_bytes(),
+            "loaded_banks": self.sessions.names(), "bank_memory_bytes": self.sessions.memory_bytes(),
             "process_rss_bytes": psutil.Process().memory_info().rss,
         }
 
@@ -258,7 +127,7 @@ class Workspace:
         backbone = (backbone or "default").strip()
         device = str(self.model.backbone.device)
         dtype = dtype or self.dtype
-        with self._lock:
+        with self.sessions.lock:
             bb = load_backbone(backbone, resolve_dtype(dtype, device), device)
             if checkpoint and checkpoint.strip():
                 model = LongMemModel.load(checkpoint.strip(), bb, device)
@@ -269,9 +138,8 @@ class Workspace:
                 window = min(LongMemConfig.segment_len, bb.spec.max_positions)  # a small model's context bounds it
                 model = LongMemModel.load(ckpt, bb, device) if ckpt else LongMemModel(bb, LongMemConfig(
                     backbone=backbone, segment_len=window))
-            for name in list(self._sessions):
-                self._drop(name)
-            self.model, self.dtype = model.eval(), dtype  # inference only (LoRA projections merged)
+            self.sessions.swap(model.eval())  # inference only (LoRA projections merged)
+            self.dtype = dtype
             self.checkpoint = checkpoint.strip() if checkpoint and checkpoint.strip() else None
         return self.model_info()
 
@@ -303,14 +171,14 @@ class Workspace:
 
     def rename_bank(self, old: str, new: str) -> None:
         self._idle(old)
-        with self._lock:
-            self._drop(old)
+        with self.sessions.lock:
+            self.sessions.drop(old)
             self.directory.rename(old, new)
 
     def delete_bank(self, name: str) -> None:
         self._idle(name)
-        with self._lock:
-            self._drop(name)
+        with self.sessions.lock:
+            self.sessions.drop(name)
             self.directory.delete(name)
 
     def documents(self, name: str) -> list:
@@ -379,7 +247,7 @@ class Workspace:
         title = title or Path(path).name
         if Path(title).suffix.lower() not in BOOK_SUFFIXES:
             raise InputError(f"{title}: a book is one of {', '.join(BOOK_SUFFIXES)}; labelled examples "
-                             "(.csv, .tsv, .jsonl) build a classifier instead")
+                             f"({', '.join(DEMO_SUFFIXES)}) build a classifier instead")
         self.check_upload(path)
         stem = Path(title).stem
         book = book_title(path, self.limits) or stem
@@ -430,140 +298,6 @@ class Workspace:
 
         return work
 
-    # -- memory ---------------------------------------------------------------------------------------------------
-    def _drop(self, name: str) -> None:
-        s = self._sessions.pop(name, None)
-        if s is not None:
-            s.bank.close()
-
-    def session(self, name: str, chunk_size: int | None = None) -> _Session:
-        """The loaded memory of a bank, (re)loaded when the bank changed; callers hold the lock."""
-        s = self._sessions.get(name)
-        if s is not None:
-            try:
-                version = s.bank.version()
-            except BankError:  # renamed or deleted behind our back
-                version = None
-            # the bank changed, or other chunks are asked for
-            if version != s.version or (chunk_size is not None and chunk_size != s.chunk_size):
-                self._drop(name)
-                s = None
-        if s is None:
-            bank = self.directory.open(name)
-            try:
-                version = bank.version()
-                stored = bank.load_memory(self.model)
-            except BaseException:
-                bank.close()
-                raise
-            memory = stored.rechunk(chunk_size) if chunk_size is not None else stored  # shares the keys/values
-            s = _Session(bank=bank, version=version, stored=stored, chunk_size=memory.chunk_size, memory=memory,
-                         bank_chunks=stored.rows[0].n)
-            self._sessions[name] = s
-            while len(self._sessions) > LOADED_BANKS:
-                self._drop(next(iter(self._sessions)))
-        self._sessions.move_to_end(name)
-        return s
-
-    def memory_bytes(self) -> int:
-        """RAM held by the loaded bank memories (keys and values)."""
-        total = 0
-        for s in list(self._sessions.values()):
-            r = s.stored.rows[0]
-            total += r.k.numel() * r.k.element_size() * 2
-        return total
-
-    # -- chat -----------------------------------------------------------------------------------------------------
-    def chat_history(self, name: str) -> list[dict]:
-        """The bank's stored conversation, oldest first: {"role", "content", "passages": [PassageHit], "citations":
-        [Citation], "said"} per turn (what memory retrieved, what the answer read, False when the answer said that
-        the book does not say)."""
-        with self.directory.open(name) as bank:
-            turns = bank.chat_turns(passages=True)
-        out = []
-        for t in turns:
-            stored = _stored(t)
-            out.append({**t, "passages": [PassageHit(**p) for p in stored.get("retrieved", [])],
-                        "citations": [_citation(c) for c in stored.get("read", [])], "said": stored.get("said", True)})
-        return out
-
-    def clear_chat(self, name: str) -> None:
-        with self._lock:
-            self._drop(name)  # turns moved into memory leave with it
-            with self.directory.open(name) as bank:
-                bank.clear_chat()
-
-    def chat(self, name: str, question: str, settings: Settings | None = None) -> Reply:
-        """Answer ``question`` about bank ``name`` (streamed). The turn is stored in the bank once answered."""
-        settings = settings or Settings()
-        if not question or not question.strip():
-            raise InputError("the question is empty")
-        self.directory.open(name).close()  # an unknown bank fails here, in the caller
-
-        def run(reply: Reply) -> None:
-            s = self.session(name, settings.chunk_size)
-            if s.chat is None:
-                s.chat = Chat(self.model, s.memory, history=_chat_turns(s.bank))
-            chat = s.chat
-            chat.sampling = settings.sampling(chat.sampling.stop_ids)
-            if settings.reading != "none" and s.finder is None:
-                s.finder = PassageFinder(s.bank, self.model, s.memory)
-            made = answer(chat, s.finder, question, settings.reading_config(), settings.chunks,
-                          stop=lambda: reply.cancelled)
-            reply.citations = made.citations
-            try:
-                for piece in made:
-                    reply._emit(piece)
-                    if reply.cancelled:
-                        break
-            finally:
-                made.close()
-            if not made.complete:  # stopped: an unfinished answer is not part of the conversation
-                return
-            reply.citations, reply.said = made.citations, made.said
-            reply.passages = self._passages(s, made.view)
-            question_turn, answer_turn = chat.history[-2:]
-            stored = {"read": [asdict(c) for c in reply.citations], "retrieved": [asdict(p) for p in reply.passages],
-                      "said": reply.said}
-            s.bank.add_chat_turns([question_turn, {**answer_turn, "passages": stored}])
-
-        return self._start(run)
-
-    # -- continue -------------------------------------------------------------------------------------------------
-    def continue_text(self, name: str, prompt: str | None = None, settings: Settings | None = None) -> Reply:
-        """Continue the bank's text from its end (``prompt`` None) or from ``prompt``, with the bank in memory.
-        The prompt keeps its last tokens so that the generation never pushes anything into the bank's memory."""
-        settings = settings or CONTINUE
-        if prompt is not None and not prompt.strip():
-            raise InputError("the passage to continue is empty")
-        self.directory.open(name).close()
-        model, tok = self.model, self.model.backbone.tokenizer
-        room = model.segment_len - settings.max_new_tokens
-        if room < 16:
-            raise ValueError(f"{settings.max_new_tokens} new tokens leave no room for a prompt in the "
-                             f"{model.segment_len}-token window")
-
-        def run(reply: Reply) -> None:
-            s = self.session(name, settings.chunk_size)
-            if prompt is None:
-                ids = s.stored.tail_tokens(min(room, model.segment_len // 2))
-                if ids.numel() == 0:
-                    raise InputError(f"bank {name!r} is empty: ingest a book first, or give a passage")
-            else:
-                ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids[0]
-                if ids.numel() > room:
-                    reply.notes.append(f"the passage has {ids.numel():,} tokens; its last {room:,} were used")
-                    ids = ids[-room:]
-            view = MemoryView(s.memory, settings.chunks)
-            stop = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
-            for piece in stream_text(tok, model.generate(ids[None], view, settings.sampling(stop))):
-                reply._emit(piece)
-                if reply.cancelled:
-                    return
-            reply.passages = self._passages(s, view)
-
-        return self._start(run)
-
     def scratch_dir(self) -> Path:
         """Where derived files go (demonstration splits, plots, result CSVs): ``work_dir``, else a temporary
         directory that ``close()`` removes."""
@@ -578,71 +312,32 @@ class Workspace:
         for j in self.jobs.list():
             if j.active:
                 self.jobs.cancel(j.id)
-        with self._lock:
-            for name in list(self._sessions):
-                self._drop(name)
+        self.sessions.close()
         if self._own_work_dir and self.work_dir is not None:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             self.work_dir, self._own_work_dir = None, False
 
-    # -- running model calls ----------------------------------------------------------------------------------------
-    def _start(self, run: Callable[[Reply], None]) -> Reply:
-        reply = Reply()
+    # -- requests (``sessions``) --------------------------------------------------------------------------------------
+    def chat(self, name: str, question: str, settings: Settings | None = None) -> Reply:
+        """``Sessions.chat``: answer ``question`` about bank ``name``, streamed; the turn is stored in the bank."""
+        return self.sessions.chat(name, question, settings)
 
-        def target() -> None:
-            try:
-                with self._lock, torch.inference_mode():
-                    run(reply)
-            except BaseException as e:  # handed to the reader, who shows it
-                if not isinstance(e, (InputError, BankError, ValueError)):
-                    log.exception("request failed")
-                reply._finish(e)
-                return
-            reply._finish()
+    def continue_text(self, name: str, prompt: str | None = None, settings: Settings | None = None) -> Reply:
+        """``Sessions.continue_text``: continue the bank's text from its end or from ``prompt``, streamed."""
+        return self.sessions.continue_text(name, prompt, settings)
 
-        threading.Thread(target=target, name="longmem-request", daemon=True).start()
-        return reply
+    def chat_history(self, name: str) -> list[dict]:
+        """``Sessions.chat_history``: the bank's stored conversation, oldest first."""
+        return self.sessions.chat_history(name)
+
+    def clear_chat(self, name: str) -> None:
+        """``Sessions.clear_chat``: forget the bank's conversation, stored and loaded."""
+        self.sessions.clear_chat(name)
 
     def run_locked(self, fn: Callable[[], object]):
-        """Run ``fn`` under the model lock (for callers that use the model directly, e.g. classification)."""
-        with self._lock, torch.inference_mode():
-            return fn()
+        """``Sessions.run_locked``: run ``fn`` under the model lock (e.g. classification)."""
+        return self.sessions.run_locked(fn)
 
     def loaded_memory(self, name: str, chunk_size: int | None = None) -> Memory:
-        """A bank's memory as used by requests (load it if needed); call under ``run_locked``."""
-        return self.session(name, chunk_size).memory
-
-    def _passages(self, s: _Session, view: MemoryView) -> list[PassageHit]:
-        """The passages behind an answer: the most retrieved chunks, one per neighbourhood. A segment's first chunk
-        is left out: every segment is encoded from position 0, and the keys of its first tokens (the attention
-        sink) match almost any query, whatever they say."""
-        f = s.stored.chunk_size // s.chunk_size
-        n_stored = s.bank_chunks * f  # serials below this are the bank's; above, the chat's
-        tok = self.model.backbone.tokenizer
-        out, taken = [], []
-        for serial, hits in view.top(50):
-            coarse = serial // f if serial < n_stored else None
-            key = coarse if coarse is not None else ("chat", serial)
-            if any(isinstance(key, int) and isinstance(t, int) and abs(key - t) <= 8 or key == t for t in taken):
-                continue
-            taken.append(key)
-            if coarse is not None:
-                try:
-                    p = s.bank.passage(coarse)
-                except KeyError:
-                    continue
-                if p.chunk == 0:
-                    continue
-                out.append(PassageHit(document=p.document, location=f"part {p.segment + 1} of {p.of_segments}",
-                                      text=p.text, context=p.context, hits=hits))
-            else:
-                try:
-                    ids = s.memory.chunk_tokens(0, serial)
-                except KeyError:
-                    continue
-                text = tok.decode([int(i) for i in ids if i >= 0])
-                out.append(PassageHit(document="this conversation", location="earlier turns", text=text,
-                                      context=text, hits=hits))
-            if len(out) == PASSAGES:
-                break
-        return out
+        """``Sessions.loaded_memory``: a bank's memory as requests use it; call under ``run_locked``."""
+        return self.sessions.loaded_memory(name, chunk_size)

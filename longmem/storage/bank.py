@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,39 +32,28 @@ import torch
 from longmem.memory.memory import INDEX_BLOCK, MAX_SINKS, Memory, chunk_keys
 from longmem.storage import passages as bank_passages
 from longmem.storage.app_records import AppRecords
-from longmem.storage.integrity import check_segments
 from longmem.storage.indexfiles import IndexRecord, read_index, write_index
-from longmem.storage.passages import ChunkPlaces, PassageRef
+from longmem.storage.integrity import check_segments
+from longmem.storage.passages import ChunkPlaces, Passage
 from longmem.storage.records import (
     BankBusy,
     BankCorrupt,
     BankError,
     BankInfo,
     BankMismatch,
+    ChunkText,
     Document,
-    Passage,
     VerifyReport,
-    crc32,
-    tensor_bytes,
     tensor_from_bytes,
 )
 from longmem.storage.schema import SchemaTooNew, migrate, now, pending_migrations
-from longmem.text.passages import PassageCutter, Span, excerpt
+from longmem.storage.writes import DB_NAME, BankWrites, file_identity
+from longmem.text.passages import excerpt
 
 log = logging.getLogger(__name__)
 
-DB_NAME = "bank.db"
-LOCK_NAME = "write.lock"
 KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HEADROOM_CHUNKS = 2048  # room left in a restored memory for what a chat adds (8k tokens at chunk_size 4)
-
-def _file_id(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return st.st_dev, st.st_ino
-
 
 @dataclass
 class _Layout:
@@ -76,8 +64,9 @@ class _Layout:
     first_chunk: np.ndarray  # (S + 1,) cumulative chunk counts
 
 
-class Bank(AppRecords):
-    """One persistent bank. Reading needs no lock; writing happens inside ``writing()`` (one writer at a time)."""
+class Bank(AppRecords, BankWrites):
+    """One persistent bank. Reading needs no lock; writing happens inside ``writing()`` (one writer at a time: the
+    write path is ``storage.writes``)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -88,7 +77,7 @@ class Bank(AppRecords):
             conn = sqlite3.connect(f"file:{path / DB_NAME}?mode=rw", uri=True, timeout=30, check_same_thread=False)
         except sqlite3.Error as e:
             raise BankError(f"bank {path.name!r}: cannot open {path / DB_NAME} ({e})") from None
-        self._db_id = _file_id(path / DB_NAME)  # the database this handle has open (see ``writing``)
+        self._db_id = file_identity(path / DB_NAME)  # the database this handle has open (see ``writing``)
         try:
             conn.execute("PRAGMA busy_timeout = 30000")
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL: durable against process crashes, fast commits
@@ -194,133 +183,6 @@ class Bank(AppRecords):
     # -- conversation and saved classifiers -----------------------------------------------------------------------
     # Small rows that live beside the memory; SQLite serialises them with an ingestion's writes, so they do not
     # take the bank's writer lock (a chat can go on while a book is being ingested).
-    # -- the writer lock ------------------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def writing(self) -> Iterator["Bank"]:
-        """Hold the bank's write lock (an advisory file lock, released by the OS if the process dies)."""
-        if self._lock_fd is not None:  # re-entrant within one Bank
-            yield self
-            return
-        gone = BankError(f"bank {self.name!r} was renamed or deleted since it was opened; open it again")
-        try:
-            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:
-            raise gone from None
-        try:
-            import fcntl
-
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise BankBusy(f"bank {self.name!r} is being written by another process; try again when it is "
-                           "done") from None
-        except ImportError:  # no fcntl (Windows): one writer is the user's responsibility
-            pass
-        if _file_id(self.path / DB_NAME) != self._db_id:  # the lock must guard the database we have open
-            os.close(fd)
-            raise gone
-        self._lock_fd = fd
-        try:
-            yield self
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the descriptor releases the flock
-            self._lock_fd = None
-
-    def _require_lock(self) -> None:
-        if self._lock_fd is None:
-            raise RuntimeError("bank writes must happen inside `with bank.writing():`")
-
-    # -- writing --------------------------------------------------------------------------------------------------
-    def add_segment(self, document: dict | int, seq: int, tokens: torch.Tensor, text: str, chunk_chars: np.ndarray,
-                    k: torch.Tensor, v: torch.Tensor, resume: tuple[int, int], passages: list[Span] = ()) -> int:
-        """Commit one segment in one transaction and return its document id. ``document`` is an existing id, or
-        the new document's row (title, source, kind, sha256, options, meta) to create with this first segment.
-        tokens (T,); chunk_chars (n_chunks + 1,) chunk boundaries in ``text``; k, v (Hkv, n_chunks * chunk_size, d) for
-        the segment's whole chunks; ``resume`` = where the next segment of the document starts in its source;
-        ``passages``: the passages this segment's text completed (``passage_cutter``), written in the same
-        transaction, with their full-text index."""
-        self._require_lock()
-        info = self.info_cached
-        n_chunks = tokens.numel() // info.chunk_size
-        hkv, t, d = k.shape
-        if (hkv, t, d) != (info.n_kv_heads, n_chunks * info.chunk_size, info.head_dim) or v.shape != k.shape:
-            raise ValueError(f"k/v {tuple(k.shape)} do not fit {n_chunks} chunks of {info.chunk_size} tokens with "
-                             f"{info.n_kv_heads} heads of {info.head_dim}")
-        if len(chunk_chars) != n_chunks + 1:
-            raise ValueError(f"chunk_chars has {len(chunk_chars)} entries for {n_chunks} chunks")
-        stamp = now()
-        with self.db.atomic():
-            if isinstance(document, dict):
-                doc_id = self.db["documents"].insert({
-                    **document, "options": json.dumps(document["options"], sort_keys=True),
-                    "meta": json.dumps(document.get("meta", {})), "status": "ingesting", "created": stamp,
-                    "updated": stamp}).last_pk
-            else:
-                doc_id = document
-            tok_b = tokens.to(torch.int32).numpy().tobytes()
-            chars_b = np.asarray(chunk_chars, dtype=np.int32).tobytes()
-            k_b, v_b = tensor_bytes(k.to(self.dtype)), tensor_bytes(v.to(self.dtype))
-            seg_id = self.db["segments"].insert({
-                "document_id": doc_id, "seq": seq, "n_tokens": tokens.numel(), "n_chunks": n_chunks,
-                "tokens": tok_b, "text": text, "chunk_chars": chars_b,
-                "crc32": crc32(tok_b, chars_b, text.encode("utf-8"))}).last_pk
-            self.db["kv"].insert({"segment_id": seg_id, "k": k_b, "v": v_b, "crc32": crc32(k_b, v_b)})
-            bank_passages.insert(self.db, doc_id, seg_id, passages)
-            self.db.execute("UPDATE documents SET n_tokens = n_tokens + ?, n_segments = n_segments + 1, "
-                            "resume_offset = ?, resume_skip = ?, updated = ? WHERE id = ?",
-                            [tokens.numel(), resume[0], resume[1], stamp, doc_id])
-            self.db.execute("UPDATE bank SET updated = ? WHERE id = 1", [stamp])
-        return doc_id
-
-    def finish_document(self, doc_id: int, passages: list[Span] = ()) -> None:
-        """Mark a document complete, with its last ``passages`` (the cutter's ``finish()``), and name the chapter of
-        each of its passages (chapters are found in the whole text)."""
-        self._require_lock()
-        with self.db.atomic():
-            last = self.db.execute("SELECT max(id) FROM segments WHERE document_id = ?", [doc_id]).fetchone()[0]
-            if passages and last is not None:
-                bank_passages.insert(self.db, doc_id, last, passages)
-            bank_passages.set_chapters(self.db, doc_id, bank_passages.document_text(self.db, doc_id))
-            self.db.execute("UPDATE documents SET status = 'complete', updated = ? WHERE id = ?", [now(), doc_id])
-
-    def passage_cutter(self, doc_id: int | None, demonstrations: bool) -> PassageCutter:
-        """The passage cutter for the next segments of a document: a new one (``doc_id`` None), or one that goes on
-        where an interrupted ingestion's stored passages end."""
-        if doc_id is None:
-            return PassageCutter(demonstrations=demonstrations)
-        return bank_passages.cutter_for(self.db, doc_id, demonstrations)
-
-    def rebuild_passages(self) -> int:
-        """Cut every document's passages again from its stored text and rebuild their full-text index (one
-        transaction); returns how many passages there are."""
-        with self.writing(), self.db.atomic():
-            count = 0
-            for doc in self.documents():
-                count += bank_passages.recut(self.db, doc.id, doc.kind == "demos", doc.status == "complete")
-            bank_passages.rebuild_fts(self.db)
-        return count
-
-    def delete_document(self, doc_id: int) -> Document:
-        """Remove a document and its memory (one transaction), then rewrite the index files."""
-        doc = self.document(doc_id)
-        with self.writing():
-            with self.db.atomic():
-                self.db.execute("DELETE FROM passages WHERE document_id = ?", [doc_id])
-                self.db.execute("DELETE FROM kv WHERE segment_id IN (SELECT id FROM segments WHERE document_id = ?)",
-                                [doc_id])
-                self.db.execute("DELETE FROM segments WHERE document_id = ?", [doc_id])
-                self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id])
-                self.db.execute("UPDATE bank SET epoch = epoch + 1, updated = ? WHERE id = 1", [now()])
-            self.sync_index()
-            with contextlib.suppress(sqlite3.OperationalError):  # give the freed pages back to the file system
-                self.db.execute("PRAGMA incremental_vacuum")
-                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        return doc
-
     # -- index files ----------------------------------------------------------------------------------------------
     def _check_blob(self, segment: int, blob: bytes, n_chunks: int) -> None:
         info = self.info_cached
@@ -486,14 +348,14 @@ class Bank(AppRecords):
                                   search_device=search_device, starts=starts,
                                   max_sinks=MAX_SINKS if model is None else model.max_sinks)
 
-    def passage(self, serial: int, context_chunks: int = 12) -> Passage:
+    def chunk_text(self, serial: int, context_chunks: int = 12) -> ChunkText:
         """Chunk ``serial`` of the last loaded memory as a reader is shown it: its text (a chunk of tokens may start
         or end inside a word) and its context, up to ``context_chunks`` chunks each side within its segment, cut at
         sentence bounds within reach, else at whole words with "…", so the context never starts or ends inside a
         word; both reflowed (``text.passages.excerpt``), so ``text`` is in ``context``."""
         lay = self.layout
         if lay is None:
-            raise RuntimeError("load_memory() first: passages are numbered by the loaded memory")
+            raise RuntimeError("load_memory() first: chunks are numbered by the loaded memory")
         if not 0 <= serial < lay.first_chunk[-1]:
             raise KeyError(f"chunk {serial} is not in the loaded memory of bank {self.name!r}")
         if self.info.epoch != lay.epoch:
@@ -511,15 +373,15 @@ class Bank(AppRecords):
         of_segments = max(row["n_segments"], row["seq"] + 1)
         shown = excerpt(text[lo:bounds[j]], text[bounds[j]:bounds[j + 1]], text[bounds[j + 1]:hi],
                         cut_before=lo > 0 or row["seq"] > 0, cut_after=hi < len(text) or row["seq"] + 1 < of_segments)
-        return Passage(serial=serial, document_id=row["document_id"], document=row["title"],
-                       text=shown.text, context=shown.context, segment=row["seq"], chunk=j,
-                       of_segments=of_segments)
+        return ChunkText(serial=serial, document_id=row["document_id"], document=row["title"],
+                         text=shown.text, context=shown.context, segment=row["seq"], chunk=j,
+                         of_segments=of_segments)
 
     def search_passages(self, question: str, k: int) -> list[tuple[int, float]]:
         """The ``k`` passages that best match ``question``'s words (BM25): (passage id, score), best first."""
         return bank_passages.search(self.db, question, k)
 
-    def passages(self, ids: list[int]) -> list[PassageRef]:
+    def passages(self, ids: list[int]) -> list[Passage]:
         """Passages by id, with their places, in the order given."""
         return bank_passages.fetch(self.db, ids)
 

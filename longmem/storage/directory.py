@@ -19,9 +19,10 @@ from pathlib import Path
 
 import sqlite_utils
 
-from longmem.storage.bank import DB_NAME, KV_DTYPES, LOCK_NAME, Bank
+from longmem.storage.bank import KV_DTYPES, Bank
 from longmem.storage.records import BankError, BankExists, UnknownBank
 from longmem.storage.schema import migrate, now
+from longmem.storage.writes import DB_NAME, LOCK_NAME
 
 BANKS_ENV = "LONGMEM_BANKS_DIR"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

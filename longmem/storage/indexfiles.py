@@ -3,7 +3,7 @@
 An index file is the serialised faiss index of one key/value head (its mean-pooled chunk keys). SQLite holds the
 truth; a file is only a cache of it, so every read is verified (size, CRC-32 checksum, entry count) and anything that
 does not match is reported as ``None`` for the caller to rebuild from SQLite. (CRC-32 rather than a cryptographic
-hash: it catches truncation and corruption at ~1.7 GB/s, where sha256 ran at 0.26 GB/s and dominated reopening.)
+hash: it catches truncation and corruption, and sha256 dominated reopening; figures in ``docs/design.md``.)
 Writes go to a temporary file in the same directory, are fsynced, then renamed over the old file, so a crash leaves
 the old file or the new one, never half.
 """

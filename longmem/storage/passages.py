@@ -36,7 +36,7 @@ _BARE_NUMBER = re.compile(r"[IVXLC]+\.?|[0-9]+\.?")  # a chapter heading that is
 
 
 @dataclass(frozen=True)
-class PassageRef:
+class Passage:
     """A passage as a reader is shown it: its text and its place in its document."""
 
     id: int
@@ -66,8 +66,8 @@ class PassageRef:
     def prompt_place(self) -> str:
         """Where the passage is, as the reading prompt names it for the model: "The Great Gatsby, chapter III, 31%
         in", the heading as the book prints it ("A Lost Lady, PART TWO I, 57% in"). The answers were measured with
-        this wording; the reader's wording (``place``) in the prompt made the app's answers worse (docs/notes-issue-
-        44.md), so the two differ on purpose."""
+        this wording; the reader's wording (``place``) in the prompt made the app's answers worse (docs/design.md,
+        "How a chat answer reads"), so the two differ on purpose."""
         bare = self.chapter is not None and _BARE_NUMBER.fullmatch(self.chapter) is not None
         where = f"chapter {self.chapter.rstrip('.')}" if bare else self.chapter  # "II" -> "chapter II"
         return ", ".join(p for p in (self.document, where, f"{self.position:.0%} in") if p)
@@ -209,7 +209,7 @@ def search(db: sqlite_utils.Database, question: str, k: int) -> list[tuple[int, 
     return [(int(pid), -float(score)) for pid, score in rows]
 
 
-def fetch(db: sqlite_utils.Database, ids: list[int]) -> list[PassageRef]:
+def fetch(db: sqlite_utils.Database, ids: list[int]) -> list[Passage]:
     """The passages ``ids`` with their places, in the order given (ids no longer stored are left out)."""
     if not ids:
         return []
@@ -218,7 +218,7 @@ def fetch(db: sqlite_utils.Database, ids: list[int]) -> list[PassageRef]:
                       f"(SELECT sum(length(s.text)) FROM segments s WHERE s.document_id = p.document_id) "
                       f"FROM passages p JOIN documents d ON d.id = p.document_id WHERE p.id IN ({marks})",
                       list(ids)).fetchall()
-    by_id = {r[0]: PassageRef(id=r[0], document_id=r[1], document=r[2], chapter=r[3], char_start=r[4],
+    by_id = {r[0]: Passage(id=r[0], document_id=r[1], document=r[2], chapter=r[3], char_start=r[4],
                               char_end=r[5], text=r[6], label=r[7], document_chars=r[8] or 0) for r in rows}
     return [by_id[i] for i in ids if i in by_id]
 

@@ -92,16 +92,16 @@ class Document:
 
 
 @dataclass(frozen=True)
-class Passage:
-    """Text of a retrieved chunk, for quoting: the chunk itself and the chunks around it in its segment."""
+class ChunkText:
+    """The text of a memory chunk, for quoting: the chunk itself and the chunks around it in its segment."""
 
     serial: int  # chunk serial in the loaded memory
     document_id: int
     document: str  # title
-    text: str  # the chunk, reflowed (``Bank.passage``)
+    text: str  # the chunk, reflowed (``Bank.chunk_text``)
     context: str  # the chunk with the text around it, as a reader is shown it: ``text`` is in it
     segment: int = 0  # which segment of its document (0-based) ...
-    of_segments: int = 1  # ... out of how many: where in the book the passage is
+    of_segments: int = 1  # ... out of how many: where in the book the chunk is
     chunk: int = 0  # which chunk of its segment (0 = the segment's first tokens)
 
 

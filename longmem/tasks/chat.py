@@ -61,27 +61,27 @@ class Chat:
         """The turns a prompt reads: the earlier ones that are read (``_read``), then the last question as ``last``."""
         return _read(self.history[:-1]) + [{"role": "user", "content": last}]
 
-    def prompt_ids(self, question: str, reading: str | None = None, history: bool = True) -> torch.Tensor:
-        """The prompt (1, T) the model would read for ``question`` now (with ``reading`` in its place, see ``ask``;
+    def prompt_ids(self, question: str, excerpts: str | None = None, history: bool = True) -> torch.Tensor:
+        """The prompt (1, T) the model would read for ``question`` now (with ``excerpts`` in its place, see ``ask``;
         without the earlier turns unless ``history``), without changing the conversation."""
         earlier = _read(self.history) if history else []
-        return self._encode(earlier + [{"role": "user", "content": reading or question}], True)
+        return self._encode(earlier + [{"role": "user", "content": excerpts or question}], True)
 
-    def ask(self, question: str, reading: str | None = None, search_reading: bool = True) -> Iterator[str]:
+    def ask(self, question: str, excerpts: str | None = None, search_excerpts: bool = True) -> Iterator[str]:
         """Stream the answer to ``question`` as text pieces; the turn is recorded once the answer is complete (an
         answer left unfinished leaves the conversation as it was, but for turns moved into memory to make room).
-        ``reading``: what the model reads in the question's place this once (excerpts of the book, then the
+        ``excerpts``: what the model reads in the question's place this once (excerpts of the book, then the
         question: ``longmem.tasks.reading.reading_prompt``); the conversation keeps the question alone, so the excerpts
-        of earlier turns do not crowd the window. ``search_reading=False``: the prompt up to the question (the
+        of earlier turns do not crowd the window. ``search_excerpts=False``: the prompt up to the question (the
         earlier turns and the excerpts) reads the window alone; the question, the rest of the template and the answer
         search memory."""
         if not question.strip():
             raise ValueError("the question is empty")
         self.history.append({"role": "user", "content": question})
-        last = reading or question
+        last = excerpts or question
         self._fit_window(last)
         ids = self._encode(self._turns(last), True)
-        start = 0 if search_reading or not reading else self._question_start(last)
+        start = 0 if search_excerpts or not excerpts else self._question_start(last)
         pieces, complete = [], False
         answer = self.model.generate(ids, self.memory, self.sampling, search_from=start)
         try:

@@ -154,6 +154,25 @@ class Classifier:
         return out
 
 
+DEMO_FINDERS = ("fused", "memory", "lexical", "none")
+
+
+@dataclass
+class Choice:
+    """Which demonstrations a classifier reads in its prompt for an input (found by ``longmem.tasks.demos``)."""
+
+    finder: str = "fused"  # "fused", "memory", "lexical", or "none" (the fixed demonstrations: the paper's setting)
+    shots: int = 20  # demonstrations read in the prompt
+    balance: bool = False  # take the labels in turn (each label's best first), not the best regardless of label
+    depth: int = 200  # candidates each finder ranks before fusion and filtering
+
+    def __post_init__(self):
+        if self.finder not in DEMO_FINDERS:
+            raise ValueError(f"the demonstration finder must be one of {', '.join(DEMO_FINDERS)}, got {self.finder!r}")
+        if self.shots < 0 or self.depth < 1:
+            raise ValueError(f"shots must be >= 0 and depth >= 1, got {self.shots} and {self.depth}")
+
+
 @dataclass
 class ClassifierSpec:
     """Everything needed to rebuild a classifier over its bank: the prompt side and the evaluation set."""
@@ -182,8 +201,6 @@ class ClassifierSpec:
         if self.finder != "none":
             if demos is None:
                 raise ValueError(f"classifier {self.name!r} finds its demonstrations in its bank: give it a DemoFinder")
-            from longmem.tasks.demos import Choice  # the finder's settings; demos itself builds on this module
-
             choose = demos.chooser(Choice(self.finder, self.shots, self.balance))
         return Classifier(model, memory, self.template, list(self.labels), list(self.context), self.separator,
                           choose=choose, calibrate=self.calibrate)

@@ -38,25 +38,9 @@ from longmem.ingest.readers import DemoFormat
 from longmem.memory.memory import Memory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces
+from longmem.tasks.classify import Choice, Classifier
+from longmem.tasks.measure import CurvePoint, default_sizes, evaluate
 from longmem.tasks.reading import PassageFinder
-
-DEMO_FINDERS = ("fused", "memory", "lexical", "none")
-
-
-@dataclass
-class Choice:
-    """Which demonstrations a classifier reads in its prompt for an input."""
-
-    finder: str = "fused"  # "fused", "memory", "lexical", or "none" (the fixed demonstrations: the paper's setting)
-    shots: int = 20  # demonstrations read in the prompt
-    balance: bool = False  # take the labels in turn (each label's best first), not the best regardless of label
-    depth: int = 200  # candidates each finder ranks before fusion and filtering
-
-    def __post_init__(self):
-        if self.finder not in DEMO_FINDERS:
-            raise ValueError(f"the demonstration finder must be one of {', '.join(DEMO_FINDERS)}, got {self.finder!r}")
-        if self.shots < 0 or self.depth < 1:
-            raise ValueError(f"shots must be >= 0 and depth >= 1, got {self.shots} and {self.depth}")
 
 
 @dataclass(frozen=True)
@@ -176,8 +160,10 @@ def grow_bank(bank: Bank, model, examples: Sequence, sizes: Sequence[int], templ
     for size in sizes:
         if size > have:
             path = write_demos(scratch / f"demos-{have}-{size}.jsonl", examples[have:size])
-            base = have
-            report = (lambda d, t, *_: progress(base + (size - base) * d // max(t, 1), sizes[-1])) if progress else None
+            report = None
+            if progress is not None:
+                def report(d, t, *_, base=have, size=size):  # this file's tokens -> demonstrations so far
+                    progress(base + (size - base) * d // max(t, 1), sizes[-1])
             ingest(bank, model, path, demos=fmt, title=f"demonstrations {have + 1}-{size}", progress=report)
             path.unlink()
             have = size
@@ -193,8 +179,6 @@ def accuracy_vs_bank(model, template: str, labels: Sequence[str], context: Seque
     set is scored with ``choice``'s demonstrations from it and the bank's memory (re-chunked to ``chunk_size``), for
     each size. Size 0 has no bank to find in: the fixed ``context`` is read, memory empty. Returns ``CurvePoint``s."""
     from longmem.storage import BankDirectory
-    from longmem.tasks.classify import Classifier
-    from longmem.tasks.measure import CurvePoint, default_sizes, evaluate
 
     sizes = default_sizes(len(memory_examples)) if sizes is None else sorted(set(sizes))
     if not test:
@@ -213,6 +197,7 @@ def accuracy_vs_bank(model, template: str, labels: Sequence[str], context: Seque
                 choose = DemoFinder(bank, model, memory, template, labels).chooser(choice) if size else None
                 classifier = Classifier(model, memory, template, list(labels), list(context), choose=choose,
                                         calibrate=calibrate)
-                result = evaluate(classifier, test, lambda d, _t, base=done + len(points) * len(test): report(base + d))
+                base = done + len(points) * len(test)
+                result = evaluate(classifier, test, lambda d, _t, base=base: report(base + d))
                 points.append(CurvePoint(size, result.accuracy, len(memory), len(test)))
     return points

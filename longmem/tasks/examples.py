@@ -10,7 +10,6 @@ held-out test set, and formatting them as the model reads them.
 
 from __future__ import annotations
 
-import codecs
 import csv
 import io
 import json
@@ -20,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from longmem.ingest import readers
-from longmem.ingest.readers import DemoFormat
+from longmem.ingest import demofiles, formats, readers
+from longmem.ingest.demofiles import DemoFormat
 from longmem.text.io import InputError, read_text
 
 log = logging.getLogger(__name__)
@@ -95,7 +94,7 @@ def read_examples(path: str | Path, fmt: DemoFormat, skip_empty: bool = False) -
     bad input raises ``InputError`` naming the file, the line and the problem. ``skip_empty`` leaves out rows
     whose text is blank instead (MPQA's train.csv has three)."""
     p = Path(path)
-    pairs, _ = readers.labelled(p, _rows(p, _read_table(p), fmt, skip_empty), fmt)
+    pairs, _ = demofiles.labelled(p, _rows(p, _read_table(p), fmt, skip_empty), fmt)
     return [Example(text, word) for text, word in pairs]
 
 
@@ -160,30 +159,22 @@ def peek_columns(path: str | Path, has_header: bool = True) -> tuple[list[str], 
 
 def _rows(p: Path, content: str, fmt: DemoFormat, skip_empty: bool = False) -> list[tuple[int, str, str]]:
     """(line, text, label) rows through the readers' own parsers (column checks, line numbers, messages)."""
-    return readers.demo_rows(p, content, fmt, skip_empty)
+    return demofiles.demo_rows(p, content, fmt, skip_empty)
 
 
 def _read_table(p: Path, limit: int | None = None) -> str:
-    """A CSV/TSV/JSONL file's text (its first ``limit`` bytes, cut after a line), refusing what is not one."""
-    if p.is_dir():
-        raise InputError(f"{p}: is a directory, not a file")
-    if not p.is_file():
-        raise InputError(f"{p}: no such file")
-    if p.suffix.lower() not in readers.DEMO_EXTS:
+    """A CSV/TSV/JSONL file's text (its first ``limit`` bytes, cut after a line), refusing what is not one with the
+    readers' own checks (``readers.file_head``, the format's size limit, ``readers.refuse_binary``)."""
+    p, head, size = readers.file_head(p)
+    fmt = formats.for_path(p)
+    if fmt is None or not fmt.labelled:
         raise InputError(f"{p}: unsupported file type '{p.suffix or p.name}' for examples "
-                         f"(supported: {', '.join(readers.DEMO_EXTS)})")
-    size = p.stat().st_size
-    if size == 0:
-        raise InputError(f"{p}: the file is empty")
-    if limit is None and size > readers.MAX_EXTRACT_BYTES:
-        raise InputError(f"{p}: {size / 2**20:.0f} MiB is larger than the {readers.MAX_EXTRACT_BYTES // 2**20} MiB "
-                         "limit for example files")
+                         f"(supported: {', '.join(formats.DEMO_SUFFIXES)})")
+    if limit is None:
+        readers.check_size(p, fmt, size)
+    readers.refuse_binary(p, head)
     with open(p, "rb") as f:
         raw = f.read(limit) if limit is not None else f.read()
-    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        raise InputError(f"{p}: is UTF-16 encoded; save it as UTF-8 first")
-    if b"\x00" in raw[:readers.SNIFF_BYTES]:
-        raise InputError(f"{p}: looks like a binary file, not text")
     if limit is not None and size > limit:
         raw = raw[:raw.rfind(b"\n") + 1] or raw
     try:

@@ -151,7 +151,8 @@ def accuracy_vs_memory(model: SegmentLM, template: str, labels: Sequence[str], c
             text = separator + text if have else text  # the stream continues where the last batch stopped
             ids = tok(text, add_special_tokens=False, return_tensors="pt").input_ids  # (1, T)
             batch = size - have
-            model.memorize(ids, memory, lambda d, t, base=done: report(base + batch * d // t))  # tokens -> examples
+            # tokens memorized -> examples
+            model.memorize(ids, memory, lambda d, t, base=done, batch=batch: report(base + batch * d // t))
             done, have = done + batch, size
         if memory is not None and chunk_size is not None:
             classifier.memory = memory.rechunk(chunk_size)  # shares the keys/values; only the chunk index is rebuilt

@@ -17,12 +17,11 @@ Read. The best passages go into the prompt before the question as numbered excer
 budget, ordered from the worst to the best so the best is read last, nearest the question
 (``Reading.best_last``); the model then answers with its memory attached as always (the paper's fusion stays beside the
 reading). While it reads excerpts, each query token reads ``Reading.topk`` memory tokens (256), not the model's own
-K (1,024 for the shipped SideNet, chosen for recall from memory alone): the excerpts carry the facts, and a
-quarter of the memory attention answers as well (bookqa, 90 items: 34 vs 33) in less time. And only the question
-and the answer search memory (``Reading.search_excerpts``): the excerpts' tokens read the window alone, so the first
-answer token no longer pays a search of the whole bank for each of ~650 excerpt tokens (1M-token bank: 1.4 s, was
-9.8 s) and the answers stay the same within noise (the same 90 items: 32 vs 34). ``finder="none"`` reads nothing: the
-paper's pure memory fusion, at the model's K, every token searching.
+K (1,024 for the shipped SideNet, chosen for recall from memory alone): the excerpts carry the facts. And only the
+question and the answer search memory (``Reading.search_excerpts``): the excerpts' tokens read the window alone, so
+the first answer token does not pay a search of the whole bank for each excerpt token. ``finder="none"`` reads
+nothing: the paper's pure memory fusion, at the model's K, every token searching. The measurements behind these
+defaults: ``docs/design.md``, "How a chat answer reads".
 
 Cite. What was read is returned with the answer (``Citation``): text, place, and the text around it.
 """
@@ -35,16 +34,16 @@ import torch
 
 from longmem.memory.memory import Memory, MemoryView
 from longmem.storage.bank import Bank
-from longmem.storage.passages import ChunkPlaces, PassageRef
+from longmem.storage.passages import ChunkPlaces, Passage
 from longmem.text.passages import excerpt
 
 FINDERS = ("lexical", "fused", "memory", "none")
-DEFAULT_FINDER = "lexical"  # what a chat reads unless told: chosen by measurement (docs/notes-issue-26.md)
+DEFAULT_FINDER = "lexical"  # what a chat reads unless told: chosen by measurement (docs/design.md)
 RRF_K = 60  # reciprocal rank fusion's constant (the paper's)
 PASSAGES_READ = 4  # passages an answer reads at most unless told (measured: docs/design.md)
-READING_TOPK = 256  # memory tokens each query token reads while an answer reads excerpts (measured: docs/)
+READING_TOPK = 256  # memory tokens each query token reads while an answer reads excerpts (measured: docs/design.md)
 SEARCH_EXCERPTS = False  # the excerpts' tokens read the window alone; the question and answer search memory: the
-#                          same answers, a first token that does not grow with the bank (measured: docs/)
+#                          same answers, a first token that does not grow with the bank (docs/design.md)
 SIDE_WEIGHT = 0.25  # LongMem's share of an answer's next-token logits beside its frozen backbone's while it reads
 #                    excerpts (measured: docs/design.md)
 ABSTAIN = 0.5  # an answer whose added words are less grounded than this in what it read says the book does not say
@@ -61,7 +60,7 @@ class Reading:
     budget: int = 1024  # tokens of excerpts at most in the prompt (the window, less the question and the answer, is
     #                     the other bound)
     depth: int = 50  # candidates each finder ranks before fusion
-    best_last: bool = True  # excerpts from the worst to the best, the best nearest the question (measured: docs/)
+    best_last: bool = True  # excerpts from the worst to the best, the best nearest the question (docs/design.md)
     topk: int | None = READING_TOPK  # memory tokens per query token while excerpts are read (None: the model's K)
     search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too (False: only the question's
     #                                          and the answer's do)
@@ -93,7 +92,7 @@ class Reading:
 class Found:
     """A passage a finder ranked, with its rank per finder (1 = best; absent: not among that finder's candidates)."""
 
-    passage: PassageRef
+    passage: Passage
     score: float  # the ranking's score (fused: RRF; memory: votes; lexical: BM25)
     ranks: dict = field(default_factory=dict)  # finder -> rank
 
@@ -104,7 +103,7 @@ class Citation:
 
     number: int  # [n] in the prompt
     document: str
-    place: str  # "A Lost Lady, Part Two, chapter VII, 83% through the book" (``PassageRef.place``)
+    place: str  # "A Lost Lady, Part Two, chapter VII, 83% through the book" (``Passage.place``)
     text: str  # the passage, reflowed: a book's hard-wrapped lines joined into paragraphs (``text.passages.reflow``)
     context: str  # the passage with the text around it, reflowed too; ``text`` is in it (``citations``)
     passage_id: int

@@ -1,2 +1,2 @@
-"""Layer 1, text: plain-text files and incremental decoding (``io``), chapter headings (``chapters``), and cutting
+"""Text: plain-text files and incremental decoding (``io``), chapter headings (``chapters``), and cutting
 text into sentence-bounded passages with their place (``passages``). No torch."""

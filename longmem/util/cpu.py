@@ -9,7 +9,7 @@ import torch
 
 def cpu_bf16_features() -> list[str]:
     """The CPU's features that multiply bfloat16 natively: "AVX512-BF16" and/or "AMX" (empty: PyTorch emulates bf16
-    matmuls, ~3x slower than float32; measured 50 vs 150-250 GFLOP/s on a 2-core AVX512 Xeon without BF16).
+    matmuls, far slower than float32: ``docs/design.md``).
     Asked of PyTorch's own CPU probe (cpuinfo, any OS), or read from /proc/cpuinfo where this torch lacks it."""
     probes = {"AVX512-BF16": getattr(torch.cpu, "_is_avx512_bf16_supported", None),
               "AMX": getattr(torch.cpu, "_is_amx_tile_supported", None)}

@@ -1,4 +1,5 @@
-"""Where the project's shared data lives (books, ICL sets, SQuAD, papers): one function for every command.
+"""Where the project's files live: the shared data (books, ICL sets, SQuAD, papers; ``data_dir``) and the cache of
+derived files (``cache_root``), one function each for every command.
 
 ``$LONGMEM_DATA_DIR`` when set; otherwise the ``shared/data`` folder beside a source checkout (the layout this
 project is developed in: ``<work>/main`` next to ``<work>/shared/data``), looked for from this file and from the
@@ -12,6 +13,18 @@ import os
 from pathlib import Path
 
 DATA_ENV = "LONGMEM_DATA_DIR"
+CACHE_ENV = "LONGMEM_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """Where derived files live (the safetensors copy of the default backbone, fetched models, tokenized books);
+    ``$LONGMEM_CACHE_DIR`` overrides the user's cache folder."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("longmem"))
 
 
 def data_dir() -> Path:

@@ -1,0 +1,170 @@
+"""The write path of a bank: its writer lock and every write of its memory (segments, documents, passages). A part of
+``Bank`` (``storage.bank``), which provides the database, the bank's shape and its index files; each write is one
+transaction (``db.atomic()``) inside ``writing()``, so readers see whole segments while a writer ingests, and a crash
+loses at most the segment in flight."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from longmem.storage import passages as bank_passages
+from longmem.storage.records import BankBusy, BankError, Document, crc32, tensor_bytes
+from longmem.storage.schema import now
+from longmem.text.passages import PassageCutter, Span
+
+DB_NAME = "bank.db"
+LOCK_NAME = "write.lock"
+
+
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, None when it does not exist: tells whether a path still names the file opened."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class BankWrites:
+    """The writer lock and the writes of a bank; mixed into ``Bank``, which provides ``path``, ``db``, ``name``,
+    ``info_cached``, ``dtype``, ``documents``, ``document`` and ``sync_index``."""
+
+    path: Path
+    db: object  # the bank's sqlite_utils.Database
+    _lock_fd: int | None  # the lock file's descriptor while ``writing()`` holds it
+    _db_id: tuple[int, int] | None  # ``file_identity`` of the database this handle has open
+
+    # -- the writer lock ------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def writing(self) -> Iterator["BankWrites"]:
+        """Hold the bank's write lock (an advisory file lock, released by the OS if the process dies)."""
+        if self._lock_fd is not None:  # re-entrant within one Bank
+            yield self
+            return
+        gone = BankError(f"bank {self.name!r} was renamed or deleted since it was opened; open it again")
+        try:
+            fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            raise gone from None
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise BankBusy(f"bank {self.name!r} is being written by another process; try again when it is "
+                           "done") from None
+        except ImportError:  # no fcntl (Windows): one writer is the user's responsibility
+            pass
+        if file_identity(self.path / DB_NAME) != self._db_id:  # the lock must guard the database we have open
+            os.close(fd)
+            raise gone
+        self._lock_fd = fd
+        try:
+            yield self
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def _require_lock(self) -> None:
+        if self._lock_fd is None:
+            raise RuntimeError("bank writes must happen inside `with bank.writing():`")
+
+    # -- writing --------------------------------------------------------------------------------------------------
+    def add_segment(self, document: dict | int, seq: int, tokens: torch.Tensor, text: str, chunk_chars: np.ndarray,
+                    k: torch.Tensor, v: torch.Tensor, resume: tuple[int, int], passages: list[Span] = ()) -> int:
+        """Commit one segment in one transaction and return its document id. ``document`` is an existing id, or
+        the new document's row (title, source, kind, sha256, options, meta) to create with this first segment.
+        tokens (T,); chunk_chars (n_chunks + 1,) chunk boundaries in ``text``; k, v (Hkv, n_chunks * chunk_size, d) for
+        the segment's whole chunks; ``resume`` = where the next segment of the document starts in its source;
+        ``passages``: the passages this segment's text completed (``passage_cutter``), written in the same
+        transaction, with their full-text index."""
+        self._require_lock()
+        info = self.info_cached
+        n_chunks = tokens.numel() // info.chunk_size
+        hkv, t, d = k.shape
+        if (hkv, t, d) != (info.n_kv_heads, n_chunks * info.chunk_size, info.head_dim) or v.shape != k.shape:
+            raise ValueError(f"k/v {tuple(k.shape)} do not fit {n_chunks} chunks of {info.chunk_size} tokens with "
+                             f"{info.n_kv_heads} heads of {info.head_dim}")
+        if len(chunk_chars) != n_chunks + 1:
+            raise ValueError(f"chunk_chars has {len(chunk_chars)} entries for {n_chunks} chunks")
+        stamp = now()
+        with self.db.atomic():
+            if isinstance(document, dict):
+                doc_id = self.db["documents"].insert({
+                    **document, "options": json.dumps(document["options"], sort_keys=True),
+                    "meta": json.dumps(document.get("meta", {})), "status": "ingesting", "created": stamp,
+                    "updated": stamp}).last_pk
+            else:
+                doc_id = document
+            tok_b = tokens.to(torch.int32).numpy().tobytes()
+            chars_b = np.asarray(chunk_chars, dtype=np.int32).tobytes()
+            k_b, v_b = tensor_bytes(k.to(self.dtype)), tensor_bytes(v.to(self.dtype))
+            seg_id = self.db["segments"].insert({
+                "document_id": doc_id, "seq": seq, "n_tokens": tokens.numel(), "n_chunks": n_chunks,
+                "tokens": tok_b, "text": text, "chunk_chars": chars_b,
+                "crc32": crc32(tok_b, chars_b, text.encode("utf-8"))}).last_pk
+            self.db["kv"].insert({"segment_id": seg_id, "k": k_b, "v": v_b, "crc32": crc32(k_b, v_b)})
+            bank_passages.insert(self.db, doc_id, seg_id, passages)
+            self.db.execute("UPDATE documents SET n_tokens = n_tokens + ?, n_segments = n_segments + 1, "
+                            "resume_offset = ?, resume_skip = ?, updated = ? WHERE id = ?",
+                            [tokens.numel(), resume[0], resume[1], stamp, doc_id])
+            self.db.execute("UPDATE bank SET updated = ? WHERE id = 1", [stamp])
+        return doc_id
+
+    def finish_document(self, doc_id: int, passages: list[Span] = ()) -> None:
+        """Mark a document complete, with its last ``passages`` (the cutter's ``finish()``), and name the chapter of
+        each of its passages (chapters are found in the whole text)."""
+        self._require_lock()
+        with self.db.atomic():
+            last = self.db.execute("SELECT max(id) FROM segments WHERE document_id = ?", [doc_id]).fetchone()[0]
+            if passages and last is not None:
+                bank_passages.insert(self.db, doc_id, last, passages)
+            bank_passages.set_chapters(self.db, doc_id, bank_passages.document_text(self.db, doc_id))
+            self.db.execute("UPDATE documents SET status = 'complete', updated = ? WHERE id = ?", [now(), doc_id])
+
+    def passage_cutter(self, doc_id: int | None, demonstrations: bool) -> PassageCutter:
+        """The passage cutter for the next segments of a document: a new one (``doc_id`` None), or one that goes on
+        where an interrupted ingestion's stored passages end."""
+        if doc_id is None:
+            return PassageCutter(demonstrations=demonstrations)
+        return bank_passages.cutter_for(self.db, doc_id, demonstrations)
+
+    def rebuild_passages(self) -> int:
+        """Cut every document's passages again from its stored text and rebuild their full-text index (one
+        transaction); returns how many passages there are."""
+        with self.writing(), self.db.atomic():
+            count = 0
+            for doc in self.documents():
+                count += bank_passages.recut(self.db, doc.id, doc.kind == "demos", doc.status == "complete")
+            bank_passages.rebuild_fts(self.db)
+        return count
+
+    def delete_document(self, doc_id: int) -> Document:
+        """Remove a document and its memory (one transaction), then rewrite the index files."""
+        doc = self.document(doc_id)
+        with self.writing():
+            with self.db.atomic():
+                self.db.execute("DELETE FROM passages WHERE document_id = ?", [doc_id])
+                self.db.execute("DELETE FROM kv WHERE segment_id IN (SELECT id FROM segments WHERE document_id = ?)",
+                                [doc_id])
+                self.db.execute("DELETE FROM segments WHERE document_id = ?", [doc_id])
+                self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id])
+                self.db.execute("UPDATE bank SET epoch = epoch + 1, updated = ? WHERE id = 1", [now()])
+            self.sync_index()
+            with contextlib.suppress(sqlite3.OperationalError):  # give the freed pages back to the file system
+                self.db.execute("PRAGMA incremental_vacuum")
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return doc
