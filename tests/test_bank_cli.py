@@ -86,6 +86,22 @@ def test_bank_lifecycle(run, files):
     assert "no banks" in run("bank", "list")[1]
 
 
+def test_bank_ingest_compile_stores_the_book_as_the_eager_run_does(run, files, monkeypatch):
+    """``--compile``: the same document and tokens as without it; with no C++ compiler it is refused by name."""
+    book, _ = files
+    code, out, _ = run("bank", "ingest", "eager", str(book), "--create", model=True)
+    assert code == 0
+    code, out, err = run("bank", "ingest", "fast", str(book), "--create", "--compile", model=True)
+    assert code == 0 and "ingested as document 1" in out and "Warning" not in err
+    directory = BankDirectory(run.banks)
+    with directory.open("eager") as a, directory.open("fast") as b:
+        assert [d.n_tokens for d in a.documents()] == [d.n_tokens for d in b.documents()] and b.verify().ok
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    code, _, err = run("bank", "ingest", "none", str(book), "--create", "--compile", model=True)
+    assert code != 0 and "C++ compiler" in err and "no-such-compiler" in err and "Traceback" not in err
+    assert not directory.exists("none")  # refused before a bank was made
+
+
 def test_cli_errors_name_the_problem(run, files, tmp_path):
     code, _, err = run("bank", "info", "nope")
     assert code == 2 and "no bank named 'nope'" in err

@@ -111,6 +111,29 @@ def test_the_matmul_rate_is_measured_on_the_model_s_shapes_and_dtype(family, dty
     assert share(rate.gflops * 1e9 / flops.per_token, flops, rate) == pytest.approx(1.0)  # the rate itself: 100%
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_attention_kernel_s_rate_bounds_the_share_below_one(dtype):
+    """The attention rate is timed on the model's own attention shapes; the ceiling is 1 when attention runs at the
+    matmul rate, below 1 when slower, and it weighs attention by its part of the work."""
+    import dataclasses
+
+    import torch
+    from tiny import tiny_model
+
+    from longmem.bench.limits import attention_rate, ceiling, ingest_flops, matmul_rate
+
+    model = tiny_model(dtype=getattr(torch, dtype))
+    spec = model.backbone.spec
+    attention = attention_rate(model, min_seconds=0.05, blocks=2)
+    assert attention.gflops > 0 and attention.dtype == dtype
+    assert attention.shapes == [(spec.n_heads, model.segment_len, spec.head_dim)]
+    flops, rate = ingest_flops(model), matmul_rate(model, min_seconds=0.05, blocks=2)
+    assert ceiling(flops, rate, dataclasses.replace(attention, gflops=rate.gflops)) == pytest.approx(1.0)
+    half = ceiling(flops, rate, dataclasses.replace(attention, gflops=rate.gflops / 2))  # attention twice as slow
+    share_of_attention = flops.attention / flops.per_token
+    assert half == pytest.approx(1 / (1 + share_of_attention))
+
+
 def test_a_segment_s_profile_names_its_ops_and_the_matmul_share():
     from tiny import tiny_model
 

@@ -57,7 +57,7 @@ from longmem.bench.inference import (
     status_mb,
     target,
 )
-from longmem.bench.limits import ingest_flops, matmul_rate, share
+from longmem.bench.limits import attention_rate, ceiling, ingest_flops, matmul_rate, share
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.model.device import DeviceError, add_device_flag, resolve_device
 from longmem.tasks.reading import READING_TOPK, SEARCH_EXCERPTS
@@ -115,7 +115,8 @@ def scenario_ingest(args) -> dict:
         with contextlib.suppress(Exception):
             directory.delete(name)
         with directory.create(name, model) as bank:
-            return ingest(bank, model, src if r > 0 else _head(src, Path(args.work) / "head.txt"))
+            return ingest(bank, model, src if r > 0 else _head(src, Path(args.work) / "head.txt"),
+                          compile=args.compile)
 
     run_ingest(0)  # warm-up (first SQLite/faiss use)
     for r in range(1, args.reps + 1):  # alternate which goes first: a slow spell of the VM hits both alike
@@ -130,7 +131,9 @@ def scenario_ingest(args) -> dict:
         log(f"round {r}: memorize {len(ids) / memo[-1]:.0f} tok/s, ingest {res.tokens_per_s:.0f} tok/s")
     memo_s, ing_s = statistics.median(memo), statistics.median(ing)
     flops, rate = ingest_flops(model), matmul_rate(model)  # what the machine could do on these shapes
-    log(f"matmul rate on the model's shapes: {rate.gflops:.0f} GFLOP/s; {flops.per_token / 1e9:.3f} GFLOP a token")
+    attention = attention_rate(model)  # ... and its attention kernel, which bounds the share (``limits.ceiling``)
+    log(f"matmul rate on the model's shapes: {rate.gflops:.0f} GFLOP/s, attention kernel {attention.gflops:.0f} "
+        f"GFLOP/s; {flops.per_token / 1e9:.3f} GFLOP a token")
     with directory.open(f"src{args.reps}") as bank:
         stats = bank.stats()
         t0 = time.perf_counter()  # the passages' share of ingesting: cutting them and their FTS rows, done again
@@ -143,7 +146,9 @@ def scenario_ingest(args) -> dict:
             "with_passages_vs_without": max(0.0, ing_s - passages_s) / ing_s,
             "backbone": _backbone_facts(model),
             "disk_bytes": stats["disk_bytes"], "kv_bytes": stats["kv_bytes"],
-            "flops": flops.to_dict(), "matmul": rate.to_dict(),
+            "compile": args.compile, "flops": flops.to_dict(), "matmul": rate.to_dict(),
+            "attention": attention.to_dict(),
+            "ceiling": ceiling(flops, rate, attention),
             "memorize_share": share(len(ids) / memo_s, flops, rate),
             "ingest_share": share(ing_tokens / ing_s, flops, rate),
             "all_memorize_tok_s": [len(ids) / s for s in memo],
@@ -296,7 +301,7 @@ def spawn(name: str, args, **extra) -> dict:
             "--backbone", args.backbone, "--dtype", args.dtype, "--device", args.device, "--text", args.text,
             "--threads", str(args.threads),
             "--ingest-tokens", str(args.ingest_tokens), "--bank-tokens", str(args.bank_tokens),
-            "--reps", str(args.reps)]
+            "--reps", str(args.reps)] + (["--compile"] if args.compile else [])
     for k, v in extra.items():
         argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
     root = str(Path(__file__).resolve().parents[2])  # the checkout, for the child process
@@ -326,6 +331,8 @@ def markdown(r: dict) -> str:
          f"{ing['flops']['per_token'] / 1e9:.3f}", "", ""),
         ("bare memorize as a share of the matmul rate", f"{ing['memorize_share']:.2f}", "", ""),
         ("ingest end to end as a share of the matmul rate", f"{ing['ingest_share']:.2f}", *goal("ingest_share")),
+        (f"ceiling of that share with torch's kernels (matmuls at the rate above, attention at its kernel's "
+         f"{ing['attention']['gflops']:.0f} GFLOP/s, nothing else)", f"{ing['ceiling']:.2f}", "", ""),
         (f"ingest throughput with passages and their FTS index / without (their share, {ing['passages']:,} "
          f"passages cut and indexed again in {ing['passages_s']:.2f} s)", f"{ing['with_passages_vs_without']:.3f}",
          *goal("with_passages_vs_without")),
@@ -377,6 +384,8 @@ def parse_args(argv):
                                                                  "quick 65,536)")
     p.add_argument("--reps", type=int, default=None, help="memorize/ingest rounds, alternating which runs first "
                                                           "(default 4; quick 1)")
+    p.add_argument("--compile", action="store_true",
+                   help="ingest through torch.compile'd layers (`longmem bank ingest --compile`; memorize stays eager)")
     p.add_argument("--reopen-reps", type=int, default=3, help="reopen processes, warm cache (median reported)")
     p.add_argument("--work", default=None, help="directory for the benchmark's banks (default: a temp dir, removed)")
     p.add_argument("--questions", type=int, default=len(QUESTIONS),

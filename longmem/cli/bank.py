@@ -57,9 +57,9 @@ def load_memory(bank: Bank, model):
     return memory
 
 
-def ingest_file(bank: Bank, model, path, demos=None, title: str | None = None):
+def ingest_file(bank: Bank, model, path, demos=None, title: str | None = None, compile: bool = False):
     """``ingest`` (of a path, or of a ``readers.Source`` already open) with a progress bar (bytes, tokens stored)
-    named after the file."""
+    named after the file; ``compile`` as ``ingest``'s."""
     from longmem.ingest.pipeline import ingest
     from longmem.ingest.readers import Source
 
@@ -69,7 +69,7 @@ def ingest_file(bank: Bank, model, path, demos=None, title: str | None = None):
             bar.total = total
             bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
             bar.update(done - bar.n)
-        return ingest(bank, model, path, demos=demos, title=title, progress=update)
+        return ingest(bank, model, path, demos=demos, title=title, progress=update, compile=compile)
 
 
 # -- commands ------------------------------------------------------------------------------------------------------
@@ -102,21 +102,24 @@ def cmd_ingest(args, load_model) -> int:
         if not directory.exists(args.name) and not args.create:
             directory.open(args.name)  # raises UnknownBank with the list of banks
         model = load_model(args)
+        if args.compile:
+            model.backbone.check_compiler()  # before a bank is made
         if directory.exists(args.name):
             bank = directory.open(args.name)
         else:
             bank = directory.create(args.name, model, args.kv_dtype)
         with bank:
             for f, source in zip(args.files, sources):
-                _ingest_one(bank, model, f, source, demos if source.kind == "demos" else None, args.title)
+                _ingest_one(bank, model, f, source, demos if source.kind == "demos" else None, args.title,
+                            args.compile)
     finally:
         for source in sources:
             source.close()
     return 0
 
 
-def _ingest_one(bank: Bank, model, f: str, source, demos, title: str | None) -> None:
-    res = ingest_file(bank, model, source, demos=demos, title=title)
+def _ingest_one(bank: Bank, model, f: str, source, demos, title: str | None, compile: bool = False) -> None:
+    res = ingest_file(bank, model, source, demos=demos, title=title, compile=compile)
     doc = res.document
     if res.action == "skipped":
         print(f"{f}: already in bank {bank.name!r} as document {doc.id} ({doc.title}); skipped")
@@ -227,6 +230,9 @@ def add_parser(sub, model_args) -> None:
     p.add_argument("--kv-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="with --create: storage dtype of the keys/values")
     p.add_argument("--title", default=None, help="document title (default: from the file)")
+    p.add_argument("--compile", action="store_true",
+                   help="run the backbone's layers compiled (torch.compile; needs g++): faster on long books after "
+                        "seconds of compiling, the keys and values stored equal within rounding")
     g = p.add_argument_group(f"demonstrations ({formats.listed(labelled=True)})")
     g.add_argument("--template", default=None, help="one demonstration (default 'Review: {text} Sentiment: {label}')")
     g.add_argument("--label-words", default=None, help="label value -> word, e.g. 0=negative,1=positive")

@@ -14,6 +14,7 @@ that completes it; a resumed ingestion's cutter goes on from the passages alread
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -124,15 +125,19 @@ def cut_segments(tokenizer, blocks: Iterable[Block], segment_len: int, chunk_siz
 
 
 def store_segment(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: Segment,
-                  cutter: PassageCutter) -> tuple[int, torch.Tensor, torch.Tensor]:
+                  cutter: PassageCutter, compile: bool = False) -> tuple[int, torch.Tensor, torch.Tensor]:
     """Encode one segment and commit its whole chunks with the passages its text completes (one transaction).
     Returns the document id and the keys/values stored (Hkv, n_chunks * chunk_size, d). The whole segment is
     encoded, its last < chunk_size tokens too, as ``memorize`` encodes it: attention kernels may round differently
-    for another length (bfloat16 on AMX CPUs does), and a bank holds exactly what ``memorize`` computes."""
+    for another length (bfloat16 on AMX CPUs does), and a bank holds exactly what ``memorize`` computes. With
+    ``compile``, a full segment runs through compiled layers (``Backbone.compiled_layers``): what is stored then agrees
+    with ``memorize`` within rounding; a document's shorter last segment runs eagerly (no compile for its shape)."""
     info = bank.info_cached
     n_full = len(seg.chunk_chars) - 1
     if n_full:
-        k, v = model.encode_memory(seg.ids[None].to(model.backbone.device))  # (1, Hkv, T, d)
+        fast = compile and seg.ids.numel() == info.segment_len
+        with model.backbone.compiled_layers(model.cached_layer) if fast else contextlib.nullcontext():
+            k, v = model.encode_memory(seg.ids[None].to(model.backbone.device))  # (1, Hkv, T, d)
         k, v = k[0, :, : n_full * info.chunk_size], v[0, :, : n_full * info.chunk_size]
     else:  # a document's last few tokens (< chunk_size): stored as text, not searchable
         k = v = torch.empty(info.n_kv_heads, 0, info.head_dim)
@@ -143,22 +148,25 @@ def store_segment(bank: Bank, model: SegmentLM, ref: dict | int, seq: int, seg: 
 
 def ingest(bank: Bank, model: SegmentLM, path: str | Path | Source, demos: DemoFormat | None = None,
            title: str | None = None, progress: Progress | None = None, limits: ExtractLimits | None = None,
-           check: Callable[[], None] | None = None) -> IngestResult:
+           check: Callable[[], None] | None = None, compile: bool = False) -> IngestResult:
     """Store ``path`` in ``bank`` through ``model``'s backbone (up to its cached layer), resuming an interrupted
     ingestion of the same file and skipping a file already stored. The file's text is read once, within
     ``limits`` (``readers.open_source``; ``check`` can stop that by raising, as a job's cancel check does), unless
     ``path`` is a Source opened already (with the same ``demos``; it stays the caller's). Raises InputError for
     unusable files (LimitError, a kind of it, for a crossed limit: nothing is stored then), BankMismatch when the
-    model is not the bank's, BankBusy when another process is writing the bank."""
+    model is not the bank's, BankBusy when another process is writing the bank. ``compile``: full segments run
+    through compiled layers (``store_segment``; faster on long books once compiled, within rounding of eager)."""
     t0 = time.perf_counter()
+    if compile:
+        model.backbone.check_compiler()  # before anything is read or written
     if isinstance(path, Source):
-        return _ingest(bank, model, path, path.path, demos, title, progress, t0)
+        return _ingest(bank, model, path, path.path, demos, title, progress, t0, compile)
     with open_source(path, demos, limits, check) as source:
-        return _ingest(bank, model, source, path, demos, title, progress, t0)
+        return _ingest(bank, model, source, path, demos, title, progress, t0, compile)
 
 
 def _ingest(bank: Bank, model: SegmentLM, source: Source, path: str | Path, demos: DemoFormat | None,
-            title: str | None, progress: Progress | None, t0: float) -> IngestResult:
+            title: str | None, progress: Progress | None, t0: float, compile: bool) -> IngestResult:
     bank.check(model)
     tokenizer = model.backbone.tokenizer
     if tokenizer is None:
@@ -188,7 +196,7 @@ def _ingest(bank: Bank, model: SegmentLM, source: Source, path: str | Path, demo
                     held.append(seg)  # a whitespace-only file must leave nothing behind
                     continue
                 for s in (*held, seg):
-                    ref = store_segment(bank, model, ref, seq, s, cutter)[0]
+                    ref = store_segment(bank, model, ref, seq, s, cutter, compile)[0]
                     seq += 1
                     added += s.ids.numel()
                 held = []

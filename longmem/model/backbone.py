@@ -222,6 +222,7 @@ class Backbone(nn.Module):
             self.spec = BackboneSpec("gpt2", len(base.h), cfg.n_embd, hq, hq, d, cfg.vocab_size, cfg.n_positions)
             self.ops = GPT2Ops(hq, d)
         self._fingerprint: str | None = None
+        self._compiled: dict[int, Callable] = {}  # layer index -> its compiled forward (``compiled_layers``)
         # transformers >= 5.2x names the KV cache ``cache`` (argument and output) and deprecates ``past_key_values``
         self._cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
@@ -263,6 +264,36 @@ class Backbone(nn.Module):
         return k, v
 
     # -- forward --------------------------------------------------------------------------------------------------
+    def check_compiler(self) -> None:
+        """Raise ``BackboneError``, naming what is missing, when ``compiled_layers`` cannot compile here: on a CPU,
+        torch compiles C++ (``$CXX``, else g++)."""
+        import shutil
+
+        compiler = os.environ.get("CXX", "g++")
+        if self.device.type == "cpu" and shutil.which(compiler) is None:
+            raise BackboneError(f"compiling the backbone's layers needs a C++ compiler ({compiler!r} not found; set "
+                                "CXX or install g++), or run without compiling")
+
+    @contextlib.contextmanager
+    def compiled_layers(self, n: int):
+        """Within the block, the first ``n`` decoder layers run ``torch.compile``'d forwards: fused element-wise work,
+        for long runs of inputs of one shape (a book's full segments while it is ingested). Each layer is compiled
+        once per backbone and shape, on its first call (seconds; cached by torch across processes); the hooks and
+        everything around the layers stay as they are. Results agree with the eager layers within rounding, not
+        bitwise (bfloat16 keeps its intermediate values in float32 inside a fused kernel). Needs a C++ compiler
+        (``check_compiler``)."""
+        self.check_compiler()
+        layers = list(self.layers)[:n]
+        for i, layer in enumerate(layers):
+            if i not in self._compiled:
+                self._compiled[i] = torch.compile(layer.forward, dynamic=False)
+            layer.forward = self._compiled[i]  # an instance attribute over the class's forward
+        try:
+            yield
+        finally:
+            for layer in layers:
+                del layer.forward
+
     @contextlib.contextmanager
     def _only_first_layers(self, n: int):
         base = self.model.base_model
