@@ -1,1 +1,1 @@
-"""The LongMem web app (Gradio). Thin: every handler calls ``longmem.service.workspace.Workspace``; see ``app.main``."""
+"""The LongMem web app (Gradio). Thin: every handler calls ``longmem.service.Workspace``; see ``app.main``."""

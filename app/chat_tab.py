@@ -1,5 +1,5 @@
 """Chat tab (drop a book and watch it load, or pick a bank; ask about it; answers stream; under each answer, the
-passages it read, each opening onto its surrounding text, and the passages memory retrieved most) and Continue tab
+passages it read, each opening onto its surrounding text, and the chunks memory retrieved most) and Continue tab
 (continue the bank's text from its end or from a given passage)."""
 
 from __future__ import annotations

@@ -543,6 +543,21 @@ def test_resume_under_other_reading_conditions_is_refused(directory, model, text
     assert bank.documents()[0].n_segments == 2
 
 
+def test_resume_as_another_kind_of_document_is_refused(directory, model, tmp_path):
+    """A subtitle file begun as plain text (before .srt had a reader of its own) is not resumed as subtitles: the
+    stored offset counts the other stream."""
+    cues = "\n\n".join(f"{i}\n00:00:{i:02d},000 --> 00:00:{i:02d},900\n{book(60, seed=i)}" for i in range(1, 40))
+    begun = tmp_path / "film.txt"
+    begun.write_text(cues)
+    bank = directory.create("b", model)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(bank, model, begun, progress=interrupt_after(1))
+    (tmp_path / "film.srt").write_bytes(begun.read_bytes())  # the same file (same sha256) under its own suffix
+    with pytest.raises(BankError, match="read another way when it was begun"):
+        ingest(bank, model, tmp_path / "film.srt")
+    assert [d.kind for d in bank.documents()] == ["text"] and bank.documents()[0].status != "complete"
+
+
 def test_a_bank_written_by_the_flat_layout_opens_unchanged(tmp_path):
     """``tests/fixtures/banks-flat-layout``: a bank written by the code before the package moved into subpackages
     (commit ae1f5c1, ``longmem.store.Store`` + ``longmem.ingest.ingest`` on ``tiny_model("llama", segment_len=32)``).

@@ -3,7 +3,7 @@ Debian's Chromium (installed with apt-get when missing; never downloaded by Play
 
 One walk through the page as a new user would do it: drop a small book on the Chat tab (the first one), watch it
 load into a bank of its own, ask about it and watch the answer stream in, with what it read (each citation opening
-onto its surrounding text, its place naming part and chapter) and the passages memory retrieved in their collapsible
+onto its surrounding text, its place naming part and chapter) and what memory retrieved in their collapsible
 blocks; reload and find the bank, the conversation and then the tab again; find the bank and its finished job in the
 Memory banks tab; build and evaluate the Classify tab's sample classifier in one click. Before the book, an empty
 file is refused by its own name, beside the question box and not over it. Full-page screenshots go to

@@ -320,9 +320,11 @@ def markdown(r: dict) -> str:
         return f"{t[key]['op']} {t[key]['target']:g}", "yes" if t[key]["met"] else "**no**"
 
     per_m = build["disk_bytes"] / build["tokens"] * 1e6 / 2**20
+    compiled = ", compiled layers" if ing.get("compile") else ""
     rows = [
         (f"bare memorize, {ing['tokens']:,} tokens, tok/s", f"{ing['memorize_tok_s']:.0f}", "", ""),
-        ("ingest end to end (file, tokenise, backbone, SQLite, faiss), tok/s", f"{ing['ingest_tok_s']:.0f}", "", ""),
+        (f"ingest end to end (file, tokenise, backbone, SQLite, faiss){compiled}, tok/s", f"{ing['ingest_tok_s']:.0f}",
+         "", ""),
         ("ingest / bare memorize", f"{ing['ratio']:.3f}", *goal("ingest_vs_memorize")),
         (f"matmul rate on the model's shapes ({ing['matmul']['rows']:,} rows, {ing['matmul']['dtype']}, "
          f"{ing['matmul']['threads']} threads), GFLOP/s", f"{ing['matmul']['gflops']:.0f}", "", ""),

@@ -93,6 +93,11 @@ def cmd_ingest(args, load_model) -> int:
             template=args.template, label_words=_pairs(args.label_words, "--label-words"), labels=_list(args.labels),
             text_column=args.text_column, label_column=args.label_column, columns=_list(args.columns)).items()
             if v is not None})
+    if args.compile:  # refused before any file is read or any bank is made
+        from longmem.model.backbone import check_compiler
+        from longmem.model.device import resolve_device
+
+        check_compiler(resolve_device(args.device))
     limits = ExtractLimits.from_args(args)
     sources = []
     try:
@@ -102,8 +107,6 @@ def cmd_ingest(args, load_model) -> int:
         if not directory.exists(args.name) and not args.create:
             directory.open(args.name)  # raises UnknownBank with the list of banks
         model = load_model(args)
-        if args.compile:
-            model.backbone.check_compiler()  # before a bank is made
         if directory.exists(args.name):
             bank = directory.open(args.name)
         else:

@@ -27,6 +27,7 @@ import torch
 from longmem.ingest import readers
 from longmem.ingest.limits import ExtractLimits
 from longmem.ingest.readers import Block, DemoFormat, Source, open_source
+from longmem.model.backbone import check_compiler
 from longmem.model.lm import SegmentLM
 from longmem.storage.bank import Bank
 from longmem.storage.records import BankError, Document
@@ -155,10 +156,11 @@ def ingest(bank: Bank, model: SegmentLM, path: str | Path | Source, demos: DemoF
     ``path`` is a Source opened already (with the same ``demos``; it stays the caller's). Raises InputError for
     unusable files (LimitError, a kind of it, for a crossed limit: nothing is stored then), BankMismatch when the
     model is not the bank's, BankBusy when another process is writing the bank. ``compile``: full segments run
-    through compiled layers (``store_segment``; faster on long books once compiled, within rounding of eager)."""
+    through compiled layers (``store_segment``; faster on long books once compiled, within rounding of eager), for
+    a caller that runs nothing else on the backbone meanwhile (``Backbone.compiled_layers``)."""
     t0 = time.perf_counter()
     if compile:
-        model.backbone.check_compiler()  # before anything is read or written
+        check_compiler(model.backbone.device)  # before anything is read or written
     if isinstance(path, Source):
         return _ingest(bank, model, path, path.path, demos, title, progress, t0, compile)
     with open_source(path, demos, limits, check) as source:
@@ -180,6 +182,11 @@ def _ingest(bank: Bank, model: SegmentLM, source: Source, path: str | Path, demo
         doc = bank.find_document(source.sha256, options)
         if doc is not None and doc.status == "complete":
             return IngestResult(doc, "skipped", 0, 0.0)
+        # the same file read by another reader (a .srt begun as plain text, before it had one): its facts differ
+        if doc is not None and set(doc.meta) - {"reading"} != set(source.meta):
+            raise BankError(f"cannot resume {path}: its text was read another way when it was begun (facts "
+                            f"{sorted(set(doc.meta) - {'reading'})}, now {sorted(source.meta)}); delete document "
+                            f"{doc.id} and ingest the file again")
         if doc is not None and doc.meta.get("reading", reading) != reading:
             raise BankError(f"cannot resume {path}: it was cut into segments with {doc.meta['reading']}, this run "
                             f"would use {reading}; delete document {doc.id} and ingest the file again")

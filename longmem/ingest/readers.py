@@ -33,7 +33,6 @@ from longmem.util.files import file_sha256
 log = logging.getLogger(__name__)
 
 BLOCK_BYTES = 256 * 1024  # target block size of the text stream
-# the registry's lists and file limit, under the names the service and the app import
 
 BOM = codecs.BOM_UTF8
 

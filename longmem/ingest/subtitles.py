@@ -7,8 +7,9 @@ A file is a list of cues, each a number, a timing line ("00:01:02,500 --> 00:01:
 text. A cue's lines are one utterance wrapped to fit the screen, so they are joined with spaces, and so are the cues
 of one stretch of speech; a paragraph ends at a pause of ``PAUSE_S`` or more, and once it holds ``PARAGRAPH_CHARS``
 at the next cue that ends a sentence. Tags (``<i>``, ``<font color=...>``) and override codes (``{\\an8}``) are
-dropped. The file is read line by line, one paragraph held at a time; a number alone on a line is a cue number only
-when a timing line follows it. This is the format registry's reader and signature check (``formats``).
+dropped. The file is read line by line, one paragraph held at a time (a file without cues or line breaks is held
+whole: the registry bounds its size by ``max_bytes``, the extraction child its memory); a number alone on a line is a
+cue number only when a timing line follows it. This is the format registry's reader and signature check (``formats``).
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ class Selected:
 
 class MemoryView:
     """A read-through view of a memory, passed into forward in its place: it counts which chunks were
-    retrieved (to show a reader the passages behind an answer) and can set how many chunks each query gets.
+    retrieved (to show a reader the chunks behind an answer) and can set how many chunks each query gets.
     Everything else (``add``, ``chunk_size``, ``len``...) is the memory's."""
 
     def __init__(self, memory: "Memory", n_chunks: int | None = None):

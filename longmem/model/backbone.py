@@ -80,6 +80,17 @@ class BackboneError(RuntimeError):
     """A backbone that cannot be found, loaded or used."""
 
 
+def check_compiler(device: torch.device | str = "cpu") -> None:
+    """Raise ``BackboneError``, naming what is missing, where ``Backbone.compiled_layers`` cannot compile: on a CPU,
+    torch compiles C++ with ``$CXX``, else g++."""
+    import shutil
+
+    compiler = os.environ.get("CXX", "g++")
+    if torch.device(device).type == "cpu" and shutil.which(compiler) is None:
+        raise BackboneError(f"compiling the backbone's layers needs a C++ compiler ({compiler!r} not found; set CXX "
+                            "or install g++), or run without compiling")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Per-family access to a decoder layer's parts
 
@@ -264,16 +275,6 @@ class Backbone(nn.Module):
         return k, v
 
     # -- forward --------------------------------------------------------------------------------------------------
-    def check_compiler(self) -> None:
-        """Raise ``BackboneError``, naming what is missing, when ``compiled_layers`` cannot compile here: on a CPU,
-        torch compiles C++ (``$CXX``, else g++)."""
-        import shutil
-
-        compiler = os.environ.get("CXX", "g++")
-        if self.device.type == "cpu" and shutil.which(compiler) is None:
-            raise BackboneError(f"compiling the backbone's layers needs a C++ compiler ({compiler!r} not found; set "
-                                "CXX or install g++), or run without compiling")
-
     @contextlib.contextmanager
     def compiled_layers(self, n: int):
         """Within the block, the first ``n`` decoder layers run ``torch.compile``'d forwards: fused element-wise work,
@@ -281,17 +282,20 @@ class Backbone(nn.Module):
         once per backbone and shape, on its first call (seconds; cached by torch across processes); the hooks and
         everything around the layers stay as they are. Results agree with the eager layers within rounding, not
         bitwise (bfloat16 keeps its intermediate values in float32 inside a fused kernel). Needs a C++ compiler
-        (``check_compiler``)."""
-        self.check_compiler()
-        layers = list(self.layers)[:n]
-        for i, layer in enumerate(layers):
-            if i not in self._compiled:
-                self._compiled[i] = torch.compile(layer.forward, dynamic=False)
-            layer.forward = self._compiled[i]  # an instance attribute over the class's forward
+        (``check_compiler``). The layers are the backbone's own, shared by whatever else runs it: use this where
+        nothing else runs the backbone meanwhile (a command that ingests, not the app, whose chats run beside its
+        ingestion jobs)."""
+        check_compiler(self.device)
+        patched = []
         try:
+            for i, layer in enumerate(list(self.layers)[:n]):
+                if i not in self._compiled:
+                    self._compiled[i] = torch.compile(layer.forward, dynamic=False)
+                layer.forward = self._compiled[i]  # an instance attribute over the class's forward
+                patched.append(layer)
             yield
         finally:
-            for layer in layers:
+            for layer in patched:
                 del layer.forward
 
     @contextlib.contextmanager

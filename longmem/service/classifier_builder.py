@@ -21,6 +21,7 @@ from typing import Callable, Protocol
 from longmem.ingest.readers import DemoFormat
 from longmem.model.longmem import LongMemModel
 from longmem.service.jobs import JobManager
+from longmem.service.sessions import Sessions
 from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.tasks.classify import Choice, ClassifierSpec, classify_rows, write_predictions_csv
@@ -32,21 +33,21 @@ from longmem.text.io import InputError
 
 
 class BuilderHost(Protocol):
-    """What the builder needs from the workspace that owns it (``Workspace`` is one): its model, its banks and its
-    jobs, the upload size limit, and six services: check an upload, make a bank, a job's work that reads files into
-    a bank, a bank's loaded session (``.bank``, ``.memory``), a folder for scratch files, and running model work
-    one call at a time."""
+    """What the builder needs from the workspace that owns it (``Workspace`` is one): its model, its banks, its jobs
+    and its sessions (a bank's loaded session, ``.bank`` and ``.memory``: ``sessions.session``), the upload size
+    limit, and five services: check an upload, make a bank, a job's work that reads files into a bank, a folder for
+    scratch files, and running model work one call at a time."""
 
     model: LongMemModel
     directory: BankDirectory
     jobs: JobManager
     max_upload_bytes: int
+    sessions: Sessions  # each bank's loaded memory (``Sessions.session``)
 
     def check_upload(self, path: str | os.PathLike, demos: DemoFormat | None = None) -> None: ...
     def create_bank(self, name: str) -> None: ...
     def ingest_work(self, name: str, paths: list[Path], titles: list[str], demos: DemoFormat | None,
                     then: Callable[[Bank], str] | None = None) -> Callable: ...
-    def session(self, name: str, chunk_size: int | None = None): ...
     def scratch_dir(self) -> Path: ...
     def run_locked(self, fn: Callable[[], object]): ...
 

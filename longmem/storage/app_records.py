@@ -1,6 +1,7 @@
 """What the app keeps in a bank beside its memory: the bank's chat conversation (with the passages each answer read)
 and the classifiers saved with it (their JSON specs). A part of ``Bank``: each write is one transaction of the
-bank's own SQLite database (``self.db``)."""
+bank's own SQLite database (``self.db``). These small rows do not take the bank's writer lock: SQLite serialises
+them with an ingestion's writes, so a chat can go on while a book is being ingested."""
 
 from __future__ import annotations
 

@@ -180,9 +180,6 @@ class Bank(AppRecords, BankWrites):
         n_docs = self.db.execute("SELECT count(*) FROM documents").fetchone()[0]
         return {**row, "documents": n_docs, "kv_bytes": kv, "disk_bytes": disk}
 
-    # -- conversation and saved classifiers -----------------------------------------------------------------------
-    # Small rows that live beside the memory; SQLite serialises them with an ingestion's writes, so they do not
-    # take the bank's writer lock (a chat can go on while a book is being ingested).
     # -- index files ----------------------------------------------------------------------------------------------
     def _check_blob(self, segment: int, blob: bytes, n_chunks: int) -> None:
         info = self.info_cached
