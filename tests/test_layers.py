@@ -189,3 +189,15 @@ def test_readmes_layer_table_follows_the_layering_test():
     section = section[:section.index("\n## ")] if "\n## " in section else section
     rows = re.findall(r"^\| `([a-z]+)/` \|", section, flags=re.M)
     assert rows == LAYERS
+
+
+def test_the_guides_module_table_goes_up_the_layers():
+    """docs/guide.md's module table names the library's modules layer by layer, lowest first (its completeness is
+    ``tests/test_docs.py``'s)."""
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    table = guide[guide.index("## How it is built"):]
+    table = table[:table.index("\n## ", 1)] if "\n## " in table[1:] else table
+    packages = re.findall(r"^\| `longmem/([a-z]+)/", table, flags=re.M)
+    order = [LAYERS.index(p) for p in packages]
+    assert packages and order == sorted(order), packages
+
