@@ -249,6 +249,12 @@ class _Row:
             self.coarse_n = self.n
         return self.coarse
 
+    def index_keys(self) -> list[torch.Tensor]:
+        """The exact faiss indexes' chunk keys, (n, d) float32 per KV head: views of the indexes' own memory, valid
+        until the next add or eviction, to be read, not kept or written."""
+        return [torch.from_numpy(faiss.rev_swig_ptr(index.get_xb(), self.n * self.d)).view(self.n, self.d)
+                for index in self.indexes]
+
     def mirror_keys(self) -> torch.Tensor:
         """The chunk keys (Hkv, n, d) in ``mirror_dtype`` on the search device, brought up to date first: copied from
         the exact faiss indexes, which hold them in float32 (``chunk_keys``) in step with the row. A bfloat16 mirror
@@ -256,8 +262,7 @@ class _Row:
         scores round more finely (a layer's keys share a large common part: ``docs/design.md``)."""
         have = 0 if self.mirror is None else self.mirror.shape[1]
         if have < self.n:
-            new = torch.stack([torch.from_numpy(faiss.rev_swig_ptr(index.get_xb(), self.n * self.d)  # a view ...
-                                                .reshape(self.n, self.d)[have:]) for index in self.indexes])  # copied
+            new = torch.stack([keys[have:] for keys in self.index_keys()])  # copied out of the indexes' memory
             if self.mirror_dtype != torch.float32:
                 if self.mirror is None:
                     self.center = new.mean(dim=1, keepdim=True)
@@ -275,8 +280,7 @@ class _Row:
         qd = q.detach().to(keys.device, torch.float32).reshape(self.hkv, group * T, d)
         rescore = keys.dtype != torch.float32
         m = min(self.n, fetch + RESCORED) if rescore else fetch
-        exact = [torch.from_numpy(faiss.rev_swig_ptr(index.get_xb(), self.n * d).reshape(self.n, d))
-                 for index in self.indexes] if rescore else []  # views of the indexes' float32 keys, read here only
+        exact = self.index_keys() if rescore else []
         out = np.empty((self.hkv, group * T, fetch), dtype=np.int64)
         with torch.autocast(keys.device.type, enabled=False):
             for s in range(0, group * T, QUERY_BLOCK):
