@@ -12,6 +12,10 @@ from . import banks_tab, chat_tab, classify_tab, model_tab
 from .shared import Shared
 
 TABS = {"chat": "Chat", "continue": "Continue", "classify": "Classify", "banks": "Memory banks", "model": "Model"}
+# The page opens on the first tab, and Gradio reports it selected as the tabs mount: that report, written into the memo,
+# can come back after a reader's first click on another tab. Restoring it would throw the reader back to it, so the
+# first tab is never restored (the page shows it anyway when nothing else is).
+FIRST_TAB = next(iter(TABS))
 CSS = """
 #jobs .job {margin: 0.4em 0;}
 footer {display: none !important;}
@@ -62,7 +66,8 @@ def build_app(ws: Workspace) -> gr.Blocks:
             keys = {id(p): k for p, k in shared.remembered}
             updates = [gr.update(choices=names, value=memo[keys[id(p)]])
                        if memo.get(keys.get(id(p))) in names else gr.update(choices=names) for p in shared.pickers]
-            return [*updates, gr.Tabs(selected=memo["tab"]) if memo.get("tab") in TABS else gr.skip()]
+            return [*updates, gr.Tabs(selected=memo["tab"]) if memo.get("tab") in TABS and memo["tab"] != FIRST_TAB
+                    else gr.skip()]
 
         # The memo is read from the browser's storage when its component mounts, which a page under load can do after
         # the page's load event has run with the empty default: the memo's own change event then restores, once.

@@ -144,6 +144,17 @@ def test_a_memo_read_after_the_page_loaded_is_applied_once(page):
     assert on_load(memo)[-1] is True
 
 
+def test_the_first_tab_is_never_restored(page):
+    """Gradio reports the first tab selected as the tabs mount; that report comes back through the memo, possibly after
+    the reader's first click on another tab, and must not select the first tab again (the browser test clicks so)."""
+    ws, demo, restore = page
+    fns = {getattr(f.fn, "__name__", ""): f.fn for f in demo.fns.values()}
+    *pickers, tabs, done = fns["on_memo"]({"tab": "chat"}, False)
+    assert is_skip(tabs) and done is True
+    *pickers, tabs = restore({"bank": "gatsby", "tab": "chat"})
+    assert is_skip(tabs) and [p.get("value") for p in pickers].count("gatsby") == 2
+
+
 def test_the_page_memo_key_is_stable_for_a_banks_directory(tmp_path):
     one = Workspace(chat_model(), BankDirectory(tmp_path / "a"), work_dir=tmp_path / "w1")
     again = Workspace(chat_model(), BankDirectory(tmp_path / "a"), work_dir=tmp_path / "w2")
