@@ -15,6 +15,7 @@ from longmem.service import CONTINUE, FINDERS, READING_TOPK, ChunkHit, Citation,
 from .common import BOOK_TYPES, file_paths, job_html, notice_box, wire
 from .shared import Shared
 
+RETRIEVED_TITLE = "What memory retrieved"  # the block under an answer (and Continue's) showing the chunks memory gave
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")  # a blank line between two paragraphs
 FINDER_NAMES = {"lexical": "words (BM25)", "fused": "memory retrieval and words, fused", "memory": "memory retrieval",
                 "none": "none"}
@@ -64,7 +65,7 @@ def retrieved_markdown(chunks: list[ChunkHit]) -> str:
 def retrieved_message(chunks: list[ChunkHit]) -> dict:
     """The collapsible block shown under an answer."""
     return {"role": "assistant", "content": retrieved_markdown(chunks),
-            "metadata": {"title": "What memory retrieved", "status": "done"}}
+            "metadata": {"title": RETRIEVED_TITLE, "status": "done"}}
 
 
 def _words(text: str, n: int) -> str:
@@ -292,7 +293,7 @@ def build_continue(ws: Workspace, shared: Shared) -> None:
         stop = gr.Button("Stop", interactive=False)
     notice = notice_box("continue-notice")
     output = gr.Textbox(label="Continuation", lines=12, interactive=False, elem_id="continuation")
-    with gr.Accordion("What memory retrieved", open=False):
+    with gr.Accordion(RETRIEVED_TITLE, open=False):
         found = gr.Markdown()
     settings = settings_panel(ws, CONTINUE)
     session = gr.State(lambda: uuid.uuid4().hex)  # this page's key for its running continuation

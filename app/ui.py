@@ -12,10 +12,6 @@ from . import banks_tab, chat_tab, classify_tab, model_tab
 from .shared import Shared
 
 TABS = {"chat": "Chat", "continue": "Continue", "classify": "Classify", "banks": "Memory banks", "model": "Model"}
-# The page opens on the first tab, and Gradio reports it selected as the tabs mount: that report, written into the memo,
-# can come back after a reader's first click on another tab. Restoring it would throw the reader back to it, so the
-# first tab is never restored (the page shows it anyway when nothing else is).
-FIRST_TAB = next(iter(TABS))
 CSS = """
 #jobs .job {margin: 0.4em 0;}
 footer {display: none !important;}
@@ -50,8 +46,6 @@ def build_app(ws: Workspace) -> gr.Blocks:
             for tab_id, label in TABS.items():
                 with gr.Tab(label, id=tab_id) as tab:
                     built = builders[tab_id](ws, shared)
-                tab.select(lambda memo, tab_id=tab_id: {**(memo or {}), "tab": tab_id}, [shared.memo],
-                           [shared.memo], queue=False, show_progress="hidden", api_visibility="private")
                 if tab_id == "model":  # what it shows (loaded banks, memory use) is current whenever it is opened
                     tab.select(lambda: model_tab.info_markdown(ws), None, [built], queue=False,
                                show_progress="hidden", api_visibility="private")
@@ -66,8 +60,13 @@ def build_app(ws: Workspace) -> gr.Blocks:
             keys = {id(p): k for p, k in shared.remembered}
             updates = [gr.update(choices=names, value=memo[keys[id(p)]])
                        if memo.get(keys.get(id(p))) in names else gr.update(choices=names) for p in shared.pickers]
-            return [*updates, gr.Tabs(selected=memo["tab"]) if memo.get("tab") in TABS and memo["tab"] != FIRST_TAB
-                    else gr.skip()]
+            return [*updates, gr.Tabs(selected=memo["tab"]) if memo.get("tab") in TABS else gr.skip()]
+
+        def remember_tab(memo, evt: gr.SelectData):
+            """The tab a reader opened, into the memo. Heard from the tabs, not from each tab: as the page mounts,
+            Gradio fires the first tab's own select event, and that report, coming back after a reader's first click
+            on another tab, restored the first tab and threw the reader back to it."""
+            return {**(memo or {}), "tab": evt.id} if evt.id in TABS else gr.skip()
 
         # The memo is read from the browser's storage when its component mounts, which a page under load can do after
         # the page's load event has run with the empty default: the memo's own change event then restores, once.
@@ -81,6 +80,8 @@ def build_app(ws: Workspace) -> gr.Blocks:
                 return [gr.skip()] * (len(shared.pickers) + 2)
             return [*restore(memo), True]
 
+        tabs.select(remember_tab, [shared.memo], [shared.memo], queue=False, show_progress="hidden",
+                    api_visibility="private")
         shared.version.change(pickers, None, shared.pickers, queue=False, api_visibility="private")
         demo.load(on_load, [shared.memo], [*shared.pickers, tabs, restored], queue=False, api_visibility="private")
         shared.memo.change(on_memo, [shared.memo, restored], [*shared.pickers, tabs, restored], queue=False,

@@ -37,8 +37,9 @@ from browser import (  # the script's own folder, tests/, is first on sys.path
     wait_idle,
 )
 
+from app.chat_tab import RETRIEVED_TITLE
+
 SHARED = REPO.parent / "shared" / "data"
-RETRIEVED = "What memory retrieved"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             wait_idle(page, "chatbot")
             page.locator("#question textarea").fill(args.question)
             page.click("#send")
-            block = page.locator("#chatbot .thought-group", has_text=RETRIEVED)
+            block = page.locator("#chatbot .thought-group", has_text=RETRIEVED_TITLE)
             block.wait_for(timeout=600 * MS)
             wait_idle(page, "chatbot", timeout_s=120)
             # what the answer read: the first passage opened in its surrounding text
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             page.get_by_role("tab", name="Continue").click()
             choose(page, "continue-bank", args.bank)
             page.locator("#continue-passage textarea").fill(args.passage)
-            found = page.locator(".gr-accordion", has=page.locator("button.label-wrap", has_text=RETRIEVED))
+            found = page.locator(".gr-accordion", has=page.locator("button.label-wrap", has_text=RETRIEVED_TITLE))
             found.locator("button.label-wrap").click()  # open it: the passages show when the continuation is done
             page.click("#continue")
             found.get_by_text(re.compile(r"retrieved \d+×")).first.wait_for(timeout=600 * MS)

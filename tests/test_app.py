@@ -15,6 +15,7 @@ from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 from tiny import chat_model  # noqa: E402
 
+from app.chat_tab import RETRIEVED_TITLE  # noqa: E402
 from app.main import build_parser, launch  # noqa: E402
 from longmem.service import Settings, Workspace  # noqa: E402
 from longmem.storage import BankDirectory  # noqa: E402
@@ -105,7 +106,7 @@ def test_chat_streams_and_shows_what_it_read_and_what_memory_retrieved(server, b
     assert len(outputs) >= 3  # the question, then the answer piece by piece
     chat = final[0]
     assert chat[0]["role"] == "user" and chat[1]["role"] == "assistant" and text_of(chat[1])
-    retrieved = [m for m in chat if (m.get("metadata") or {}).get("title") == "What memory retrieved"]
+    retrieved = [m for m in chat if (m.get("metadata") or {}).get("title") == RETRIEVED_TITLE]
     assert retrieved and "lighthouse" in text_of(retrieved[0]) and "part " in text_of(retrieved[0])
     read = [m for m in chat if (m.get("metadata") or {}).get("title", "").startswith("Read from the book: ")]
     assert read and "<summary><b>[1]</b> lighthouse, " in text_of(read[0]) and "gulls" in text_of(read[0])

@@ -37,11 +37,12 @@ from browser import (
     wait_idle,
 )
 
+from app.chat_tab import RETRIEVED_TITLE
+
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 BANK = "gull_point"  # the bank a dropped gull_point.txt gets
 QUESTION = "Who kept the lighthouse on Gull Point, and what did he do every evening? Tell me about him."
-RETRIEVED = "What memory retrieved"
 READ = "Read from the book"
 
 OPENING = """\
@@ -218,7 +219,7 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
             page.wait_for_function("() => window.__answers.length >= 12 || window.__passagesAt !== null",
                                    timeout=300 * MS)
             page.screenshot(path=str(shots / "3-streaming.png"), full_page=True)
-            page.locator("#chatbot .thought-group", has_text=RETRIEVED).wait_for(timeout=300 * MS)
+            page.locator("#chatbot .thought-group", has_text=RETRIEVED_TITLE).wait_for(timeout=300 * MS)
             wait_idle(page, "chatbot", timeout_s=120)
             timings["answer"] = time.perf_counter() - t0
             answers = page.evaluate("() => window.__answers")
