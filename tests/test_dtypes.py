@@ -249,7 +249,7 @@ def test_every_eval_suite_runs_in_both_dtypes(dtype, tmp_path, capsys):
     tok.save_pretrained(tmp_path / "bb")
     cut = ["chapterbreak.suffix_tokens=16", "squad.test=2", "icl.test=4", "books.opening_tokens=1100",
            "books.arxiv_tokens=1100", "efficiency.documents=1100", "ablations.test=4", "ablations.book_tokens=1100",
-           "bookqa.block=1"]
+           "bookqa.block=1", "bookqa.questions=2"]
     argv = ["all", "--quick", "--backbone", str(tmp_path / "bb"), "--untrained", "--dtype", dtype,
             "--out", str(tmp_path / "out"), "--threads", "2"] + [f"--set={c}" for c in cut]
     assert main(argv) == 0
