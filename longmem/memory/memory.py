@@ -91,6 +91,18 @@ class MemoryView:
             self.hits[s] = self.hits.get(s, 0) + c
         return found
 
+    def forget(self, chunk_ids: torch.Tensor) -> None:
+        """Uncount what a search returned as ``chunk_ids`` (B, H, T, n) (a part of it: the tokens a decode read and
+        then dropped), so the counts are those of the searches kept."""
+        ids = chunk_ids[0].flatten()
+        serials, counts = torch.unique(ids[ids >= 0], return_counts=True)
+        for s, c in zip(serials.tolist(), counts.tolist()):
+            left = self.hits[s] - c
+            if left > 0:
+                self.hits[s] = left
+            else:
+                del self.hits[s]
+
     def top(self, n: int) -> list[tuple[int, int]]:
         """The ``n`` most retrieved chunk serials with their counts, most retrieved first."""
         return sorted(self.hits.items(), key=lambda kv: (-kv[1], kv[0]))[:n]

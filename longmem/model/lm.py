@@ -5,8 +5,10 @@ return its last hidden state (before the frozen norm + LM head) plus the pre-RoP
 for those tokens. Logits are computed only where they are needed (the last position when generating, chunks of
 positions when scoring), since the 49k-word LM head is a large share of the cost. On top of that this module gives
 all models the same ``forward`` (loss + the paper's memory update: retrieve first, then append the segment),
-``memorize``, ``nll`` over a long stream, ``score`` and streaming ``generate``. LongMem, the backbone alone and
-the MemTRM baseline thus run through identical loops, so evaluations compare like with like.
+``memorize``, ``nll`` over a long stream, ``score`` and streaming ``generate`` (where a model's step splits into its
+frozen backbone's pass and the rest, greedy decoding lets the backbone draft a few tokens that the rest reads at once:
+``Sampling.draft``). LongMem, the backbone alone and the MemTRM baseline thus run through identical loops, so
+evaluations compare like with like.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longmem.memory.memory import MAX_SINKS, Memory
+from longmem.memory.memory import MAX_SINKS, Memory, MemoryView
 from longmem.model.backbone import Backbone
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens total)
@@ -45,6 +47,20 @@ class Window:
         if k is not None:
             self.mem_k, self.mem_v = cat(self.mem_k, k, 2), cat(self.mem_v, v, 2)
 
+    def crop(self, n: int) -> None:
+        """Keep the window's first ``n`` tokens and what belongs to them in every cache (drafted tokens that the
+        model did not choose go)."""
+        gone = self.length - n
+        if gone <= 0:
+            return
+        self.ids = self.ids[:, :n]
+        if self.mem_k is not None:
+            self.mem_k, self.mem_v = self.mem_k[:, :, :n], self.mem_v[:, :, :n]
+        if self.past is not None:
+            self.past.crop(-gone)  # Hugging Face's cache: a negative count drops that many of its last tokens
+        for cache in self.side or []:
+            cache.crop(n)
+
 
 @dataclass
 class Step:
@@ -54,6 +70,25 @@ class Step:
     chunk_ids: list = field(default_factory=list)  # what the memory layer retrieved: [(B, Hq, T, n_chunks)]
     reference: torch.Tensor | None = None  # (B, T, E) the frozen backbone's own last state, where the model has one
     #                                        beside its output (LongMem: what it would predict without its SideNet)
+
+
+@dataclass
+class BackbonePass:
+    """The frozen backbone's part of a step (models that have one: ``SegmentLM.drafts``), before the rest reads it."""
+
+    positions: torch.Tensor  # (T,) absolute positions of its tokens
+    hidden: list[torch.Tensor | None]  # H_llm[0..n] (B, T, E), None where the model does not read it
+    k: torch.Tensor  # (B, Hkv, T, d) pre-RoPE keys of the cached layer
+    v: torch.Tensor
+
+    @staticmethod
+    def joined(passes: list[BackbonePass]) -> BackbonePass:
+        """Consecutive passes as one."""
+        cat = lambda xs, dim: torch.cat(list(xs), dim=dim)  # noqa: E731
+        return BackbonePass(cat((p.positions for p in passes), 0),
+                            [None if h is None else cat((p.hidden[i] for p in passes), 1)
+                             for i, h in enumerate(passes[0].hidden)],
+                            cat((p.k for p in passes), 2), cat((p.v for p in passes), 2))
 
 
 @dataclass
@@ -76,12 +111,18 @@ class Sampling:
     #                           model's own, 0: the backbone's; LongMem; a no-op elsewhere)
     no_repeat: int = 0  # n > 0: never choose a token that would repeat an n-gram the generation already holds (its
     #                     own tokens, not the prompt's), which ends greedy loops; 0: off
+    draft: int = 6  # greedy decoding with the backbone's logits in the mix (side_weight < 1): the frozen backbone
+    #                 drafts up to this many tokens ahead, and the model reads them in one pass and keeps those it would
+    #                 have chosen itself: the tokens of one step at a time (up to rounding, as the drafts are read as
+    #                 a batch) with fewer passes of the rest of the model (LongMem); 0: off
 
     def __post_init__(self):
         if not 0.0 <= self.side_weight <= 1.0:
             raise ValueError(f"side_weight must be in [0, 1], got {self.side_weight}")
         if self.no_repeat < 0:
             raise ValueError(f"no_repeat must be >= 0, got {self.no_repeat}")
+        if self.draft < 0:
+            raise ValueError(f"draft must be >= 0, got {self.draft}")
 
 
 def as_ids(x, device) -> torch.Tensor:
@@ -100,8 +141,19 @@ class SegmentLM(nn.Module):
     max_sinks: int | None = MAX_SINKS  # sink chunks a query may retrieve (see longmem.memory.memory); None = no limit
     cached_layer: int | None = None  # backbone layer whose K/V go into memory; None = model has no memory
 
+    drafts: bool = False  # whether ``step`` splits into ``backbone_pass`` and ``read_passes`` (for drafting ahead)
+
     # -- to implement ---------------------------------------------------------------------------------------------
     def step(self, ids: torch.Tensor, memory: Memory | None, window: Window | None = None) -> Step:
+        raise NotImplementedError
+
+    def backbone_pass(self, ids: torch.Tensor, window: Window | None = None) -> BackbonePass:
+        """Models that ``drafts``: the frozen backbone's part of ``step`` (``window`` grows by ``ids``)."""
+        raise NotImplementedError
+
+    def read_passes(self, passes: list[BackbonePass], memory: Memory | None, window: Window | None = None) -> Step:
+        """Models that ``drafts``: the rest of ``step``, over consecutive backbone passes' tokens as one batch;
+        ``step(ids) == read_passes([backbone_pass(ids)])``."""
         raise NotImplementedError
 
     # -- memory ---------------------------------------------------------------------------------------------------
@@ -244,34 +296,78 @@ class SegmentLM(nn.Module):
             ids = ids[:, head:]
             search_from = max(0, search_from - head)
         window = Window()
+        stops = sampling.backbone_stops and bool(sampling.stop_ids)
 
-        def last(step: Step) -> tuple[torch.Tensor, int | None]:
-            """The next token's logits (V,), and the stop id the backbone would emit next (None: it goes on)."""
-            stops = sampling.backbone_stops and bool(sampling.stop_ids)
-            if step.reference is None or not (stops or sampling.side_weight < 1):
-                return self.backbone.logits(step.hidden[:, -1:])[0, -1], None
+        def mixed(hidden: torch.Tensor, reference: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            """Next-token logits (T, V) from last states (1, T, E), and the frozen backbone's own (T, V) when they
+            are in the mix or decide the stops (None otherwise)."""
+            if reference is None or not (stops or sampling.side_weight < 1):
+                return self.backbone.logits(hidden)[0], None
             if sampling.side_weight == 0:  # the backbone's own logits, exactly as the backbone alone computes them
-                logits = own = self.backbone.logits(step.reference[:, -1:])[0, -1]
-            else:  # both states through the LM head at once: its weights are read once
-                dtype = self.backbone.dtype
-                logits, own = self.backbone.logits(torch.cat([step.hidden[:, -1:].to(dtype),
-                                                              step.reference[:, -1:].to(dtype)]))[:, -1]
-            if 0 < sampling.side_weight < 1:
+                own = self.backbone.logits(reference)[0]
+                return own, own
+            dtype = self.backbone.dtype  # both states through the LM head at once: its weights are read once
+            both = self.backbone.logits(torch.cat([hidden.to(dtype), reference.to(dtype)]))  # (2, T, V)
+            logits, own = both[0], both[1]
+            if sampling.side_weight < 1:
                 w = sampling.side_weight
                 logits = w * logits.float() + (1 - w) * own.float()
-            ends = int(own.argmax()) if stops else None
-            return logits, ends if ends in sampling.stop_ids else None
+            return logits, own
+
+        def choose(logits: torch.Tensor, own: torch.Tensor | None, before: list[int]) -> int:
+            """The next token after ``before`` (the tokens made so far): where the backbone's own most likely one is
+            a stop id that ends it (``backbone_stops``), else sampled from ``logits`` (V,)."""
+            if stops and own is not None:
+                ends = int(own.argmax())
+                if ends in sampling.stop_ids:
+                    return ends
+            return _sample(logits, sampling, gen, repeats(before, sampling.no_repeat))
+
+        def last(step: Step, before: list[int]) -> int:
+            logits, own = mixed(step.hidden[:, -1:], None if step.reference is None else step.reference[:, -1:])
+            return choose(logits[-1], None if own is None else own[-1], before)
+
+        def read_ahead(tok: int, before: list[int]) -> list[int]:
+            """Read ``tok`` (chosen, not yet read; ``before`` ends with it) and decode ahead: the frozen backbone drafts
+            up to ``sampling.draft`` tokens greedily, the model reads them in one pass and keeps the drafts it
+            chooses itself. Returns the tokens after ``tok``: the drafts kept, then the model's own choice where it
+            first differs from a draft (or the last draft); every token but the last is read."""
+            start, passes, drafted, n_layers = window.length, [], [], self.backbone.spec.n_layers
+            while True:
+                new = torch.tensor([[drafted[-1] if drafted else tok]], device=ids.device)
+                passes.append(self.backbone_pass(new, window))
+                own = self.backbone.logits(passes[-1].hidden[n_layers])[0, -1]  # (V,) the backbone's own next token
+                drafted.append(choose(own, own, before + drafted))
+                if (len(drafted) == sampling.draft or drafted[-1] in sampling.stop_ids
+                        or len(before) + len(drafted) >= sampling.max_new_tokens):
+                    break
+            step = self.read_passes(passes, memory, window)
+            logits, own = mixed(step.hidden, step.reference)  # (T, V) each, T = len(passes)
+            kept: list[int] = []
+            for i in range(len(passes)):  # position i reads token i of [tok] + drafted and chooses the one after it
+                kept.append(choose(logits[i], own[i], before + kept))
+                if kept[-1] != drafted[i] or kept[-1] in sampling.stop_ids:
+                    break
+            if len(kept) < len(passes):  # the drafts after the first differing one go, and what reading them found
+                window.crop(start + len(kept))
+                if isinstance(memory, MemoryView):
+                    for found in step.chunk_ids:  # (B, H, T, n) per memory layer
+                        memory.forget(found[:, :, len(kept):])
+            return kept
 
         split = min(search_from, ids.shape[1]) if memory is not None else 0
         unsearched = self.step(ids[:, :split], None, window) if split else None
-        logits, ends = last(self.step(ids[:, split:], memory, window) if split < ids.shape[1] else unsearched)
         made: list[int] = []
-        for _ in range(sampling.max_new_tokens):
-            tok = ends if ends is not None else _sample(logits, sampling, gen, repeats(made, sampling.no_repeat))
+        pending = [last(self.step(ids[:, split:], memory, window) if split < ids.shape[1] else unsearched, made)]
+        draft = self.drafts and sampling.draft > 0 and sampling.temperature <= 0 and sampling.side_weight < 1
+        while pending:  # tokens chosen, each read except the last
+            tok = pending.pop(0)
             made.append(tok)
             yield tok
-            if tok in sampling.stop_ids:
+            if tok in sampling.stop_ids or len(made) >= sampling.max_new_tokens:
                 return
+            if pending:
+                continue
             new = torch.tensor([[tok]], device=ids.device)
             if window.length >= self.segment_len:
                 n_out = window.length - keep + 1
@@ -280,9 +376,11 @@ class SegmentLM(nn.Module):
                                starts=segment_starts(1, n_out, ids.device))
                 ids = torch.cat([window.ids[:, n_out:], new], dim=1)
                 window = Window()
-                logits, ends = last(self.step(ids, memory, window))
+                pending = [last(self.step(ids, memory, window), made)]
+            elif draft and window.length + sampling.draft <= self.segment_len:
+                pending = read_ahead(tok, made)
             else:
-                logits, ends = last(self.step(new, memory, window))
+                pending = [last(self.step(new, memory, window), made)]
 
 
 def segment_starts(batch: int, length: int, device=None) -> torch.Tensor:

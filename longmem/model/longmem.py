@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from longmem.memory.memory import MAX_SINKS, Memory
 from longmem.model.backbone import DEFAULT_BACKBONE, DTYPES, Backbone, BackboneSpec, load_backbone, resolve_dtype
-from longmem.model.lm import SegmentLM, Step, Window
+from longmem.model.lm import BackbonePass, SegmentLM, Step, Window
 from longmem.model.lora import add_lora
 from longmem.model.sidenet import LayerCache, SideNet
 from longmem.util.files import atomic_directory, file_sha256
@@ -103,6 +103,8 @@ class LongMemConfig:
 class LongMemModel(SegmentLM):
     """The LongMem language model. Memory is an argument of every call, never hidden state of the model."""
 
+    drafts = True  # generate may let the frozen backbone draft ahead (``backbone_pass``, ``read_passes``)
+
     def __init__(self, backbone: Backbone, config: LongMemConfig | None = None):
         super().__init__()
         self.backbone = backbone
@@ -134,21 +136,32 @@ class LongMemModel(SegmentLM):
         return cls.load(ckpt, backbone, device, runtime=runtime)
 
     def step(self, ids: torch.Tensor, memory: Memory | None, window: Window | None = None) -> Step:
+        return self.read_passes([self.backbone_pass(ids, window)], memory, window)
+
+    def backbone_pass(self, ids: torch.Tensor, window: Window | None = None) -> BackbonePass:
+        """The frozen backbone's part of ``step``: its states for ``ids`` (B, T) after ``window``'s tokens, which
+        grows by them (its backbone cache and the K/V to move into memory), and the K/V of the cached layer."""
         start = window.length if window is not None else 0
         positions = torch.arange(start, start + ids.shape[1], device=ids.device)
         with torch.no_grad():
             out = self.backbone(ids, positions=positions, use_cache=window is not None,
                                 past_key_values=None if window is None else window.past, keep=self._keep)
             k, v = self.memory_kv(out.hidden[self.cached_layer])
-        if window is not None and window.side is None:
-            window.side = [LayerCache() for _ in self.sidenet.layers]
-        trace: list = []
-        h = self.sidenet(out.hidden, rope=self.backbone.rope, positions=positions, memory=memory, trace=trace,
-                         caches=None if window is None else window.side)
         if window is not None:
             window.past = out.past_key_values
             window.append(ids, k, v)
-        return Step(hidden=h, k=k, v=v, chunk_ids=trace, reference=out.hidden[self.backbone.spec.n_layers])
+        return BackbonePass(positions, out.hidden, k, v)
+
+    def read_passes(self, passes: list[BackbonePass], memory: Memory | None, window: Window | None = None) -> Step:
+        """The rest of ``step``: the SideNet reads the backbone passes' tokens (consecutive, in order) as one batch,
+        its caches in ``window`` growing by them."""
+        if window is not None and window.side is None:
+            window.side = [LayerCache() for _ in self.sidenet.layers]
+        p = passes[0] if len(passes) == 1 else BackbonePass.joined(passes)
+        trace: list = []
+        h = self.sidenet(p.hidden, rope=self.backbone.rope, positions=p.positions, memory=memory, trace=trace,
+                         caches=None if window is None else window.side)
+        return Step(hidden=h, k=p.k, v=p.v, chunk_ids=trace, reference=p.hidden[self.backbone.spec.n_layers])
 
     def _make_compact(self, rank: int) -> None:
         """Freeze the copied weights except the memory layer's; the other side layers learn low-rank updates."""

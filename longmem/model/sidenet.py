@@ -52,6 +52,11 @@ class LayerCache:
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
         return self.k, self.v
 
+    def crop(self, n: int) -> None:
+        """Keep the first ``n`` tokens' keys and values."""
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
+
 
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention of q (B, Hq, Tq, d) over k, v (B, Hkv, Tk, d); the Tq queries are the last Tq positions."""
