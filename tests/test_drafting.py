@@ -11,11 +11,13 @@ import pytest
 import torch
 from conftest import random_ids, small_config, tiny_backbone
 
+import longmem.model.lm as lm
 from longmem.memory.memory import MemoryView
 from longmem.model.lm import Sampling, Window
 from longmem.model.longmem import LongMemModel
 
 DTYPES = [torch.float32, torch.bfloat16]
+BF16_TIE = 0.05  # a logit gap that bfloat16's rounding (8 bits of mantissa) can reverse in these tiny models
 GREEDY = Sampling(max_new_tokens=32, temperature=0, side_weight=0.25, no_repeat=4, stop_ids=(5,), backbone_stops=True)
 
 
@@ -43,12 +45,30 @@ def decode(model: LongMemModel, sampling: Sampling) -> tuple[list[int], MemoryVi
     return out, view, len(memory)
 
 
+def greedy_margins(monkeypatch) -> list[float]:
+    """The gap between the best and second-best logit (after the no-repeat ban) of each greedy choice made."""
+    margins: list[float] = []
+    real = lm._sample
+
+    def sample(logits, sampling, gen, banned=()):
+        scores = logits.float().clone()
+        scores[list(banned)] = float("-inf")
+        best = scores.topk(2).values
+        margins.append(float(best[0] - best[1]))
+        return real(logits, sampling, gen, banned)
+
+    monkeypatch.setattr(lm, "_sample", sample)
+    return margins
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("segment_len", [16, 64])  # 16: the window overflows into memory while it decodes
 def test_drafting_ahead_gives_the_tokens_of_one_step_at_a_time(family, dtype, segment_len, monkeypatch):
     model = opened(family, dtype, segment_len)
+    margins = greedy_margins(monkeypatch)
     plain, plain_view, plain_len = decode(model, replace(GREEDY, draft=0))
+    plain_margins = list(margins)
     reads, crops = [], []
     real_read, real_crop = model.read_passes, Window.crop
     monkeypatch.setattr(model, "read_passes", lambda passes, *a: reads.append(len(passes)) or real_read(passes, *a))
@@ -56,10 +76,13 @@ def test_drafting_ahead_gives_the_tokens_of_one_step_at_a_time(family, dtype, se
     for draft in (4, 2):
         reads.clear()
         out, view, length = decode(model, replace(GREEDY, draft=draft))
-        assert out == plain, draft
+        assert max(reads) == draft  # it did read drafts in one pass
+        if out != plain:  # drafts are read as a batch, which rounds otherwise: only a near tie may go the other way
+            first = next(i for i, (a, b) in enumerate(zip(out, plain)) if a != b)
+            assert dtype == torch.bfloat16 and plain_margins[first] < BF16_TIE, (draft, first, plain_margins[first])
+            continue
         assert length == plain_len  # the same tokens moved into memory as the window filled
         assert sum(view.hits.values()) == sum(plain_view.hits.values())  # no count from a rejected draft
-        assert max(reads) == draft  # it did read drafts in one pass
     if family == "qwen2":  # here the model often rejects a draft before the last one: the window drops the rest
         assert crops, "no read draft was dropped: that path went untested"
 
