@@ -10,9 +10,12 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import random_ids, small_config, tiny_backbone
+from tiny import VOCAB, char_tokenizer
+from transformers import MistralConfig, MistralForCausalLM
 
 import longmem.model.lm as lm
 from longmem.memory.memory import MemoryView
+from longmem.model.backbone import Backbone
 from longmem.model.lm import Sampling, Window
 from longmem.model.longmem import LongMemModel
 
@@ -98,6 +101,22 @@ def test_drafting_is_off_where_it_could_change_the_tokens(dtype, monkeypatch):
         reads.clear()
         decode(model, sampling)
         assert max(reads) == 1, sampling  # one token per pass after the prompt
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_sliding_window_backbone_decodes_one_step_at_a_time(dtype, monkeypatch):
+    """Mistral's sliding-window cache cannot drop tokens once its window is full: no drafting there, no error."""
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=4,
+                        num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                        sliding_window=8)
+    backbone = Backbone(MistralForCausalLM(cfg).float().to(dtype), tokenizer=char_tokenizer(), name="tiny-mistral")
+    model = LongMemModel(backbone, small_config(segment_len=64, dtype=str(dtype).removeprefix("torch."))).eval()
+    reads = []
+    real_read = model.read_passes
+    monkeypatch.setattr(model, "read_passes", lambda passes, *a: reads.append(len(passes)) or real_read(passes, *a))
+    assert decode(model, GREEDY)[0] == decode(model, replace(GREEDY, draft=0))[0]
+    assert max(reads) == 1
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])

@@ -260,6 +260,16 @@ class Backbone(nn.Module):
         h = h.to(self.dtype)
         return self.model.get_output_embeddings()(self.final_norm(h))
 
+    @staticmethod
+    def cache_can_drop(cache) -> bool:
+        """Whether a decode's KV cache (as ``forward`` returns it) can drop its last tokens exactly (``Window.crop``):
+        Hugging Face's full-attention layers keep every token and can; a sliding-window or linear-attention layer
+        (Mistral's, Gemma's) keeps too little to go back once its window is full."""
+        from transformers.cache_utils import DynamicLayer
+
+        layers = getattr(cache, "layers", None)
+        return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
     def rope(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q (B, Hq, T, d) and k (B, Hkv, T, d) for integer positions (T,). Identity for GPT-2."""
         if not self.ops.rope:

@@ -359,7 +359,8 @@ class SegmentLM(nn.Module):
         unsearched = self.step(ids[:, :split], None, window) if split else None
         made: list[int] = []
         pending = [last(self.step(ids[:, split:], memory, window) if split < ids.shape[1] else unsearched, made)]
-        draft = self.drafts and sampling.draft > 0 and sampling.temperature <= 0 and sampling.side_weight < 1
+        draft = (self.drafts and sampling.draft > 0 and sampling.temperature <= 0 and sampling.side_weight < 1
+                 and self.backbone.cache_can_drop(window.past))  # the same kind of cache after an overflow
         while pending:  # tokens chosen, each read except the last
             tok = pending.pop(0)
             made.append(tok)
