@@ -85,23 +85,24 @@ class MemoryView:
         return self._count(self.memory.select(queries, self.n_chunks or n_chunks))
 
     def _count(self, found):
-        ids = found.chunk_ids[0].flatten()
-        serials, counts = torch.unique(ids[ids >= 0], return_counts=True)
-        for s, c in zip(serials.tolist(), counts.tolist()):
-            self.hits[s] = self.hits.get(s, 0) + c
+        self._tally(found.chunk_ids, 1)
         return found
 
     def forget(self, chunk_ids: torch.Tensor) -> None:
         """Uncount what a search returned as ``chunk_ids`` (B, H, T, n) (a part of it: the tokens a decode read and
         then dropped), so the counts are those of the searches kept."""
+        self._tally(chunk_ids, -1)
+
+    def _tally(self, chunk_ids: torch.Tensor, sign: int) -> None:
+        """Add ``sign`` to the count of each chunk in row 0 of ``chunk_ids`` per time it appears; zero counts go."""
         ids = chunk_ids[0].flatten()
         serials, counts = torch.unique(ids[ids >= 0], return_counts=True)
         for s, c in zip(serials.tolist(), counts.tolist()):
-            left = self.hits[s] - c
-            if left > 0:
-                self.hits[s] = left
+            n = self.hits.get(s, 0) + sign * c
+            if n > 0:
+                self.hits[s] = n
             else:
-                del self.hits[s]
+                self.hits.pop(s, None)
 
     def top(self, n: int) -> list[tuple[int, int]]:
         """The ``n`` most retrieved chunk serials with their counts, most retrieved first."""
