@@ -290,6 +290,13 @@ def test_ship_names_the_synthetic_documents_a_run_trained_on(tmp_path):
     Trainer(config(tmp_path, steps=2, train_scope="compact"), docs, model=model("compact")).fit(progress=False)
     card = (ship(tmp_path / "run", None, name="tiny", dest_root=tmp_path / "shipped") / "MODEL_CARD.md").read_text()
     assert "4 documents (1 recall, 2 quote)" in card and "quote documents (book passages" in card, card
+    assert "reading" not in card
+    docs = documents()
+    docs[1].name, docs[2].name = "recall-0", "reading-0"
+    Trainer(config(tmp_path, out=str(tmp_path / "read"), steps=2, train_scope="compact"), docs,
+            model=model("compact")).fit(progress=False)
+    card = (ship(tmp_path / "read", None, name="r", dest_root=tmp_path / "shipped") / "MODEL_CARD.md").read_text()
+    assert "4 documents (1 recall, 1 reading)" in card and "reading documents (a book in memory" in card, card
     plain = documents()  # a run without quote documents says nothing of them
     Trainer(config(tmp_path, out=str(tmp_path / "plain"), steps=2, train_scope="compact"), plain,
             model=model("compact")).fit(progress=False)

@@ -2,6 +2,7 @@
 
     python -m training --out runs/smol --steps 2000 --batch-size 2
     python -m training --out runs/smol --resume            # continue (bit for bit) after Ctrl-C or a crash
+    python -m training --out runs/read --reading-items runs/reading-items.jsonl  # questions as the app reads them
     torchrun --nproc_per_node 2 -m training --out runs/ddp # data parallel; --batch-size is per process
 """
 
@@ -12,6 +13,7 @@ import logging
 import os
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 from longmem.model.cpu import setup_cpu
 from longmem.util.data import add_data_flag
@@ -82,6 +84,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quote-len", type=int, default=64, help="tokens per quoted passage")
     p.add_argument("--quote-distance", type=int, default=1024,
                    help="tokens between a passage and its quote (>= the segment length puts it in memory)")
+    p.add_argument("--reading-items", type=Path, default=None,
+                   help="reading items (JSONL of python -m training.reading): questions about training books in the "
+                        "app's reading prompt and the backbone's answers, mixed into training (training/reading.py)")
+    p.add_argument("--reading-context", type=int, default=1,
+                   help="segments of a reading item's book read into memory before its prompt")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     return p.parse_args(argv)
 
@@ -91,7 +98,9 @@ def whole_segments(tokens: int, segment_len: int) -> int:
     return -(-tokens // segment_len) * segment_len
 
 
-def build_data(args, tokenizer, segment_len: int):
+def build_data(args, tokenizer, segment_len: int, backbone: str | None = None):
+    """The training and held-out documents the flags name; ``backbone``: the model's fingerprint, which reading
+    items must have been made with."""
     from longmem.eval.datasets.recall import (
         multi_recall_documents,
         quote_documents,
@@ -103,6 +112,7 @@ def build_data(args, tokenizer, segment_len: int):
     from .data import book_split, tokenize_files
 
     train_files, test_files = book_split(args.data)
+    by_name = {p.name: p for p in train_files}  # every training book, whatever --max-books keeps
     if args.max_books:
         train_files = train_files[: args.max_books]
     cache = cache_root() / "tokens"
@@ -123,6 +133,18 @@ def build_data(args, tokenizer, segment_len: int):
         room = 2 * args.quote_distance + args.quotes * args.quote_len  # passages, their distance, their quotes
         train += quote_documents(tokenizer, fillers, args.quote_docs, args.quotes, args.quote_len,
                                  args.quote_distance, whole_segments(room, segment_len), seed=args.seed + 1)
+    if args.reading_items:
+        from .reading import read_items, reading_documents
+
+        try:
+            items = read_items(args.reading_items, backbone)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        named = sorted({i.book for i in items})
+        if unknown := [b for b in named if b not in by_name]:
+            raise SystemExit(f"{args.reading_items}: items about books outside the training split: {unknown}")
+        books = {d.name: d for d in tokenize_files([by_name[b] for b in named], tokenizer, cache)}
+        train += reading_documents(items, books, segment_len, args.reading_context)
     return train, held_out
 
 
@@ -133,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     trainer = Trainer(cfg, documents=[], resume=args.resume, log=lambda m: print(m, file=sys.stderr),
                       defer_data=True)
-    train, held_out = build_data(args, trainer.model.backbone.tokenizer, trainer.cfg.segment_len)
+    backbone = trainer.model.backbone
+    train, held_out = build_data(args, backbone.tokenizer, trainer.cfg.segment_len,
+                                 backbone.fingerprint() if args.reading_items else None)
     trainer.set_data(train, held_out)
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:

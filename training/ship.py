@@ -70,6 +70,10 @@ def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str,
     has_quotes = bool(d.get("quote_documents"))  # runs before quote documents existed did not count them
     quotes = " and quote documents (book passages quoted again a segment or more later)" if has_quotes else ""
     n_quotes = f", {d['quote_documents']:,} quote" if has_quotes else ""
+    if d.get("reading_documents"):  # questions about books in the app's reading prompt (training/reading.py)
+        quotes += (" and reading documents (a book in memory, then questions about it in the app's reading prompt "
+                   "with the frozen backbone's answers)")
+        n_quotes += f", {d['reading_documents']:,} reading"
     runs = "; ".join(f"`{r['run']}` ({r['steps']:,} steps, {r['tokens_seen']:,} tokens, {r['train_hours']:.1f} h)"
                      for r in lineage)
     lines = [f"# LongMem SideNet for SmolLM2-135M-Instruct ({name})", "",

@@ -446,6 +446,8 @@ class Trainer:
                                                                  for d in self.data.documents),
                                          "quote_documents": sum(d.name.startswith("quote-")
                                                                 for d in self.data.documents),
+                                         "reading_documents": sum(d.name.startswith("reading-")
+                                                                  for d in self.data.documents),
                                          "tokens": int(sum(len(d.ids) for d in self.data.documents))}})
 
     def fit(self, progress: bool = True, until: int | None = None) -> list[dict]:

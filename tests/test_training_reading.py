@@ -1,0 +1,155 @@
+"""Reading items for training (``training/reading.py``): the app's prompt and the backbone's answer as an item, items
+as training documents, and ``python -m training --reading-items``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from longmem.model.baselines import BackboneLM
+from longmem.tasks.answer import answer, answer_sampling
+from longmem.tasks.chat import Chat
+from longmem.tasks.reading import PassageFinder, Reading, reading_prompt
+from training.data import Batchfier, Document
+from training.reading import ReadingItem, question_from, read_items, reading_documents, reading_item, tuning_books
+
+SEG = 32
+
+
+def item(book="b.txt", prompt=(5, 6, 7), answer_ids=(8, 9), position=0.5) -> ReadingItem:
+    return ReadingItem(book, "Who?", position, list(prompt), list(answer_ids), "An answer.", True, "fp")
+
+
+def test_question_from_takes_one_question_on_the_first_line():
+    assert question_from("What did the miller carry?\nMore text.") == "What did the miller carry?"
+    assert question_from('  "Who wrote the letter to Martha?"  ') == "Who wrote the letter to Martha?"
+    assert question_from("The miller carried a letter.") is None  # not a question
+    assert question_from("Who? Why did he go there then?") is None  # two
+    assert question_from("Why?") is None  # too short to ask anything
+    assert question_from("") is None
+
+
+def test_an_item_is_the_apps_prompt_and_the_backbones_own_answer(loaded):
+    model, bank, memory = loaded
+    finder = PassageFinder(bank, model, memory)
+    question = "What did the zeppelin carry before dawn?"
+    source = next(p for p in bank.passages([pid for pid, _ in bank.passage_texts()]) if "zeppelin" in p.text)
+    got = reading_item(model, finder, "story.txt", question, source)
+    assert got is not None and got.source_read  # BM25 finds the one passage with the word
+    # what BM25-RAG reads and answers, the same way
+    chat = Chat(BackboneLM(model.backbone, model.segment_len), None, answer_sampling())
+    reply = answer(chat, finder, question, Reading(finder="lexical", abstain=0.0))
+    text = "".join(reply).strip()
+    assert got.answer == text
+    assert got.prompt_ids == chat.prompt_ids(question, reading_prompt(question, reply.found),
+                                             history=False)[0].tolist()
+    tok = model.backbone.tokenizer
+    words = got.answer_ids[:-1] if got.answer_ids[-1:] == [tok.eos_token_id] else got.answer_ids
+    assert tok.decode(words).strip() == text
+    assert got.position == pytest.approx(source.char_end / source.document_chars)
+    assert got.backbone == model.backbone.fingerprint()
+
+
+def test_items_round_trip_and_a_cut_last_line_is_skipped(tmp_path):
+    path = tmp_path / "items.jsonl"
+    rows = [item(), item(book="c.txt")]
+    path.write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows) + '{"book": "d.txt", "quest')
+    assert read_items(path) == rows
+    assert read_items(path, backbone="fp") == rows
+
+
+def test_items_of_another_backbone_or_a_broken_line_are_refused(tmp_path):
+    path = tmp_path / "items.jsonl"
+    good = json.dumps(asdict(item()))
+    path.write_text(f"{good}\n{good}\n")
+    with pytest.raises(ValueError, match="line 1: its token ids are another backbone's"):
+        read_items(path, backbone="other")
+    path.write_text(f'{good}\n{{"book": 1}}\n{good}\n')
+    with pytest.raises(ValueError, match="line 2: not a reading item"):
+        read_items(path)
+
+
+def test_a_document_reads_the_book_into_memory_then_the_prompt_and_answer():
+    ids = np.arange(1000, 1000 + 10 * SEG, dtype=np.int32)
+    docs = reading_documents([item(position=0.5)], {"b.txt": Document("b.txt", ids)}, SEG, context_segments=2)
+    (doc,) = docs
+    assert len(doc.ids) == 3 * SEG  # two segments of context, one of reading: whole segments only
+    context, reading = doc.ids[:2 * SEG], doc.ids[2 * SEG:]
+    end = int(context[-1]) - 1000 + 1  # the book's tokens up to here are in memory: the passage's and a little after
+    assert np.array_equal(context, ids[end - 2 * SEG:end]) and end >= 0.5 * len(ids)
+    assert reading[:5].tolist() == [5, 6, 7, 8, 9]  # the prompt opens the segment, as the app's window does
+    assert np.array_equal(reading[5:], ids[end:end + SEG - 5])  # the book goes on after it
+    assert np.flatnonzero(doc.answers).tolist() == [2 * SEG + 3, 2 * SEG + 4]  # the answer, weighted as answers are
+
+
+def test_documents_leave_out_what_does_not_fit():
+    ids = np.arange(4 * SEG, dtype=np.int32)
+    books = {"b.txt": Document("b.txt", ids)}
+    assert reading_documents([item(book="other.txt")], books, SEG, 1) == []  # no such book
+    assert reading_documents([item(prompt=range(SEG))], books, SEG, 1) == []  # prompt and answer pass a segment
+    assert reading_documents([item()], books, SEG, 4) == []  # the book is shorter than its context and the rest
+    (early,) = reading_documents([item(position=0.0)], books, SEG, 0)  # no context: the prompt starts the document
+    assert early.ids[:5].tolist() == [5, 6, 7, 8, 9] and len(early.ids) == SEG
+    with pytest.raises(ValueError, match="context_segments"):
+        reading_documents([item()], books, SEG, -1)
+
+
+def test_reading_documents_batch_with_their_answers_marked():
+    ids = np.arange(1000, 1000 + 8 * SEG, dtype=np.int32)
+    items = [item(position=p) for p in (0.3, 0.6, 0.9)]
+    docs = reading_documents(items, {"b.txt": Document("b.txt", ids)}, SEG, 1)
+    b = Batchfier(docs, batch_size=3, segment_len=SEG).batch(1)  # every row's second segment: the reading one
+    assert b.ids[:, :5].tolist() == [[5, 6, 7, 8, 9]] * 3
+    assert b.answers.sum().item() == 6 and not b.reset.any()
+
+
+def test_the_tuning_books_are_named_by_the_tuning_sets():
+    root = Path(__file__).resolve().parents[1] / "longmem" / "eval" / "data"
+    books = tuning_books()
+    asked = {json.loads(line)["book"] for name in ("natural-tune", "unanswerable-tune")
+             for line in (root / f"{name}.jsonl").read_text().splitlines() if line}
+    assert books == asked and len(books) >= 4
+
+
+def test_training_refuses_items_about_books_outside_its_split(tmp_path):
+    from tiny import char_tokenizer
+
+    from training.__main__ import build_data, parse_args
+
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "a.txt").write_text("The miller carried a letter. " * 200)
+    (books / "t.txt").write_text("A test book. " * 200)
+    (tmp_path / "MANIFEST.md").write_text("| split | file |\n|---|---|\n| train | a.txt |\n| test | t.txt |\n")
+    path = tmp_path / "items.jsonl"
+    for name, ok in (("a.txt", True), ("t.txt", False)):
+        path.write_text(json.dumps(asdict(item(book=name))) + "\n")
+        args = parse_args(["--out", str(tmp_path / "run"), "--data", str(tmp_path), "--reading-items", str(path),
+                           "--eval-books", "0"])
+        if ok:
+            with pytest.raises(SystemExit, match="another backbone's"):
+                build_data(args, char_tokenizer(), SEG, backbone="not fp")
+            train, _ = build_data(args, char_tokenizer(), SEG, backbone="fp")
+            (doc,) = [d for d in train if d.name.startswith("reading-")]
+            assert doc.answers is not None and doc.answers.sum() == 2
+        else:
+            with pytest.raises(SystemExit, match="outside the training split"):
+                build_data(args, char_tokenizer(), SEG)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_item_in_either_dtype(bank_of, dtype):
+    from helpers import story
+    from tiny import chat_model
+
+    model = chat_model(segment_len=512, dtype=dtype)
+    bank = bank_of(model, story())
+    source = next(p for p in bank.passages([pid for pid, _ in bank.passage_texts()]) if "zeppelin" in p.text)
+    got = reading_item(model, PassageFinder(bank, model, bank.load_memory(model)), "story.txt",
+                       "Where did the zeppelin go?", source)
+    assert got is not None and got.source_read and len(got.prompt_ids) > 0

@@ -1,0 +1,258 @@
+"""Reading items: questions about a training book, asked the way the app's chat asks them, as training data.
+
+Issue 42 (item 2) asks for a SideNet that reads excerpts at its own weight without writing its training templates:
+trained on recall items ("Question: ... Answer: ..."), the shipped one writes their wording into answers unless the
+frozen backbone's logits outweigh its own (``Reading.side_weight``, docs/design.md). An item here is what the app
+reads and what the backbone answers to it:
+
+  - a question about a training book, written from one of its passages picked at random by a question writer (by
+    default Qwen2.5-Coder-0.5B-Instruct: the 135M backbone, asked for a question, copies the passage instead);
+  - the app's reading prompt for it: the chat template around BM25's passages of that book and the question
+    (``tasks.reading``; the passage the question was written from is among them for some items, not for others, as
+    for a reader's questions);
+  - the frozen backbone's own greedy answer reading that prompt (what BM25-RAG answers: ``tasks.answer`` without
+    the check).
+
+``reading_documents`` turns items into training documents: the book's text up to the passage, segment by segment,
+so that it is in memory, then a segment that opens with the prompt and the answer (the rest of it the book's text
+again). The answer's tokens are weighted as recall answers are: the SideNet is taught to answer, with a book in
+memory and its excerpts in the window, what its backbone answers (sequence-level distillation), beside the recall
+items that teach it to read facts out of memory. Items are written once (each takes two models' generations) and
+reused (``python -m training --reading-items FILE``):
+
+    python -m training.reading --out runs/reading-items.jsonl --books 6 --per-book 25
+
+The tuning sets' books (``longmem/eval/data/*-tune.jsonl``) are left out, so that the choices measured on them stay
+measured on questions about books the items never asked about; the test-split books are never used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from longmem.eval.datasets.books import Document
+
+QUESTION_WRITER = "qwen2.5-coder-0.5b"  # a backbone name ``longmem models`` knows
+ASK = "Write one question about a fact in this passage of a novel. Write only the question."
+MIN_PASSAGE_CHARS = 400  # shorter passages (headings, a line of dialogue) give no question worth asking
+
+
+@dataclass
+class ReadingItem:
+    """One question about a book, the app's prompt for it and the frozen backbone's answer (token ids of the
+    backbone whose fingerprint is ``backbone``)."""
+
+    book: str  # file name under books/
+    question: str
+    position: float  # where the passage the question was written from ends, as a fraction of the book's text
+    prompt_ids: list[int]  # the app's reading prompt (chat template, excerpts, question), as the model reads it
+    answer_ids: list[int]  # the backbone's greedy answer, then its end-of-turn token unless it was cut off
+    answer: str
+    source_read: bool  # whether the passage the question was written from is among the passages read
+    backbone: str  # ``Backbone.fingerprint()`` of the model the ids belong to
+
+    @staticmethod
+    def from_json(line: str) -> ReadingItem:
+        return ReadingItem(**json.loads(line))
+
+
+def read_items(path: Path, backbone: str | None = None) -> list[ReadingItem]:
+    """The items of a JSONL file written by ``build``; a cut last line (an interrupted write) is skipped. Raises
+    ValueError naming the line for any other line that is not an item, and, given ``backbone`` (a fingerprint), for
+    an item whose token ids belong to another backbone."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    items = []
+    for n, line in enumerate(lines, 1):
+        try:
+            item = ReadingItem.from_json(line)
+        except (json.JSONDecodeError, TypeError) as e:
+            if n == len(lines):
+                break
+            raise ValueError(f"{path}, line {n}: not a reading item ({e})") from None
+        if backbone is not None and item.backbone != backbone:
+            raise ValueError(f"{path}, line {n}: its token ids are another backbone's (fingerprint "
+                             f"{item.backbone[:12]}..., the model's {backbone[:12]}...)")
+        items.append(item)
+    return items
+
+
+def question_from(text: str) -> str | None:
+    """The question in a writer's reply: its first line if it is one question of 4 to 40 words, else None."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return None
+    q = lines[0].strip('"“” ')
+    if not q.endswith("?") or q.count("?") != 1 or not 4 <= len(q.split()) <= 40:
+        return None
+    return q
+
+
+def reading_documents(items: list[ReadingItem], books: dict[str, Document], segment_len: int,
+                      context_segments: int) -> list[Document]:
+    """Training documents of ``items`` (see the module doc): ``context_segments`` segments of the book ending near the
+    item's passage (it is in memory), then one segment: the prompt, the answer, and the book's following tokens to
+    fill it. The answer's tokens are the document's ``answers`` (the loss weighs them by ``--answer-weight``, as it
+    does recall answers: the backbone's own answer, taught as a sequence). Items whose book is not in ``books``, whose
+    book is too short, or whose prompt and answer pass ``segment_len`` are left out."""
+    if context_segments < 0:
+        raise ValueError(f"context_segments must be >= 0, got {context_segments}")
+    out = []
+    for i, item in enumerate(items):
+        book = books.get(item.book)
+        head = item.prompt_ids + item.answer_ids
+        if book is None or len(head) > segment_len:
+            continue
+        ids = book.ids
+        context = context_segments * segment_len
+        fill = segment_len - len(head)
+        if len(ids) < context + fill:
+            continue
+        end = min(max(int(item.position * len(ids)) + segment_len // 4, context), len(ids) - fill)
+        doc = np.concatenate([ids[end - context:end], np.asarray(head, dtype=ids.dtype), ids[end:end + fill]])
+        answers = np.zeros(len(doc), dtype=bool)  # the backbone's answer: weighted as recall answers are
+        answers[context + len(item.prompt_ids):context + len(head)] = True
+        out.append(Document(f"reading-{i}", doc, answers))
+    return out
+
+
+def tuning_books() -> set[str]:
+    """The books the tuning sets ask about (``longmem.eval.natural.TUNE_SETS``, the package's ``eval/data``)."""
+    from importlib import resources
+
+    from longmem.eval.natural import TUNE_SETS
+
+    books = set()
+    for name in TUNE_SETS:
+        text = (resources.files("longmem.eval") / "data" / f"{name}.jsonl").read_text(encoding="utf-8")
+        books |= {json.loads(line)["book"] for line in text.splitlines() if line.strip()}
+    return books
+
+
+def write_question(writer, passage: str) -> str | None:
+    """A question about ``passage`` by the ``writer`` backbone (greedy, the chat template), or None when its reply is
+    not one question (``question_from``)."""
+    import torch
+
+    tok = writer.tokenizer
+    msgs = [{"role": "user", "content": f"{ASK}\n\n{passage}"}]
+    x = tok(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), return_tensors="pt",
+            add_special_tokens=False).input_ids.to(writer.device)
+    with torch.no_grad():
+        y = writer.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=40, do_sample=False,
+                                  pad_token_id=tok.eos_token_id)
+    return question_from(tok.decode(y[0, x.shape[1]:], skip_special_tokens=True))
+
+
+def reading_item(model, finder, book: str, question: str, source) -> ReadingItem | None:
+    """``question`` as the app asks it of ``finder``'s bank (lexical finding, ``model``'s reading prompt) and the frozen
+    backbone's own answer to it, read without the app's check (BM25-RAG's answer); ``source``: the passage the
+    question was written from. None when nothing is found or the backbone answers nothing."""
+    from longmem.model.baselines import BackboneLM
+    from longmem.tasks.answer import answer, answer_sampling
+    from longmem.tasks.chat import Chat
+    from longmem.tasks.reading import Reading, reading_prompt
+
+    sampling = answer_sampling()
+    chat = Chat(BackboneLM(model.backbone, model.segment_len), None, sampling)
+    reply = answer(chat, finder, question, Reading(finder="lexical", abstain=0.0))
+    text = "".join(reply).strip()
+    if not reply.found or not text:
+        return None
+    tok = model.backbone.tokenizer
+    prompt = chat.prompt_ids(question, reading_prompt(question, reply.found), history=False)[0].tolist()
+    answer_ids = tok(text, add_special_tokens=False).input_ids
+    if tok.eos_token_id is not None and len(answer_ids) < sampling.max_new_tokens:  # it ended, not cut off
+        answer_ids.append(tok.eos_token_id)
+    return ReadingItem(book, question, source.char_end / max(1, source.document_chars), prompt, answer_ids, text,
+                       any(f.passage.id == source.id for f in reply.found), model.backbone.fingerprint())
+
+
+def build(args) -> int:
+    """Write ``args.per_book`` items for each of ``args.books`` training books to ``args.out`` (JSONL, appended;
+    a book's items already there are kept, so an interrupted run continues)."""
+    from tqdm import tqdm
+
+    from longmem.ingest import ingest
+    from longmem.model.backbone import load_backbone
+    from longmem.model.longmem import LongMemConfig, LongMemModel
+    from longmem.storage import BankDirectory
+    from longmem.tasks.reading import PassageFinder
+
+    from .data import book_split
+
+    model = LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype)).eval()
+    writer = load_backbone(args.writer, args.dtype)
+    skip = tuning_books()
+    train, _ = book_split(args.data)
+    books = [p for p in train if p.name not in skip]
+    random.Random(args.seed).shuffle(books)
+    out = Path(args.out)
+    done: dict[str, int] = {}
+    if out.exists():
+        for item in read_items(out):
+            done[item.book] = done.get(item.book, 0) + 1
+    directory = BankDirectory(Path(args.banks))
+    with out.open("a", encoding="utf-8") as f:
+        for path in books[: args.books]:
+            want = args.per_book - done.get(path.name, 0)
+            if want <= 0:
+                continue
+            with (directory.open(path.stem) if directory.exists(path.stem)
+                  else directory.create(path.stem, model)) as bank:
+                ingest(bank, model, path)
+                finder = PassageFinder(bank, model, bank.load_memory(model))
+                passages = bank.passage_texts()
+                order = random.Random(f"{args.seed}-{path.name}").sample(range(len(passages)), len(passages))
+                made = 0
+                with tqdm(total=want, desc=path.name, file=sys.stderr) as bar:
+                    for i in order:
+                        if made == want:
+                            break
+                        if len(passages[i][1]) < MIN_PASSAGE_CHARS:
+                            continue
+                        source = bank.passages([passages[i][0]])[0]
+                        question = write_question(writer, source.text)
+                        item = question and reading_item(model, finder, path.name, question, source)
+                        if item is None:
+                            continue
+                        f.write(json.dumps(asdict(item)) + "\n")
+                        f.flush()
+                        made += 1
+                        bar.update()
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from longmem.util.data import add_data_flag
+
+    p = argparse.ArgumentParser(prog="python -m training.reading", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="JSONL file of items (appended to; a book's items there are kept)")
+    p.add_argument("--banks", default="runs/reading-banks", help="where the training books' banks are made")
+    p.add_argument("--books", type=int, default=6, help="training books asked about (not the tuning sets' books)")
+    p.add_argument("--per-book", type=int, default=25, help="items per book")
+    p.add_argument("--backbone", default="default", help="the model whose backbone answers (as in training)")
+    p.add_argument("--writer", default=QUESTION_WRITER, help="the backbone that writes the questions")
+    p.add_argument("--dtype", default="auto", help="auto, bfloat16 or float32")
+    p.add_argument("--seed", type=int, default=0, help="which books and passages")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    add_data_flag(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from longmem.model.cpu import setup_cpu
+
+    args = parse_args(argv)
+    setup_cpu(args.threads)
+    return build(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
