@@ -11,12 +11,21 @@ import numpy as np
 import pytest
 import torch
 
+import training.reading as reading
 from longmem.model.baselines import BackboneLM
 from longmem.tasks.answer import answer, answer_sampling
 from longmem.tasks.chat import Chat
 from longmem.tasks.reading import PassageFinder, Reading, reading_prompt
 from training.data import Batchfier, Document
-from training.reading import ReadingItem, question_from, read_items, reading_documents, reading_item, tuning_books
+from training.reading import (
+    ReadingItem,
+    book_items,
+    question_from,
+    read_items,
+    reading_documents,
+    reading_item,
+    tuning_books,
+)
 
 SEG = 32
 
@@ -53,6 +62,25 @@ def test_an_item_is_the_apps_prompt_and_the_backbones_own_answer(loaded):
     assert tok.decode(words).strip() == text
     assert got.position == pytest.approx(source.char_end / source.document_chars)
     assert got.backbone == model.backbone.fingerprint()
+
+
+def test_an_interrupted_book_goes_on_where_it_stopped(loaded, monkeypatch):
+    """The question writer (Qwen in use) is outside what is tested here: it asks about each passage's first words."""
+    model, bank, _ = loaded
+    asked_about = []
+
+    def writer(_, passage: str) -> str:
+        asked_about.append(passage)
+        return f"What did the {' '.join(passage.split()[1:3])} do?"
+
+    monkeypatch.setattr(reading, "write_question", writer)
+    monkeypatch.setattr(reading, "MIN_PASSAGE_CHARS", 0)
+    whole = list(book_items(model, None, bank, "story.txt", 4, seed=0))
+    first = list(book_items(model, None, bank, "story.txt", 2, seed=0))
+    asked_about.clear()
+    rest = list(book_items(model, None, bank, "story.txt", 2, seed=0, asked={i.position for i in first}))
+    assert len(whole) == 4 and first + rest == whole  # no passage asked about twice, none skipped
+    assert len(asked_about) == 2  # the first two passages were not written about again
 
 
 def test_items_round_trip_and_a_cut_last_line_is_skipped(tmp_path):

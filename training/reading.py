@@ -34,6 +34,7 @@ import random
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -174,16 +175,40 @@ def reading_item(model, finder, book: str, question: str, source) -> ReadingItem
                        any(f.passage.id == source.id for f in reply.found), model.backbone.fingerprint())
 
 
+def book_items(model, writer, bank, book: str, want: int, seed: int, asked: set[float] = frozenset()
+               ) -> Iterator[ReadingItem]:
+    """Up to ``want`` items about ``bank``'s book (named ``book``), questions written by the ``writer`` backbone from
+    its passages in a random order (``seed``), skipping passages under ``MIN_PASSAGE_CHARS`` and those whose
+    ``ReadingItem.position`` is in ``asked`` (an earlier, interrupted run's)."""
+    from longmem.tasks.reading import PassageFinder
+
+    finder = PassageFinder(bank, model, bank.load_memory(model))
+    passages = bank.passage_texts()
+    made = 0
+    for i in random.Random(f"{seed}-{book}").sample(range(len(passages)), len(passages)):
+        if made == want:
+            return
+        if len(passages[i][1]) < MIN_PASSAGE_CHARS:
+            continue
+        source = bank.passages([passages[i][0]])[0]
+        if source.char_end / max(1, source.document_chars) in asked:
+            continue
+        question = write_question(writer, source.text)
+        item = question and reading_item(model, finder, book, question, source)
+        if item is not None:
+            made += 1
+            yield item
+
+
 def build(args) -> int:
     """Write ``args.per_book`` items for each of ``args.books`` training books to ``args.out`` (JSONL, appended;
-    a book's items already there are kept, so an interrupted run continues)."""
+    the items already there are kept and their passages not asked about again, so an interrupted run continues)."""
     from tqdm import tqdm
 
     from longmem.ingest import ingest
     from longmem.model.backbone import load_backbone
     from longmem.model.longmem import LongMemConfig, LongMemModel
     from longmem.storage import BankDirectory
-    from longmem.tasks.reading import PassageFinder
 
     from .data import book_split
 
@@ -194,38 +219,22 @@ def build(args) -> int:
     books = [p for p in train if p.name not in skip]
     random.Random(args.seed).shuffle(books)
     out = Path(args.out)
-    done: dict[str, int] = {}
-    if out.exists():
-        for item in read_items(out):
-            done[item.book] = done.get(item.book, 0) + 1
+    asked: dict[str, set[float]] = {}
+    for item in read_items(out, model.backbone.fingerprint()) if out.exists() else []:
+        asked.setdefault(item.book, set()).add(item.position)
     directory = BankDirectory(Path(args.banks))
     with out.open("a", encoding="utf-8") as f:
         for path in books[: args.books]:
-            want = args.per_book - done.get(path.name, 0)
+            want = args.per_book - len(asked.get(path.name, ()))
             if want <= 0:
                 continue
             with (directory.open(path.stem) if directory.exists(path.stem)
                   else directory.create(path.stem, model)) as bank:
                 ingest(bank, model, path)
-                finder = PassageFinder(bank, model, bank.load_memory(model))
-                passages = bank.passage_texts()
-                order = random.Random(f"{args.seed}-{path.name}").sample(range(len(passages)), len(passages))
-                made = 0
-                with tqdm(total=want, desc=path.name, file=sys.stderr) as bar:
-                    for i in order:
-                        if made == want:
-                            break
-                        if len(passages[i][1]) < MIN_PASSAGE_CHARS:
-                            continue
-                        source = bank.passages([passages[i][0]])[0]
-                        question = write_question(writer, source.text)
-                        item = question and reading_item(model, finder, path.name, question, source)
-                        if item is None:
-                            continue
-                        f.write(json.dumps(asdict(item)) + "\n")
-                        f.flush()
-                        made += 1
-                        bar.update()
+                items = book_items(model, writer, bank, path.name, want, args.seed, asked.get(path.name, set()))
+                for item in tqdm(items, total=want, desc=path.name, file=sys.stderr):
+                    f.write(json.dumps(asdict(item)) + "\n")
+                    f.flush()
     return 0
 
 
