@@ -157,11 +157,14 @@ def test_training_refuses_items_about_books_outside_its_split(tmp_path):
     path = tmp_path / "items.jsonl"
     for name, ok in (("a.txt", True), ("t.txt", False)):
         path.write_text(json.dumps(asdict(item(book=name))) + "\n")
-        args = parse_args(["--out", str(tmp_path / "run"), "--data", str(tmp_path), "--reading-items", str(path),
-                           "--eval-books", "0"])
+        argv = ["--out", str(tmp_path / "run"), "--data", str(tmp_path), "--reading-items", str(path),
+                "--eval-books", "0"]
+        args = parse_args(argv)
         if ok:
             with pytest.raises(SystemExit, match="another backbone's"):
                 build_data(args, char_tokenizer(), SEG, backbone="not fp")
+            with pytest.raises(SystemExit, match="--reading-context must be >= 0"):
+                build_data(parse_args([*argv, "--reading-context", "-1"]), char_tokenizer(), SEG, backbone="fp")
             train, _ = build_data(args, char_tokenizer(), SEG, backbone="fp")
             (doc,) = [d for d in train if d.name.startswith("reading-")]
             assert doc.answers is not None and doc.answers.sum() == 2

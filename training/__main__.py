@@ -136,6 +136,8 @@ def build_data(args, tokenizer, segment_len: int, backbone: str | None = None):
     if args.reading_items:
         from .reading import read_items, reading_documents
 
+        if args.reading_context < 0:
+            raise SystemExit(f"--reading-context must be >= 0, got {args.reading_context}")
         try:
             items = read_items(args.reading_items, backbone)
         except ValueError as e:
