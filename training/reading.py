@@ -84,6 +84,12 @@ def read_items(path: Path, backbone: str | None = None) -> list[ReadingItem]:
     return items
 
 
+def end_position(passage) -> float:
+    """Where ``passage`` ends, as a fraction of its book's text: an item's ``position``, by which a run knows the
+    passages already asked about."""
+    return passage.char_end / max(1, passage.document_chars)
+
+
 def question_from(text: str) -> str | None:
     """The question in a writer's reply: its first line if it is one question of 4 to 40 words, else None."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
@@ -171,7 +177,7 @@ def reading_item(model, finder, book: str, question: str, source) -> ReadingItem
     answer_ids = tok(text, add_special_tokens=False).input_ids
     if tok.eos_token_id is not None and len(answer_ids) < sampling.max_new_tokens:  # it ended, not cut off
         answer_ids.append(tok.eos_token_id)
-    return ReadingItem(book, question, source.char_end / max(1, source.document_chars), prompt, answer_ids, text,
+    return ReadingItem(book, question, end_position(source), prompt, answer_ids, text,
                        any(f.passage.id == source.id for f in reply.found), model.backbone.fingerprint())
 
 
@@ -191,7 +197,7 @@ def book_items(model, writer, bank, book: str, want: int, seed: int, asked: set[
         if len(passages[i][1]) < MIN_PASSAGE_CHARS:
             continue
         source = bank.passages([passages[i][0]])[0]
-        if source.char_end / max(1, source.document_chars) in asked:
+        if end_position(source) in asked:
             continue
         question = write_question(writer, source.text)
         item = question and reading_item(model, finder, book, question, source)
