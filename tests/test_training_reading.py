@@ -19,6 +19,7 @@ from longmem.tasks.reading import PassageFinder, Reading, reading_prompt
 from training.data import Batchfier, Document
 from training.reading import (
     ReadingItem,
+    answer_from,
     book_items,
     question_from,
     read_items,
@@ -184,3 +185,65 @@ def test_an_item_in_either_dtype(bank_of, dtype):
     got = reading_item(model, PassageFinder(bank, model, bank.load_memory(model)), "story.txt",
                        "Where did the zeppelin go?", source)
     assert got is not None and got.source_read and len(got.prompt_ids) > 0
+
+
+def test_answer_from_takes_one_complete_line():
+    assert answer_from("The miller carried a letter.\nMore.") == "The miller carried a letter."
+    assert answer_from('  He said "no."  ') == 'He said "no."'
+    assert answer_from("The miller carried a letter to the") is None  # cut off mid-sentence
+    assert answer_from("  \n ") is None
+
+
+def _zeppelin(bank, has: bool):
+    passages = bank.passages([pid for pid, _ in bank.passage_texts()])
+    return next(p for p in passages if ("zeppelin" in p.text) == has)
+
+
+def test_the_writer_teaches_where_the_questions_passage_is_read(loaded, monkeypatch):
+    """The teacher (Qwen in use) is outside what is tested here: a fixed reply stands for it."""
+    model, bank, memory = loaded
+    finder = PassageFinder(bank, model, memory)
+    question = "What did the zeppelin carry before dawn?"
+    asked = []
+
+    def teacher(_, passage: str, q: str) -> str:
+        asked.append((passage, q))
+        return "The zeppelin carried mail."
+
+    monkeypatch.setattr(reading, "write_answer", teacher)
+    source = _zeppelin(bank, has=True)
+    own = reading_item(model, finder, "story.txt", question, source)
+    got = reading_item(model, finder, "story.txt", question, source, teacher=object())
+    assert asked == [(source.text, question)]  # it reads the question's passage alone
+    assert got.answered_by == "writer" and own.answered_by == "backbone"
+    assert got.answer == "The zeppelin carried mail." and got.source_read
+    assert got.prompt_ids == own.prompt_ids  # the same prompt: what the app reads
+    tok = model.backbone.tokenizer
+    ended = [] if tok.eos_token_id is None else [tok.eos_token_id]  # a teacher's answer is whole: it ends
+    assert got.answer_ids == tok("The zeppelin carried mail.", add_special_tokens=False).input_ids + ended
+
+
+def test_the_backbone_answers_where_the_passage_is_not_read_or_the_teacher_fails(loaded, monkeypatch):
+    model, bank, memory = loaded
+    finder = PassageFinder(bank, model, memory)
+    question = "What did the zeppelin carry before dawn?"
+    own = reading_item(model, finder, "story.txt", question, _zeppelin(bank, has=True))
+    asked = []
+    monkeypatch.setattr(reading, "write_answer", lambda *a: asked.append(a) or "Mail.")
+    unread = reading_item(model, finder, "story.txt", question, _zeppelin(bank, has=False), teacher=object())
+    assert not asked and not unread.source_read and unread.answered_by == "backbone"
+    assert unread.answer == own.answer  # the backbone's answer to the same prompt
+    monkeypatch.setattr(reading, "write_answer", lambda *a: None)  # a reply that is not an answer
+    failed = reading_item(model, finder, "story.txt", question, _zeppelin(bank, has=True), teacher=object())
+    assert failed.answered_by == "backbone" and failed.answer == own.answer
+
+
+def test_items_without_a_teacher_field_were_the_backbones_and_a_bad_answer_by_is_refused(tmp_path, loaded):
+    path = tmp_path / "items.jsonl"
+    old = asdict(item())
+    del old["answered_by"]  # written before --answer-by
+    path.write_text(json.dumps(old) + "\n")
+    assert read_items(path)[0].answered_by == "backbone"
+    model, bank, _ = loaded
+    with pytest.raises(ValueError, match="answer_by must be one of"):
+        next(book_items(model, None, bank, "story.txt", 1, seed=0, answer_by="oracle"))

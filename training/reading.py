@@ -10,8 +10,11 @@ reads and what the backbone answers to it:
   - the app's reading prompt for it: the chat template around BM25's passages of that book and the question
     (``tasks.reading``; the passage the question was written from is among them for some items, not for others, as
     for a reader's questions);
-  - the frozen backbone's own greedy answer reading that prompt (what BM25-RAG answers: ``tasks.answer`` without
-    the check).
+  - the answer taught: the frozen backbone's own greedy answer reading that prompt (what BM25-RAG answers:
+    ``tasks.answer`` without the check), or, with ``--answer-by writer``, where the question's passage is among those
+    read, the question writer's one-sentence answer reading that passage alone (a teacher: the backbone's answers run
+    on and invent; the writer's are short and taken from the passage). Where the passage is not read, the backbone's
+    answer is kept: the item then teaches nothing the backbone does not already do.
 
 ``reading_documents`` turns items into training documents: the book's text up to the passage, segment by segment,
 so that it is in memory, then a segment that opens with the prompt and the answer (the rest of it the book's text
@@ -42,22 +45,25 @@ from longmem.eval.datasets.books import Document
 
 QUESTION_WRITER = "qwen2.5-coder-0.5b"  # a backbone name ``longmem models`` knows
 ASK = "Write one question about a fact in this passage of a novel. Write only the question."
+ANSWER_ASK = "Answer the question in one short sentence, from the passage only."  # the writer as a teacher
+ANSWER_BY = ("backbone", "writer")  # who writes an item's answer (``--answer-by``)
 MIN_PASSAGE_CHARS = 400  # shorter passages (headings, a line of dialogue) give no question worth asking
 
 
 @dataclass
 class ReadingItem:
-    """One question about a book, the app's prompt for it and the frozen backbone's answer (token ids of the
-    backbone whose fingerprint is ``backbone``)."""
+    """One question about a book, the app's prompt for it and the answer taught (token ids of the backbone whose
+    fingerprint is ``backbone``)."""
 
     book: str  # file name under books/
     question: str
     position: float  # where the passage the question was written from ends, as a fraction of the book's text
     prompt_ids: list[int]  # the app's reading prompt (chat template, excerpts, question), as the model reads it
-    answer_ids: list[int]  # the backbone's greedy answer, then its end-of-turn token unless it was cut off
+    answer_ids: list[int]  # the answer taught, then the end-of-turn token unless it was cut off
     answer: str
     source_read: bool  # whether the passage the question was written from is among the passages read
     backbone: str  # ``Backbone.fingerprint()`` of the model the ids belong to
+    answered_by: str = "backbone"  # "backbone" (its greedy answer to the prompt) or "writer" (ANSWER_BY)
 
     @staticmethod
     def from_json(line: str) -> ReadingItem:
@@ -142,50 +148,80 @@ def tuning_books() -> set[str]:
     return books
 
 
-def write_question(writer, passage: str) -> str | None:
-    """A question about ``passage`` by the ``writer`` backbone (greedy, the chat template), or None when its reply is
-    not one question (``question_from``)."""
+def answer_from(text: str) -> str | None:
+    """The answer in a teacher's reply: its first line if it has words and is not cut off mid-sentence, else None."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines or not lines[0].endswith((".", "!", "?", '"', "”", "'", ")")):
+        return None
+    return lines[0]
+
+
+def _writer_reply(writer, content: str, max_new_tokens: int) -> str:
+    """``writer``'s greedy reply to one user turn (its chat template)."""
     import torch
 
     tok = writer.tokenizer
-    msgs = [{"role": "user", "content": f"{ASK}\n\n{passage}"}]
+    msgs = [{"role": "user", "content": content}]
     x = tok(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), return_tensors="pt",
             add_special_tokens=False).input_ids.to(writer.device)
     with torch.no_grad():
-        y = writer.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=40, do_sample=False,
-                                  pad_token_id=tok.eos_token_id)
-    return question_from(tok.decode(y[0, x.shape[1]:], skip_special_tokens=True))
+        y = writer.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                                  do_sample=False, pad_token_id=tok.eos_token_id)
+    return tok.decode(y[0, x.shape[1]:], skip_special_tokens=True)
 
 
-def reading_item(model, finder, book: str, question: str, source) -> ReadingItem | None:
-    """``question`` as the app asks it of ``finder``'s bank (lexical finding, ``model``'s reading prompt) and the frozen
-    backbone's own answer to it, read without the app's check (BM25-RAG's answer); ``source``: the passage the
-    question was written from. None when nothing is found or the backbone answers nothing."""
+def write_question(writer, passage: str) -> str | None:
+    """A question about ``passage`` by the ``writer`` backbone (greedy, the chat template), or None when its reply is
+    not one question (``question_from``)."""
+    return question_from(_writer_reply(writer, f"{ASK}\n\n{passage}", 40))
+
+
+def write_answer(writer, passage: str, question: str) -> str | None:
+    """The ``writer`` backbone's one-sentence answer to ``question`` reading ``passage`` alone (greedy), or None when
+    its reply is not one complete line (``answer_from``)."""
+    return answer_from(_writer_reply(writer, f"{passage}\n\nQuestion: {question}\n{ANSWER_ASK}", 48))
+
+
+def reading_item(model, finder, book: str, question: str, source, teacher=None) -> ReadingItem | None:
+    """``question`` as the app asks it of ``finder``'s bank (lexical finding, ``model``'s reading prompt) and the answer
+    taught: the frozen backbone's own, read without the app's check (BM25-RAG's answer), or, given a ``teacher``
+    backbone and ``source`` (the passage the question was written from) among the passages read, the teacher's answer
+    reading ``source`` alone (``write_answer``; the backbone's when the teacher's reply is not one). None when nothing
+    is found or nothing is answered."""
     from longmem.model.baselines import BackboneLM
     from longmem.tasks.answer import answer, answer_sampling
     from longmem.tasks.chat import Chat
-    from longmem.tasks.reading import Reading, reading_prompt
+    from longmem.tasks.reading import Reading, find_for_chat, reading_prompt
 
-    sampling = answer_sampling()
+    sampling, reading = answer_sampling(), Reading(finder="lexical", abstain=0.0)
     chat = Chat(BackboneLM(model.backbone, model.segment_len), None, sampling)
-    reply = answer(chat, finder, question, Reading(finder="lexical", abstain=0.0))
-    text = "".join(reply).strip()
-    if not reply.found or not text:
+    found = find_for_chat(finder, chat, question, reading)  # what ``answer`` reads
+    source_read = any(f.passage.id == source.id for f in found)
+    text, by = None, "backbone"
+    if teacher is not None and source_read:
+        text, by = write_answer(teacher, source.text, question), "writer"
+    if text is None:
+        reply = answer(chat, finder, question, reading)
+        text, by, found = "".join(reply).strip(), "backbone", reply.found
+    if not found or not text:
         return None
     tok = model.backbone.tokenizer
-    prompt = chat.prompt_ids(question, reading_prompt(question, reply.found), history=False)[0].tolist()
+    prompt = chat.prompt_ids(question, reading_prompt(question, found), history=False)[0].tolist()
     answer_ids = tok(text, add_special_tokens=False).input_ids
-    if tok.eos_token_id is not None and len(answer_ids) < sampling.max_new_tokens:  # it ended, not cut off
+    if tok.eos_token_id is not None and (by == "writer" or len(answer_ids) < sampling.max_new_tokens):  # it ended
         answer_ids.append(tok.eos_token_id)
-    return ReadingItem(book, question, end_position(source), prompt, answer_ids, text,
-                       any(f.passage.id == source.id for f in reply.found), model.backbone.fingerprint())
+    return ReadingItem(book, question, end_position(source), prompt, answer_ids, text, source_read,
+                       model.backbone.fingerprint(), by)
 
 
-def book_items(model, writer, bank, book: str, want: int, seed: int, asked: set[float] = frozenset()
-               ) -> Iterator[ReadingItem]:
+def book_items(model, writer, bank, book: str, want: int, seed: int, asked: set[float] = frozenset(),
+               answer_by: str = "backbone") -> Iterator[ReadingItem]:
     """Up to ``want`` items about ``bank``'s book (named ``book``), questions written by the ``writer`` backbone from
     its passages in a random order (``seed``), skipping passages under ``MIN_PASSAGE_CHARS`` and those whose
-    ``ReadingItem.position`` is in ``asked`` (an earlier, interrupted run's)."""
+    ``ReadingItem.position`` is in ``asked`` (an earlier, interrupted run's); answered by ``answer_by`` (ANSWER_BY:
+    "writer" teaches the writer's answer where the passage is read, ``reading_item``)."""
+    if answer_by not in ANSWER_BY:
+        raise ValueError(f"answer_by must be one of {ANSWER_BY}, not {answer_by!r}")
     from longmem.tasks.reading import PassageFinder
 
     finder = PassageFinder(bank, model, bank.load_memory(model))
@@ -200,7 +236,8 @@ def book_items(model, writer, bank, book: str, want: int, seed: int, asked: set[
         if end_position(source) in asked:
             continue
         question = write_question(writer, source.text)
-        item = question and reading_item(model, finder, book, question, source)
+        item = question and reading_item(model, finder, book, question, source,
+                                         writer if answer_by == "writer" else None)
         if item is not None:
             made += 1
             yield item
@@ -237,7 +274,8 @@ def build(args) -> int:
             with (directory.open(path.stem) if directory.exists(path.stem)
                   else directory.create(path.stem, model)) as bank:
                 ingest(bank, model, path)
-                items = book_items(model, writer, bank, path.name, want, args.seed, asked.get(path.name, set()))
+                items = book_items(model, writer, bank, path.name, want, args.seed, asked.get(path.name, set()),
+                                   args.answer_by)
                 for item in tqdm(items, total=want, desc=path.name, file=sys.stderr):
                     f.write(json.dumps(asdict(item)) + "\n")
                     f.flush()
@@ -254,6 +292,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--per-book", type=int, default=25, help="items per book")
     p.add_argument("--backbone", default="default", help="the model whose backbone answers (as in training)")
     p.add_argument("--writer", default=QUESTION_WRITER, help="the backbone that writes the questions")
+    p.add_argument("--answer-by", choices=ANSWER_BY, default="backbone",
+                   help="the answer taught: the backbone's own reading the prompt, or the writer's reading the "
+                        "question's passage alone where that passage is among those read")
     p.add_argument("--dtype", default="auto", help="auto, bfloat16 or float32")
     p.add_argument("--seed", type=int, default=0, help="which books and passages")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
