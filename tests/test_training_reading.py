@@ -4,7 +4,7 @@ as training documents, and ``python -m training --reading-items``."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -247,3 +247,39 @@ def test_items_without_a_teacher_field_were_the_backbones_and_a_bad_answer_by_is
     model, bank, _ = loaded
     with pytest.raises(ValueError, match="answer_by must be one of"):
         next(book_items(model, None, bank, "story.txt", 1, seed=0, answer_by="oracle"))
+
+
+def test_where_the_passage_was_not_read_another_answer_can_be_taught():
+    ids = np.arange(1000, 1000 + 8 * SEG, dtype=np.int32)
+    books = {"b.txt": Document("b.txt", ids)}
+    read, unread = item(), replace(item(), source_read=False)
+    kept = reading_documents([read, unread], books, SEG, 1)
+    swapped = reading_documents([read, unread], books, SEG, 1, unread=[3, 2, 1])
+    assert np.array_equal(kept[0].ids, swapped[0].ids)  # the passage was read: its own answer
+    assert kept[1].ids[SEG:SEG + 5].tolist() == [5, 6, 7, 8, 9]
+    assert swapped[1].ids[SEG:SEG + 6].tolist() == [5, 6, 7, 3, 2, 1]  # the prompt, then what is taught instead
+    assert np.flatnonzero(swapped[1].answers).tolist() == [SEG + 3, SEG + 4, SEG + 5]
+
+
+def test_training_teaches_the_apps_words_where_the_passage_was_not_read(tmp_path):
+    from tiny import char_tokenizer
+
+    from longmem.tasks.answer import NOT_SAID
+    from training.__main__ import build_data, parse_args
+
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "a.txt").write_text("The miller carried a letter. " * 200)
+    (books / "t.txt").write_text("A test book. " * 200)
+    (tmp_path / "MANIFEST.md").write_text("| split | file |\n|---|---|\n| train | a.txt |\n| test | t.txt |\n")
+    path = tmp_path / "items.jsonl"
+    path.write_text(json.dumps(asdict(replace(item(book="a.txt"), source_read=False))) + "\n")
+    argv = ["--out", str(tmp_path / "run"), "--data", str(tmp_path), "--reading-items", str(path), "--eval-books", "0"]
+    tok = char_tokenizer()
+    train, _ = build_data(parse_args([*argv, "--reading-unread", "not-said"]), tok, 64, backbone="fp")
+    (doc,) = [d for d in train if d.name.startswith("reading-")]
+    taught = doc.ids[doc.answers]
+    assert tok.decode(taught.tolist()).startswith(NOT_SAID.split(".")[0])
+    train, _ = build_data(parse_args(argv), tok, 64, backbone="fp")
+    (doc,) = [d for d in train if d.name.startswith("reading-")]
+    assert doc.ids[doc.answers].tolist() == [8, 9]  # the item's own answer

@@ -18,6 +18,7 @@ from pathlib import Path
 from longmem.model.cpu import setup_cpu
 from longmem.util.data import add_data_flag
 
+from .reading import UNREAD
 from .train import TrainConfig, Trainer
 
 HELP = {
@@ -89,6 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "app's reading prompt and the backbone's answers, mixed into training (training/reading.py)")
     p.add_argument("--reading-context", type=int, default=1,
                    help="segments of a reading item's book read into memory before its prompt")
+    p.add_argument("--reading-unread", choices=UNREAD, default="answer",
+                   help="the answer taught where a reading item's question was written from a passage not among "
+                        "those read: the item's own answer, or the app's 'The book does not say.'")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     return p.parse_args(argv)
 
@@ -134,6 +138,8 @@ def build_data(args, tokenizer, segment_len: int, backbone: str | None = None):
         train += quote_documents(tokenizer, fillers, args.quote_docs, args.quotes, args.quote_len,
                                  args.quote_distance, whole_segments(room, segment_len), seed=args.seed + 1)
     if args.reading_items:
+        from longmem.tasks.answer import NOT_SAID
+
         from .reading import read_items, reading_documents
 
         if args.reading_context < 0:
@@ -146,7 +152,11 @@ def build_data(args, tokenizer, segment_len: int, backbone: str | None = None):
         if unknown := [b for b in named if b not in by_name]:
             raise SystemExit(f"{args.reading_items}: items about books outside the training split: {unknown}")
         books = {d.name: d for d in tokenize_files([by_name[b] for b in named], tokenizer, cache)}
-        train += reading_documents(items, books, segment_len, args.reading_context)
+        unread = None
+        if args.reading_unread == "not-said":  # the app's own words, then the end of the turn
+            unread = tokenizer(NOT_SAID.split(".")[0] + ".", add_special_tokens=False).input_ids
+            unread += [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        train += reading_documents(items, books, segment_len, args.reading_context, unread)
     return train, held_out
 
 

@@ -47,6 +47,7 @@ QUESTION_WRITER = "qwen2.5-coder-0.5b"  # a backbone name ``longmem models`` kno
 ASK = "Write one question about a fact in this passage of a novel. Write only the question."
 ANSWER_ASK = "Answer the question in one short sentence, from the passage only."  # the writer as a teacher
 ANSWER_BY = ("backbone", "writer")  # who writes an item's answer (``--answer-by``)
+UNREAD = ("answer", "not-said")  # what training teaches where the question's passage is not read (``--reading-unread``)
 MIN_PASSAGE_CHARS = 400  # shorter passages (headings, a line of dialogue) give no question worth asking
 
 
@@ -108,18 +109,20 @@ def question_from(text: str) -> str | None:
 
 
 def reading_documents(items: list[ReadingItem], books: dict[str, Document], segment_len: int,
-                      context_segments: int) -> list[Document]:
+                      context_segments: int, unread: list[int] | None = None) -> list[Document]:
     """Training documents of ``items`` (see the module doc): ``context_segments`` segments of the book ending near the
     item's passage (it is in memory), then one segment: the prompt, the answer, and the book's following tokens to
     fill it. The answer's tokens are the document's ``answers`` (the loss weighs them by ``--answer-weight``, as it
-    does recall answers: the backbone's own answer, taught as a sequence). Items whose book is not in ``books``, whose
-    book is too short, or whose prompt and answer pass ``segment_len`` are left out."""
+    does recall answers: the item's answer, taught as a sequence); ``unread``: token ids taught instead where the
+    question's passage is not among those read (``ReadingItem.source_read``; None: the item's own answer). Items whose
+    book is not in ``books``, whose book is too short, or whose prompt and answer pass ``segment_len`` are left out."""
     if context_segments < 0:
         raise ValueError(f"context_segments must be >= 0, got {context_segments}")
     out = []
     for i, item in enumerate(items):
         book = books.get(item.book)
-        head = item.prompt_ids + item.answer_ids
+        answer_ids = item.answer_ids if unread is None or item.source_read else list(unread)
+        head = item.prompt_ids + answer_ids
         if book is None or len(head) > segment_len:
             continue
         ids = book.ids
