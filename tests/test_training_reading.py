@@ -145,16 +145,21 @@ def test_the_tuning_books_are_named_by_the_tuning_sets():
     assert books == asked and len(books) >= 4
 
 
+def split_books(root: Path) -> None:
+    """A data folder: books a.txt (training split) and t.txt (test split), named in its MANIFEST.md."""
+    books = root / "books"
+    books.mkdir()
+    (books / "a.txt").write_text("The miller carried a letter. " * 200)
+    (books / "t.txt").write_text("A test book. " * 200)
+    (root / "MANIFEST.md").write_text("| split | file |\n|---|---|\n| train | a.txt |\n| test | t.txt |\n")
+
+
 def test_training_refuses_items_about_books_outside_its_split(tmp_path):
     from tiny import char_tokenizer
 
     from training.__main__ import build_data, parse_args
 
-    books = tmp_path / "books"
-    books.mkdir()
-    (books / "a.txt").write_text("The miller carried a letter. " * 200)
-    (books / "t.txt").write_text("A test book. " * 200)
-    (tmp_path / "MANIFEST.md").write_text("| split | file |\n|---|---|\n| train | a.txt |\n| test | t.txt |\n")
+    split_books(tmp_path)
     path = tmp_path / "items.jsonl"
     for name, ok in (("a.txt", True), ("t.txt", False)):
         path.write_text(json.dumps(asdict(item(book=name))) + "\n")
@@ -267,11 +272,7 @@ def test_training_teaches_the_apps_words_where_the_passage_was_not_read(tmp_path
     from longmem.tasks.answer import NOT_SAID
     from training.__main__ import build_data, parse_args
 
-    books = tmp_path / "books"
-    books.mkdir()
-    (books / "a.txt").write_text("The miller carried a letter. " * 200)
-    (books / "t.txt").write_text("A test book. " * 200)
-    (tmp_path / "MANIFEST.md").write_text("| split | file |\n|---|---|\n| train | a.txt |\n| test | t.txt |\n")
+    split_books(tmp_path)
     path = tmp_path / "items.jsonl"
     path.write_text(json.dumps(asdict(replace(item(book="a.txt"), source_read=False))) + "\n")
     argv = ["--out", str(tmp_path / "run"), "--data", str(tmp_path), "--reading-items", str(path), "--eval-books", "0"]

@@ -13,8 +13,9 @@ reads and what the backbone answers to it:
   - the answer taught: the frozen backbone's own greedy answer reading that prompt (what BM25-RAG answers:
     ``tasks.answer`` without the check), or, with ``--answer-by writer``, where the question's passage is among those
     read, the question writer's one-sentence answer reading that passage alone (a teacher: the backbone's answers run
-    on and invent; the writer's are short and taken from the passage). Where the passage is not read, the backbone's
-    answer is kept: the item then teaches nothing the backbone does not already do.
+    on and invent; the writer's are short and taken from the passage). Where the passage is not read, the item
+    keeps the backbone's answer; training can teach the app's "The book does not say." there instead
+    (``python -m training --reading-unread not-said``).
 
 ``reading_documents`` turns items into training documents: the book's text up to the passage, segment by segment,
 so that it is in memory, then a segment that opens with the prompt and the answer (the rest of it the book's text
