@@ -3,7 +3,7 @@
 Issue 42 (item 2) asks for a SideNet that reads excerpts at its own weight without writing its training templates:
 trained on recall items ("Question: ... Answer: ..."), the shipped one writes their wording into answers unless the
 frozen backbone's logits outweigh its own (``Reading.side_weight``, docs/design.md). An item here is what the app
-reads and what the backbone answers to it:
+reads and an answer to it:
 
   - a question about a training book, written from one of its passages picked at random by a question writer (by
     default Qwen2.5-Coder-0.5B-Instruct: the 135M backbone, asked for a question, copies the passage instead);
@@ -20,11 +20,12 @@ reads and what the backbone answers to it:
 ``reading_documents`` turns items into training documents: the book's text up to the passage, segment by segment,
 so that it is in memory, then a segment that opens with the prompt and the answer (the rest of it the book's text
 again). The answer's tokens are weighted as recall answers are: the SideNet is taught to answer, with a book in
-memory and its excerpts in the window, what its backbone answers (sequence-level distillation), beside the recall
-items that teach it to read facts out of memory. Items are written once (each takes two models' generations) and
-reused (``python -m training --reading-items FILE``):
+memory and its excerpts in the window, what its backbone (sequence-level distillation) or the writer answers,
+beside the recall items that teach it to read facts out of memory. Items are written once (each takes two models'
+generations) and reused (``python -m training --reading-items FILE``):
 
     python -m training.reading --out runs/reading-items.jsonl --books 6 --per-book 25
+    python -m training.reading --out runs/reading-items-w.jsonl --books 12 --per-book 25 --answer-by writer
 
 The tuning sets' books (``longmem/eval/data/*-tune.jsonl``) are left out, so that the choices measured on them stay
 measured on questions about books the items never asked about; the test-split books are never used.
