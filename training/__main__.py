@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="tokens between a passage and its quote (>= the segment length puts it in memory)")
     p.add_argument("--reading-items", type=Path, default=None,
                    help="reading items (JSONL of python -m training.reading): questions about training books in the "
-                        "app's reading prompt and the backbone's answers, mixed into training (training/reading.py)")
+                        "app's reading prompt and their answers, mixed into training (training/reading.py)")
     p.add_argument("--reading-context", type=int, default=1,
                    help="segments of a reading item's book read into memory before its prompt")
     p.add_argument("--reading-unread", choices=UNREAD, default="answer",

@@ -72,7 +72,7 @@ def model_card(name: str, facts: dict, evaluation: dict | None, hardware: str,
     n_quotes = f", {d['quote_documents']:,} quote" if has_quotes else ""
     if d.get("reading_documents"):  # questions about books in the app's reading prompt (training/reading.py)
         quotes += (" and reading documents (a book in memory, then questions about it in the app's reading prompt "
-                   "with the frozen backbone's answers)")
+                   "with an answer to each, the frozen backbone's or the question writer's)")
         n_quotes += f", {d['reading_documents']:,} reading"
     runs = "; ".join(f"`{r['run']}` ({r['steps']:,} steps, {r['tokens_seen']:,} tokens, {r['train_hours']:.1f} h)"
                      for r in lineage)
