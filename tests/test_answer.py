@@ -23,7 +23,6 @@ from longmem.tasks.answer import ANSWER_SAMPLING, NOT_SAID, answer
 from longmem.tasks.chat import Chat
 from longmem.tasks.evidence import Checker, added_words, content_words, grounding, support
 from longmem.tasks.reading import PassageFinder, Reading
-from longmem.tasks.senses import SenseRanker
 
 QUESTION = "What drifted over the harbour? A zeppelin?"
 
@@ -303,8 +302,7 @@ def test_the_workspace_the_cli_and_the_eval_give_the_same_answer(saved, capsys, 
     with BankDirectory(banks).open("lib") as bank:
         memory = bank.load_memory(model)
         reader = Reader(model, BackboneLM(model.backbone, model.segment_len), None,
-                        ReadingSize(entrants=["app"], **({} if checks else {"abstain": 0.0})),
-                        senses=SenseRanker.load())  # as ``reader_for`` gives the app entrant
+                        ReadingSize(entrants=["app"], **({} if checks else {"abstain": 0.0})))
         hay = Haystack(bank, memory, np.zeros(0, dtype=np.int64))
         got = reader.answers({"app"}, Asked(question, ("zeppelin",), [], lambda f: False, []), hay, {"lexical": []})
     norm = " ".join

@@ -138,7 +138,6 @@ def cmd_chat(args) -> int:
     from longmem.tasks.answer import answer
     from longmem.tasks.chat import Chat
     from longmem.tasks.reading import PassageFinder, Reading
-    from longmem.tasks.senses import SenseRanker
 
     if args.file and args.bank:
         raise ValueError("give --file or --bank, not both (`longmem bank ingest NAME FILE` adds a file to a bank)")
@@ -151,8 +150,7 @@ def cmd_chat(args) -> int:
         model = _load_model(args)
         bank = _chat_bank(args, model, stack, source)
         memory = cli_bank.load_memory(bank, model) if bank is not None else model.new_memory(capacity=None)
-        finder = (PassageFinder(bank, model, memory, senses=SenseRanker.if_installed())
-                  if bank is not None and args.finder != "none" else None)
+        finder = PassageFinder(bank, model, memory) if bank is not None and args.finder != "none" else None
         chat = Chat(model, memory, _sampling(args))
         for question in _questions(args):
             try:

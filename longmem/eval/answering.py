@@ -58,7 +58,6 @@ from longmem.tasks.reading import (
     Reading,
     find_for_chat,
 )
-from longmem.tasks.senses import SenseRanker
 from longmem.util.files import write_file_atomic
 
 FINDER_ENTRANTS = {"app": DEFAULT_FINDER, "longmem_memory": "memory", "longmem_fused": "fused"}
@@ -77,9 +76,6 @@ LABELS = {
 }
 LEGACY_LABELS = {"longmem_lexical": "LongMem reading what BM25 finds (the app before issue 42)"}  # older records
 TEXT_PROMPT = "Answer the question from this text.\n\n{text}\n\nQuestion: {question}"
-# how the finders of the records' "gold passage read" tables differ
-FINDERS_NAMED = ("lexical: BM25 with its best re-ranked by word senses, as the app finds; bm25: BM25's own order, as "
-                 "BM25-RAG reads")
 
 
 def label(key: str) -> str:
@@ -103,8 +99,6 @@ class ReadingSize:
     side_weight: float = SIDE_WEIGHT  # LongMem's share of the next-token logits while it reads, as the chat's
     abstain: float = ABSTAIN  # the grounding below which the app's answer says the book does not say, as the chat's
     no_repeat: int = ANSWER_SAMPLING.no_repeat  # n-grams an answer never repeats (0: off), as the chat's
-    senses: bool = True  # LongMem's lexical finder re-ranks BM25's best by word senses, as the chat's (BM25-RAG
-    #                      reads BM25's own order either way)
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
 
 
@@ -140,13 +134,12 @@ def check_entrants(suite: str, entrants: list[str]) -> None:
 
 
 def finders(entrants: list[str]) -> list[str]:
-    """The finders whose gold-passage reads ``entrants`` record: one per reading LongMem entrant (the app with its
-    memory off reads what the lexical finder found), BM25's own order for BM25-RAG (``bm25``: the lexical finder
-    without its word senses) and the embedder's for embedding RAG."""
+    """The finders whose gold-passage reads ``entrants`` record: one per reading LongMem entrant, and the
+    embedder's for embedding RAG (BM25-RAG and the app with its memory off read what the lexical finder found)."""
     out = [f for k, f in FINDER_ENTRANTS.items() if k in entrants]
     if {"rag_bm25", "app_memory_off"} & set(entrants) and "lexical" not in out:
         out.append("lexical")
-    return out + ["bm25"] * ("rag_bm25" in entrants) + ["embed"] * ("rag_embed" in entrants)
+    return out + ["embed"] * ("rag_embed" in entrants)
 
 
 def text_bank(ctx: EvalContext, folder: str, stem: str, text: str, title: str) -> Bank:
@@ -261,14 +254,12 @@ class Reader:
     full: object
     size: ReadingSize
     embedder: object = None  # needed by ``rag_embed``
-    senses: object = None  # the app's word-sense ranker (``tasks.senses``; None: BM25's order for every entrant)
 
     def answers(self, want: set[str], asked: Asked, hay: Haystack, reads: dict) -> dict[str, dict]:
         """The wanted entrants' replies to one question (entrant -> {"answer", and for the app "said" and "draft"});
         appends to ``reads`` (finder -> list) whether each finder read a gold passage."""
         model, q = self.model, asked.question
-        plain = PassageFinder(hay.bank, model, hay.memory, hay.places)  # BM25's order, as BM25-RAG reads
-        finder = PassageFinder(hay.bank, model, hay.memory, hay.places, senses=self.senses) if self.senses else plain
+        finder = PassageFinder(hay.bank, model, hay.memory, hay.places)
         got = {}
 
         def ask(lm, memory, finder, reading: Reading) -> dict:
@@ -293,8 +284,7 @@ class Reader:
             if key == "app" and "app_memory_off" in want:
                 got["app_memory_off"] = ask(model, None, finder, self.reading(how))
             if how == "lexical" and "rag_bm25" in want:
-                got["rag_bm25"] = ask(self.backbone, None, plain, self.reading(how, checks=False))
-                reads["bm25"].append(any(map(asked.is_gold, got["rag_bm25"]["found"])))
+                got["rag_bm25"] = ask(self.backbone, None, finder, self.reading(how, checks=False))
         if "rag_embed" in want:
             embedded = FixedFinder(hay.bank, self.embedded(asked, hay))
             reply = ask(self.backbone, None, embedded, self.reading("lexical", checks=False))
@@ -344,7 +334,7 @@ class Reader:
 
 def reader_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Reader:
     """How ``size``'s entrants read, after checking its entrants and ``reading_topk`` (0: the model's own K); the
-    embedder is loaded only when embedding RAG runs, the word-sense ranker when LongMem reads by BM25 with it."""
+    embedder is loaded only when embedding RAG runs."""
     from longmem.model.baselines import BackboneLM
     from longmem.model.embedder import Embedder
 
@@ -352,10 +342,8 @@ def reader_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Reader:
     if size.reading_topk < 0:
         raise ValueError(f"{suite}.reading_topk must be >= 0 (0: the model's K), got {size.reading_topk}")
     model, bb = ctx.model, ctx.model.backbone
-    lexical = {"app", "app_memory_off", "longmem_fused"} & set(size.entrants)
     return Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions), size,
-                  Embedder.load() if "rag_embed" in size.entrants else None,
-                  SenseRanker.if_installed() if size.senses and lexical else None)
+                  Embedder.load() if "rag_embed" in size.entrants else None)
 
 
 def summary(rows: list[dict]) -> dict:

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from longmem.eval.answering import (
-    FINDERS_NAMED,
     LABELS,
     Asked,
     Haystack,
@@ -179,7 +178,7 @@ def answer_at_distances(ctx: EvalContext, size, suite: str, qas: list[QA], strea
         for k in size.entrants:
             results[k][str(d)] = summary([r for u in done for r in u["scores"][k]])
         for f in gold_read:
-            r = [x for u in done for x in u["reads"].get(f, [])]  # a unit recorded before a finder was: none
+            r = [x for u in done for x in u["reads"][f]]
             gold_read[f][str(d)] = float(np.mean(r)) if r else float("nan")
     return results, gold_read, seconds, units.commits()
 
@@ -238,7 +237,7 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
     notes = [f"{len(qas)} SQuAD dev questions (one per paragraph) at each distance. Answered: % of answers that "
              "contain a gold answer (± a 95% interval); then SQuAD EM and F1, in %. The gold passage is the item's "
              "paragraph. The second table: the share of questions whose gold paragraph was among the passages read, "
-             f"per finder ({FINDERS_NAMED}).", *versus_notes(avg)]
+             "per finder.", *versus_notes(avg)]
     notes += run_notes("bookqa", results, borrowed, commits, seconds)
     plot = plot_distances(ctx, size.distances, results, "bookqa.png", "tokens between the paragraph and the question",
                           "answers containing a gold answer, %")

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from longmem.eval.answering import DEFAULT_READER, FINDER_ENTRANTS, FINDERS_NAMED, label, reader_for, versus_notes
+from longmem.eval.answering import DEFAULT_READER, FINDER_ENTRANTS, label, reader_for, versus_notes
 from longmem.eval.bookqa import (
     SplicedSize,
     answer_at_distances,
@@ -87,7 +87,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     avg = {k: float(np.mean([results[k][d]["contains"] for d in ds])) for k in results}
     notes = [f"{len(qas)} facts at each distance, the same ones; a cell: % of answers containing the value (± a 95% "
              "interval), then numbers and names recalled. The second table: the share of items whose excerpt was "
-             f"among the passages read, per finder ({FINDERS_NAMED}).", *targets(results, ds), *versus_notes(avg)]
+             "among the passages read, per finder.", *targets(results, ds), *versus_notes(avg)]
     notes += run_notes("facts", results, borrowed, commits, seconds)
     plot = plot_distances(ctx, size.distances, results, "facts.png", "tokens between the fact and the question",
                           "answers containing the value, %")

@@ -28,7 +28,6 @@ import numpy as np
 
 from longmem.eval.answering import (
     DEFAULT_READER,
-    FINDERS_NAMED,
     Asked,
     Reader,
     ReadingSize,
@@ -219,7 +218,7 @@ def _result(ctx: EvalContext, size: Size, done: dict, commits: list[str]) -> Sui
         cells = [f"{r[n]['contains']:.0f} ± {r[n]['contains_ci95']:.0f}" if n in r else "" for n in columns]
         written = sum(template_wording(x["answer"]) is not None for x in _rows(done, names, k))
         rows.append([label(k), *cells, str(written)])
-    gold_read = {f: float(np.mean([x for u in done.values() for x in u["reads"].get(f, [])] or [np.nan]))
+    gold_read = {f: float(np.mean([x for u in done.values() for x in u["reads"][f]] or [np.nan]))
                  for f in finders(size.entrants)}
     reads = table(["finder", "gold passage read (answerable questions)"],
                   [[f, f"{100 * v:.0f}%"] for f, v in gold_read.items()])
@@ -229,10 +228,9 @@ def _result(ctx: EvalContext, size: Size, done: dict, commits: list[str]) -> Sui
              + ". A cell: % of answers that contain an accepted answer (a question the book does not answer: % that "
              "say it does not), ± a 95% interval. Templates written: answers holding a training template's wording "
              "(``datasets.recall.template_wording``). The second table: the share of answerable questions with a "
-             f"gold passage among the passages read, per finder ({FINDERS_NAMED}). The third: what a reader gets, in "
-             "questions: right, told that the book does not say, or given a wrong answer (an answerable question "
-             "answered wrongly, or an unanswerable one answered at all).",
-             *_targets(done, size, answerable, unanswerable)]
+             "gold passage among the passages read, per finder. The third: what a reader gets, in questions: right, "
+             "told that the book does not say, or given a wrong answer (an answerable question answered wrongly, or "
+             "an unanswerable one answered at all).", *_targets(done, size, answerable, unanswerable)]
     seconds = sum(u["seconds"] for u in done.values())
     notes.append(f"Units run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
     return SuiteResult("natural", "Natural questions about whole books (beyond the paper): the book in memory, a "
@@ -303,7 +301,7 @@ def _targets(done: dict, size: Size, answerable: list[str], unanswerable: list[s
         drafts = _paired(mine, rag, "draft_contains")
         notes.append(f"Against BM25-RAG: {points:+.1f} points (target >= +{TARGET_OVER_RAG:.0f}); paired, only the "
                      f"app / only BM25-RAG: {_paired(mine, rag)}. The app's drafts (the full model's answers before "
-                     f"its check) against BM25-RAG: {drafts}.")
+                     f"its check, reading the passages BM25-RAG reads) against BM25-RAG: {drafts}.")
     if mine and any("draft_contains" in x for x in mine):
         drafted = sum(x["draft_contains"] for x in mine)
         lost = 100 * (drafted - right) / drafted if drafted else 0.0

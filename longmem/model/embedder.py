@@ -113,37 +113,6 @@ class Embedder:
         return out
 
     @torch.inference_mode()
-    def word_vectors(self, texts: list[str], spans: list[list[tuple[int, int]]], max_length: int = 128,
-                     batch_size: int = 64) -> list[list[np.ndarray | None]]:
-        """Contextual vectors of words in their texts: for ``texts[i]`` and each character span (start, end) of
-        ``spans[i]``, the mean of the last hidden states of the word pieces inside the span, L2-normalised (so the
-        inner product of two is their cosine); None for a span with no word piece within the first ``max_length``
-        tokens. The same word gets different vectors in different senses ("the bank lent him money", "the creek's
-        banks"). Texts are batched by length, longest first."""
-        if isinstance(texts, str) or len(texts) != len(spans):
-            raise ValueError("word_vectors takes a list of texts and, for each, a list of spans")
-        out: list[list[np.ndarray | None]] = [[] for _ in texts]
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            batch = self.tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=max_length,
-                                   return_tensors="pt", return_offsets_mapping=True)
-            offsets = batch.pop("offset_mapping").numpy()  # (b, t, 2): each piece's characters ((0, 0): special)
-            hidden = self.model(**{k: v.to(self.device) for k, v in batch.items()}).last_hidden_state  # (b, t, dim)
-            hidden = hidden.float().cpu().numpy()
-            for b, i in enumerate(rows):
-                first, last = offsets[b, :, 0], offsets[b, :, 1]
-                real = last > first
-                for s, e in spans[i]:
-                    inside = real & (first >= s) & (last <= e)
-                    if not inside.any():
-                        out[i].append(None)
-                        continue
-                    v = hidden[b, inside].mean(axis=0)
-                    out[i].append(v / max(float(np.linalg.norm(v)), 1e-9))
-        return out
-
-    @torch.inference_mode()
     def _encode_batch(self, texts: list[str]) -> np.ndarray:
         batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
         batch = {k: v.to(self.device) for k, v in batch.items()}

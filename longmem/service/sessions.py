@@ -28,7 +28,6 @@ from longmem.storage.records import BankError
 from longmem.tasks.answer import answer
 from longmem.tasks.chat import Chat
 from longmem.tasks.reading import Citation, PassageFinder
-from longmem.tasks.senses import SenseRanker
 from longmem.text.io import InputError, stream_text
 
 log = logging.getLogger(__name__)
@@ -76,7 +75,6 @@ class Sessions:
         self.directory = directory
         self.lock = threading.RLock()  # one model call at a time; guards the sessions
         self._sessions: OrderedDict[str, Session] = OrderedDict()
-        self._senses: SenseRanker | None | bool = False  # the finders' sense ranker, loaded at the first chat
 
     def names(self) -> list[str]:
         """The banks whose memory is loaded, least recently used first."""
@@ -129,13 +127,6 @@ class Sessions:
         self._sessions.move_to_end(name)
         return s
 
-    def sense_ranker(self) -> SenseRanker | None:
-        """The word-sense ranker every bank's finder shares (``tasks.senses``), loaded once; None without its
-        package. Callers hold the lock."""
-        if self._senses is False:
-            self._senses = SenseRanker.if_installed()
-        return self._senses
-
     def memory_bytes(self) -> int:
         """RAM held by the loaded bank memories (keys and values)."""
         total = 0
@@ -179,7 +170,7 @@ class Sessions:
             chat = s.chat
             chat.sampling = settings.sampling(chat.sampling.stop_ids)
             if settings.finder != "none" and s.finder is None:
-                s.finder = PassageFinder(s.bank, self.model, s.memory, senses=self.sense_ranker())
+                s.finder = PassageFinder(s.bank, self.model, s.memory)
             made = answer(chat, s.finder, question, settings.reading_config(), settings.chunks,
                           stop=lambda: reply.cancelled)
             reply.citations = made.citations

@@ -35,7 +35,6 @@ import torch
 from longmem.memory.memory import Memory, MemoryView
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, Passage
-from longmem.tasks.senses import SenseRanker, idf, question_words
 from longmem.text.passages import excerpt
 
 FINDERS = ("lexical", "fused", "memory", "none")
@@ -136,13 +135,10 @@ def memory_votes(model, memory: Memory, ids: torch.Tensor) -> dict[int, int]:
 class PassageFinder:
     """Ranks a bank's passages for questions (see the module doc). ``memory`` is the bank's memory as loaded by
     ``bank.load_memory`` (possibly re-chunked or grown by a conversation); ``bank`` stays open while it is used.
-    ``places``: which passage holds each chunk of ``memory`` (default: the bank's, as loaded). ``senses``: BM25's
-    best passages re-ranked by the senses of the question's words (``tasks.senses``; None: BM25's order, as
-    BM25-RAG reads)."""
+    ``places``: which passage holds each chunk of ``memory`` (default: the bank's, as loaded)."""
 
-    def __init__(self, bank: Bank, model, memory: Memory, places: ChunkPlaces | None = None,
-                 senses: SenseRanker | None = None):
-        self.bank, self.model, self.memory, self.senses = bank, model, memory, senses
+    def __init__(self, bank: Bank, model, memory: Memory, places: ChunkPlaces | None = None):
+        self.bank, self.model, self.memory = bank, model, memory
         self.places = places if places is not None else bank.chunk_places()
         # memory chunk serial // fine = the bank's own serial
         self.fine = self.bank.info_cached.chunk_size // memory.chunk_size
@@ -162,8 +158,6 @@ class PassageFinder:
             rankings["memory"], scores["memory"] = order, {p: float(votes[p]) for p in order}
         if finder in ("lexical", "fused"):
             found = self.bank.search_passages(question, depth)
-            if self.senses is not None:
-                found = self._by_sense(question, found)
             rankings["lexical"], scores["lexical"] = [p for p, _ in found], dict(found)
         if finder == "fused":
             ranked = fuse(rankings)[:depth]
@@ -175,21 +169,6 @@ class PassageFinder:
         positions = {f: {p: i for i, p in enumerate(r, 1)} for f, r in rankings.items()}
         return [Found(refs[p], s, {f: pos[p] for f, pos in positions.items() if p in pos})
                 for p, s in ranked if p in refs]
-
-    def _by_sense(self, question: str, found: list[tuple[int, float]]) -> list[tuple[int, float]]:
-        """BM25's (id, score) list, best first, its head re-ranked by word senses (``SenseRanker.rerank``)."""
-        head = self.bank.passages([p for p, _ in found[: self.senses.depth]])
-        if len(head) < 2:
-            return found
-        surface: dict[str, str] = {}
-        for s, a, b in question_words(question):
-            surface.setdefault(s, question[a:b].lower())
-        total, held = self.bank.passage_frequencies(list(surface.values()))
-        weights = {s: idf(total, held[w]) for s, w in surface.items()}
-        kept = {p.id for p in head}
-        head_found = [f for f in found if f[0] in kept]
-        order = self.senses.rerank(question, [p.text for p in head], [s for _, s in head_found], weights)
-        return [head_found[i] for i in order] + [f for f in found if f[0] not in kept]
 
     def _ids(self, question: str) -> torch.Tensor:
         tok = self.model.backbone.tokenizer
@@ -204,8 +183,6 @@ class PassageFinder:
         found = self.rank(question, reading.finder, reading.depth, question_ids)
         if not found and reading.finder == "lexical":
             found = self.rank(question, "memory", reading.depth, question_ids)
-        elif reading.finder == "lexical" and self.senses is not None and self.senses.bm25_order:
-            return sorted(found[: reading.passages], key=lambda f: -f.score)  # by BM25 score, best first
         return found[: reading.passages]
 
 
