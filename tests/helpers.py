@@ -16,13 +16,15 @@ NOUNS = ["keeper", "lantern", "harbour", "ferry", "orchard", "miller", "widow", 
 VERBS = ["counted", "painted", "mended", "watched", "carried", "sold", "found", "lost"]
 
 
-def story(chapters: int = 3, paragraphs: int = 6, seed: int = 0, zeppelin: bool = True) -> str:
+def story(chapters: int = 3, paragraphs: int = 6, seed: int = 0, zeppelin: bool = True,
+          titles: tuple[str, ...] = ()) -> str:
     """A book of ``chapters`` chapters ("CHAPTER I", ...) of prose paragraphs; with ``zeppelin``, chapter 2's third
-    paragraph tells of a zeppelin (a word found nowhere else)."""
+    paragraph tells of a zeppelin (a word found nowhere else); ``titles``: each chapter's title, printed under its
+    heading (a collection of stories: "CHAPTER II" then "The Iron Mill")."""
     rng = random.Random(seed)
     out = ["THE LIGHTHOUSE STORY\n\n"]
     for c in range(chapters):
-        out.append(f"CHAPTER {'I' * (c + 1)}\n\n")
+        out.append(f"CHAPTER {'I' * (c + 1)}\n\n" + (f"{titles[c]}\n\n" if titles else ""))
         for p in range(paragraphs):
             sentences = [f"The {rng.choice(NOUNS)} {rng.choice(VERBS)} {rng.randint(2, 99)} "
                          f"{rng.choice(NOUNS)}s before {rng.choice(['dawn', 'noon', 'dusk'])}."

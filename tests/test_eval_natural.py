@@ -136,9 +136,12 @@ def test_the_team_s_tuning_sets_ship_with_the_package_and_read_cleanly():
     from longmem.eval.natural import TUNE_SETS, set_path
 
     ctx = EvalContext(None, [], Path("/nonexistent"), Path("/nonexistent"))
-    answerable, unanswerable = (read_questions(set_path(ctx, n)) for n in TUNE_SETS)
-    assert len(answerable) >= 60 and all(q.answers and q.evidence for q in answerable)
-    assert len(unanswerable) >= 24 and all(not q.answers for q in unanswerable)
+    sets = {n: read_questions(set_path(ctx, n)) for n in TUNE_SETS}
+    answerable = [q for n, qs in sets.items() if n.startswith("natural") for q in qs]
+    unanswerable = [q for n, qs in sets.items() if n.startswith("unanswerable") for q in qs]
+    assert len(answerable) >= 120 and all(q.answers and q.evidence for q in answerable)
+    assert len(unanswerable) >= 40 and all(not q.answers for q in unanswerable)
+    assert all(q.question.startswith("In '") for q in sets["natural-tune2"] + sets["unanswerable-tune2"])
     dev_books = {"pg65636.txt", "pg66829.txt", "pg61262.txt", "pg68229.txt"}
     assert not {q.book for q in answerable + unanswerable} & dev_books
 

@@ -135,6 +135,50 @@ def test_each_finder_ranks_passages_and_fusion_keeps_their_ranks(loaded):
     assert finder.find(QUESTION, Reading(finder="none")) == [] and len(finder.find(QUESTION, Reading(passages=2))) == 2
 
 
+STORIES = ("The Silver Harbour", "The Iron Mill", "The Last Ferry")
+
+
+@pytest.fixture
+def collection(bank_of):
+    """A tiny chat llama, a bank of a collection of three titled stories (the zeppelin in the second) and a finder."""
+    model = chat_model(segment_len=512)
+    bank = bank_of(model, story(titles=STORIES))
+    return bank, PassageFinder(bank, model, bank.load_memory(model))
+
+
+def test_a_question_naming_a_story_is_looked_for_in_it(collection):
+    bank, finder = collection
+    assert bank.chapter_labels() == [f"Chapter {n}: {t}" for n, t in zip(("I", "II", "III"), STORIES)]
+    question = "In 'The Last Ferry', what drifted over the harbour? A zeppelin?"
+    plain = finder.rank(question, "lexical", 10)
+    assert "zeppelin" in plain[0].passage.text and plain[0].passage.label.endswith("The Iron Mill")
+    scoped = finder.rank(question, "lexical", 10, sections=True)
+    assert scoped and {f.passage.label for f in scoped} == {"Chapter III: The Last Ferry"}
+    assert [f.score for f in scoped] == sorted((f.score for f in scoped), reverse=True)  # still BM25's order
+    assert finder.rank(QUESTION, "lexical", 10, sections=True) == finder.rank(QUESTION, "lexical", 10)  # none named
+    read = finder.find(question, Reading())  # the app's reading looks in the story; a baseline's does not
+    assert read == scoped[:PASSAGES_READ] and finder.find(question, Reading(sections=False)) == plain[:PASSAGES_READ]
+
+
+def test_a_question_about_how_a_story_ends_reads_its_last_passages(collection):
+    bank, finder = collection
+    last = [p for p, in bank.db.execute("SELECT id FROM passages WHERE label = 'Chapter II: The Iron Mill' "
+                                        "ORDER BY id")][-3:]
+    found = finder.rank("In 'The Iron Mill', what finally happened to the miller?", "lexical", 3, sections=True)
+    assert [f.passage.id for f in found] == last[::-1]  # the last first: read best last, they read in book order
+    assert bank.last_passages(["Chapter II: The Iron Mill"], 2) == last[:-3:-1]
+
+
+def test_a_named_story_without_the_question_s_words_leaves_the_whole_book_searched(collection):
+    bank, finder = collection
+    (pid,) = next(r for r in bank.db.execute("SELECT id FROM passages WHERE label LIKE '%Last Ferry' AND text NOT "
+                                             "LIKE '%harbour%' AND text NOT LIKE '%drift%' ORDER BY id DESC"))
+    bank.db.execute("UPDATE passages SET label = 'Chapter IV: Quixotic Zebras' WHERE id = ?", [pid])
+    question = "In 'Quixotic Zebras', what drifted over the harbour? A zeppelin?"
+    assert bank.search_passages(question, 10, ["Chapter IV: Quixotic Zebras"]) == []
+    assert finder.rank(question, "lexical", 10, sections=True) == finder.rank(question, "lexical", 10)
+
+
 def test_the_memory_finder_follows_what_the_memory_layer_retrieved(loaded, monkeypatch):
     """Votes are the chunks the model's own search returned for the question, mapped to passages."""
     import longmem.tasks.reading as reading

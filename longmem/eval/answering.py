@@ -99,6 +99,8 @@ class ReadingSize:
     side_weight: float = SIDE_WEIGHT  # LongMem's share of the next-token logits while it reads, as the chat's
     abstain: float = ABSTAIN  # the grounding below which the app's answer says the book does not say, as the chat's
     no_repeat: int = ANSWER_SAMPLING.no_repeat  # n-grams an answer never repeats (0: off), as the chat's
+    sections: bool = Reading.sections  # the app looks in the section a question names, as the chat does (the RAG
+    #                                    baselines never: plain BM25)
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
 
 
@@ -284,10 +286,10 @@ class Reader:
             if key == "app" and "app_memory_off" in want:
                 got["app_memory_off"] = ask(model, None, finder, self.reading(how))
             if how == "lexical" and "rag_bm25" in want:
-                got["rag_bm25"] = ask(self.backbone, None, finder, self.reading(how, checks=False))
+                got["rag_bm25"] = ask(self.backbone, None, finder, self.reading(how, app=False))
         if "rag_embed" in want:
             embedded = FixedFinder(hay.bank, self.embedded(asked, hay))
-            reply = ask(self.backbone, None, embedded, self.reading("lexical", checks=False))
+            reply = ask(self.backbone, None, embedded, self.reading("lexical", app=False))
             reads["embed"].append(any(map(asked.is_gold, reply["found"])))
             got["rag_embed"] = reply
         if "backbone_full" in want:
@@ -297,9 +299,9 @@ class Reader:
                 chat.ask(q, window_text(self.full, q, hay.tokens, n))).split())}
         gold = FixedFinder(hay.bank, asked.gold)
         if "oracle" in want:
-            got["oracle"] = ask(model, hay.memory, gold, self.reading("lexical", checks=False))
+            got["oracle"] = ask(model, hay.memory, gold, self.reading("lexical", app=False))
         if "oracle_backbone" in want:
-            got["oracle_backbone"] = ask(self.backbone, None, gold, self.reading("lexical", checks=False))
+            got["oracle_backbone"] = ask(self.backbone, None, gold, self.reading("lexical", app=False))
         for reply in got.values():
             reply.pop("found", None)
         return got
@@ -310,13 +312,14 @@ class Reader:
         return replace(ANSWER_SAMPLING, max_new_tokens=size.new_tokens, backbone_stops=size.backbone_stops,
                        no_repeat=size.no_repeat)
 
-    def reading(self, finder: str, checks: bool = True) -> Reading:
-        """How an entrant reads: the app's reading at the run's size, with ``finder``; without the app's check that
-        the passages support the answer unless ``checks``."""
+    def reading(self, finder: str, app: bool = True) -> Reading:
+        """How an entrant reads: the app's reading at the run's size, with ``finder``; a baseline's (``app`` False)
+        without the app's check that the passages support the answer, and with plain BM25 (no sections)."""
         size = self.size
         return Reading(finder=finder, passages=size.passages, budget=size.budget, best_last=size.best_last,
                        topk=size.reading_topk or None, search_excerpts=size.search_excerpts,
-                       side_weight=size.side_weight, abstain=size.abstain if checks else 0.0)
+                       side_weight=size.side_weight, abstain=size.abstain if app else 0.0,
+                       sections=size.sections and app)
 
     def embedded(self, asked: Asked, hay: Haystack) -> list[Found]:
         """The passages closest to the question under the embedder, best first: the indexed ones and the item's

@@ -7,7 +7,9 @@ answers and the book's own words that state it (the *evidence*); or, for a quest
 answers and ``why_unanswerable``. A set name is a file of the shared data's ``bookqa/`` (``natural-dev``: 24
 questions about two held-out books; ``natural-dev2``: 40 about two others; ``unanswerable-dev``: 30 the four books
 do not answer), or of this package's ``eval/data/`` (``natural-tune``, ``unanswerable-tune``: questions the team
-wrote on four books of the training split, the set its choices were tuned on; the dev sets are not tuned on).
+wrote on four books of the training split, the set its choices were tuned on; ``natural-tune2``,
+``unanswerable-tune2``: 48 and 16 more on two others, each naming its story or chapter as natural-dev2's do; the dev
+sets are not tuned on).
 
 Each book is ingested once into a bank under the output folder (kept and reused by later runs). A passage read is
 gold when it overlaps the evidence; the oracles read the gold passages alone and skip unanswerable questions. An
@@ -48,7 +50,8 @@ from longmem.storage.bank import Bank
 from longmem.tasks.reading import Found
 
 DEV_SETS = ["natural-dev", "natural-dev2", "unanswerable-dev"]
-TUNE_SETS = ["natural-tune", "unanswerable-tune"]  # the team's own, on training-split books (``eval/data``)
+TUNE_SETS = ["natural-tune", "unanswerable-tune",  # the team's own, on training-split books (``eval/data``);
+             "natural-tune2", "unanswerable-tune2"]  # tune2: each question names its story or chapter, as natural-dev2
 ENTRANTS = ["app", "app_memory_off", "rag_bm25", "rag_embed", "oracle", "oracle_backbone"]
 TARGET_OF_ORACLE = 0.9  # the app's answered count against the backbone's oracle
 TARGET_OVER_RAG = 10.0  # points over BM25-RAG on the answerable questions

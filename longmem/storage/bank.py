@@ -374,9 +374,18 @@ class Bank(AppRecords, BankWrites):
                          text=shown.text, context=shown.context, segment=row["seq"], chunk=j,
                          of_segments=of_segments)
 
-    def search_passages(self, question: str, k: int) -> list[tuple[int, float]]:
-        """The ``k`` passages that best match ``question``'s words (BM25): (passage id, score), best first."""
-        return bank_passages.search(self.db, question, k)
+    def search_passages(self, question: str, k: int, labels: list[str] | None = None) -> list[tuple[int, float]]:
+        """The ``k`` passages that best match ``question``'s words (BM25): (passage id, score), best first; with
+        ``labels``, only among the passages of those chapters."""
+        return bank_passages.search(self.db, question, k, labels)
+
+    def chapter_labels(self) -> list[str]:
+        """The chapters' labels (``Passage.label``), each once, in book order ([] for a bank made before labels)."""
+        return bank_passages.labels(self.db)
+
+    def last_passages(self, labels: list[str], k: int) -> list[int]:
+        """Ids of the last ``k`` passages of the chapters ``labels``, the last first."""
+        return bank_passages.last_of(self.db, labels, k)
 
     def passages(self, ids: list[int]) -> list[Passage]:
         """Passages by id, with their places, in the order given."""

@@ -198,15 +198,35 @@ def fts_query(question: str) -> str | None:
     return " OR ".join(f'"{w}"' for w in words) or None
 
 
-def search(db: sqlite_utils.Database, question: str, k: int) -> list[tuple[int, float]]:
+def search(db: sqlite_utils.Database, question: str, k: int,
+           labels: list[str] | None = None) -> list[tuple[int, float]]:
     """The ``k`` passages whose words best match ``question`` by BM25: (passage id, score), best first (FTS5's
-    bm25 is lower for better matches; the score returned is its negation, higher = better)."""
+    bm25 is lower for better matches; the score returned is its negation, higher = better). ``labels``: only the
+    passages of those chapters (``Passage.label``) are ranked."""
     query = fts_query(question)
-    if query is None or k < 1:
+    if query is None or k < 1 or labels == []:
         return []
-    rows = db.execute("SELECT rowid, bm25(passages_fts) FROM passages_fts WHERE passages_fts MATCH ? "
-                      "ORDER BY bm25(passages_fts) LIMIT ?", [query, k]).fetchall()
+    within, args = "", [query]
+    if labels is not None:
+        within = f"AND rowid IN (SELECT id FROM passages WHERE label IN ({','.join('?' * len(labels))})) "
+        args += labels
+    rows = db.execute(f"SELECT rowid, bm25(passages_fts) FROM passages_fts WHERE passages_fts MATCH ? {within}"
+                      "ORDER BY bm25(passages_fts) LIMIT ?", [*args, k]).fetchall()
     return [(int(pid), -float(score)) for pid, score in rows]
+
+
+def labels(db: sqlite_utils.Database) -> list[str]:
+    """The chapter labels the passages carry, each once, in the order they were cut (a bank made before labels: [])."""
+    return [r[0] for r in db.execute("SELECT label FROM passages WHERE label IS NOT NULL GROUP BY label "
+                                     "ORDER BY min(id)")]
+
+
+def last_of(db: sqlite_utils.Database, labels: list[str], k: int) -> list[int]:
+    """Ids of the last ``k`` passages of the chapters ``labels``, the last first."""
+    if not labels or k < 1:
+        return []
+    return [int(r[0]) for r in db.execute(f"SELECT id FROM passages WHERE label IN ({','.join('?' * len(labels))}) "
+                                          "ORDER BY id DESC LIMIT ?", [*labels, k])]
 
 
 def fetch(db: sqlite_utils.Database, ids: list[int]) -> list[Passage]:

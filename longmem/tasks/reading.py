@@ -13,6 +13,11 @@ Find. Two finders rank a bank's passages (``longmem.text.passages``) for a quest
   the book has reads what ``memory`` finds.
 - ``fused``: both, by reciprocal rank fusion (Cormack et al. 2009): score = sum over finders of 1 / (60 + rank).
 
+A question that names a chapter or story of the book by its title ("In 'Winter Dreams', ...") is looked for in that
+section only, and one that asks how something turns out there ("what finally happened to ...", "who turned out to
+be ...") reads the section's last passages, where a story tells its outcome (``Reading.sections``,
+``tasks.sections``). ``memory`` ranks the whole bank either way.
+
 Read. The best passages go into the prompt before the question as numbered excerpts with their place, within a token
 budget, ordered from the worst to the best so the best is read last, nearest the question
 (``Reading.best_last``); the model then answers with its memory attached as always (the paper's fusion stays beside the
@@ -35,6 +40,7 @@ import torch
 from longmem.memory.memory import Memory, MemoryView
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, Passage
+from longmem.tasks.sections import asks_ending, named_sections
 from longmem.text.passages import excerpt
 
 FINDERS = ("lexical", "fused", "memory", "none")
@@ -46,6 +52,7 @@ SEARCH_EXCERPTS = False  # the excerpts' tokens read the window alone; the quest
 #                          same answers, a first token that does not grow with the bank (docs/design.md)
 SIDE_WEIGHT = 0.25  # LongMem's share of an answer's next-token logits beside its frozen backbone's while it reads
 #                    excerpts (measured: docs/design.md)
+ENDING_PASSAGES = 4  # a section's last passages read for a question about how it turns out (docs/design.md)
 ABSTAIN = 0.5  # an answer whose added words are less grounded than this in what it read says the book does not say
 #               (measured: docs/design.md)
 INSTRUCTION = "Answer the question from these excerpts of the book."
@@ -68,6 +75,8 @@ class Reading:
     #                                   beside the frozen backbone's (``Sampling.side_weight``; 1: the model's own)
     abstain: float = ABSTAIN  # the least grounding (``tasks.evidence``) an answer needs to be shown; below it the
     #                           reply says the book does not say (0: every answer is shown as made)
+    sections: bool = True  # a question naming a section by its title is looked for in it; asked how it ends, its
+    #                        last passages are read (lexical finding; docs/design.md)
 
     def __post_init__(self):
         if self.finder not in FINDERS:
@@ -143,9 +152,11 @@ class PassageFinder:
         # memory chunk serial // fine = the bank's own serial
         self.fine = self.bank.info_cached.chunk_size // memory.chunk_size
 
-    def rank(self, question: str, finder: str, depth: int, question_ids: torch.Tensor | None = None) -> list[Found]:
+    def rank(self, question: str, finder: str, depth: int, question_ids: torch.Tensor | None = None,
+             sections: bool = False) -> list[Found]:
         """The ``depth`` best passages for ``question`` by ``finder`` ("none": []); ``question_ids`` (1, T): the
-        question as the model reads it (default: its tokens alone)."""
+        question as the model reads it (default: its tokens alone); ``sections``: lexical finding looks in the
+        section the question names (``lexical``)."""
         rankings: dict[str, list[int]] = {}
         scores: dict[str, dict[int, float]] = {}
         if finder in ("memory", "fused"):
@@ -157,7 +168,7 @@ class PassageFinder:
             order = sorted(votes, key=lambda p: (-votes[p], p))[:depth]
             rankings["memory"], scores["memory"] = order, {p: float(votes[p]) for p in order}
         if finder in ("lexical", "fused"):
-            found = self.bank.search_passages(question, depth)
+            found = self.lexical(question, depth) if sections else self.bank.search_passages(question, depth)
             rankings["lexical"], scores["lexical"] = [p for p, _ in found], dict(found)
         if finder == "fused":
             ranked = fuse(rankings)[:depth]
@@ -170,6 +181,16 @@ class PassageFinder:
         return [Found(refs[p], s, {f: pos[p] for f, pos in positions.items() if p in pos})
                 for p, s in ranked if p in refs]
 
+    def lexical(self, question: str, depth: int) -> list[tuple[int, float]]:
+        """BM25's ``depth`` best (passage id, score) for ``question`` in the sections it names by title
+        (``tasks.sections``), or in the whole bank when it names none or none of its words is there; when it asks how
+        something turns out there, the sections' last passages instead, the last first, scored 0."""
+        named = named_sections(question, self.bank.chapter_labels())
+        if named and asks_ending(question):
+            return [(p, 0.0) for p in self.bank.last_passages(named, min(depth, ENDING_PASSAGES))]
+        within = self.bank.search_passages(question, depth, named) if named else []
+        return within or self.bank.search_passages(question, depth)
+
     def _ids(self, question: str) -> torch.Tensor:
         tok = self.model.backbone.tokenizer
         return tok(question, return_tensors="pt", add_special_tokens=False).input_ids
@@ -180,7 +201,7 @@ class PassageFinder:
         retrieves most for the question are read instead; an answer's check still decides what they support."""
         if reading.finder == "none" or reading.passages == 0:
             return []
-        found = self.rank(question, reading.finder, reading.depth, question_ids)
+        found = self.rank(question, reading.finder, reading.depth, question_ids, reading.sections)
         if not found and reading.finder == "lexical":
             found = self.rank(question, "memory", reading.depth, question_ids)
         return found[: reading.passages]

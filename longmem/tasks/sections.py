@@ -1,0 +1,81 @@
+"""Which part of a book a question is about: the section it names by title, and whether it asks how that part ends.
+
+A reader of a story collection names the story ("In 'Winter Dreams', who is Dexter going to marry?"); a bank labels
+each passage with its chapter (``longmem.text.chapters``: "chapter IV: The Mystery of Hunter's Lodge", "Winter
+Dreams", "Part I: The Sea Like Bronze, chapter II"). ``named_sections`` finds the labels whose title the question
+names, and ``asks_ending`` whether the question asks how it turns out ("what finally happened to ...", "who turned out
+to be the thief", "... at the end"): a story's outcome is told in its last pages, where a finder matching the question's
+words seldom looks (``tasks.reading.PassageFinder``; measured in ``docs/design.md``, "A question that names its story").
+
+Matching is by words (letters and digits, case ignored), so "The Adventure of “The Western Star”" is named by "In
+'The Adventure of the Western Star', ...". A title of one word besides stopwords ("Absolution", "The Adjuster", "The
+End") counts only when quoted in the question, since one word is too often just a word; where titles overlap, the
+longest named wins. Labels without a title ("Part Two, chapter VII") are named by nothing here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from longmem.storage.passages import STOPWORDS
+
+_WORD = re.compile(r"[^\W_]+")  # letters and digits: "Pr-nce" -> "pr", "nce"
+_NUMBER_WORDS = ("one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen|"
+                 "seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|first|second|"
+                 "third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|last")
+# A label's numbered part: "chapter VII", "Part Two", "Chapter Twenty-One", "Book 3" (``chapters.chapter_label``)
+_NUMBERED = re.compile(rf"\b(?:chapter|part|book|volume)\s+(?:(?-i:[IVXLC]+)|[0-9]+|(?:{_NUMBER_WORDS})(?:-[a-z]+)?)\b",
+                       re.IGNORECASE)
+_QUOTES = "'\"‘’“”"
+# Words asking how a part turns out. Lower case only, so a name ("Ponder's End") is not one of them.
+ENDING = re.compile(r"\b(?:end|ending|ends|finally|final|eventually|turned out|turns out|at last|really|actually)\b")
+
+
+def _words(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+def titles(label: str) -> list[str]:
+    """The titles a chapter label carries, as printed: its part's and its chapter's ("Part I: The Sea Like Bronze,
+    chapter II" -> ["The Sea Like Bronze"]; "chapter IV: The Mystery of Hunter's Lodge" -> ["The Mystery of Hunter's
+    Lodge"]; "Winter Dreams" -> ["Winter Dreams"]; "Part Two, chapter VII" -> [])."""
+    out = []
+    for piece in _NUMBERED.split(label):
+        piece = piece.strip(" ,:.")
+        words = _words(piece)
+        if words and not all(w in STOPWORDS for w in words):
+            out.append(piece)
+    return out
+
+
+def _named(question: str, qwords: list[str], title: str) -> bool:
+    words = _words(title)
+    n = len(words)
+    if not any(qwords[i:i + n] == words for i in range(len(qwords) - n + 1)):
+        return False
+    if sum(w not in STOPWORDS for w in words) > 1:
+        return True
+    core = title.strip(_QUOTES + " ")
+    return re.search(f"[{_QUOTES}]{re.escape(core)}[{_QUOTES}]", question, re.IGNORECASE) is not None
+
+
+def named_sections(question: str, labels: Iterable[str]) -> list[str]:
+    """The labels (of ``labels``) whose title ``question`` names, in the order given (a title of fewer than two words
+    that are not stopwords, "Absolution", "The Adjuster", only when quoted); where several titles are named, only
+    those of the most words ("The Return of Battling Billson" over "Battling Billson"). [] when none is."""
+    qwords = _words(question)
+    best, found = 0, []
+    for label in labels:
+        n = max((len(_words(t)) for t in titles(label) if _named(question, qwords, t)), default=0)
+        if n and n > best:
+            best, found = n, [label]
+        elif n and n == best:
+            found.append(label)
+    return found
+
+
+def asks_ending(question: str) -> bool:
+    """Whether ``question`` asks how something turns out ("what finally happened", "who turned out to be", "at the
+    end", "who really took"): see ``ENDING``."""
+    return ENDING.search(question) is not None
