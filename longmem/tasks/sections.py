@@ -19,14 +19,9 @@ import re
 from collections.abc import Iterable
 
 from longmem.storage.passages import STOPWORDS
+from longmem.text.chapters import label_titles
 
 _WORD = re.compile(r"[^\W_]+")  # letters and digits: "Pr-nce" -> "pr", "nce"
-_NUMBER_WORDS = ("one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen|"
-                 "seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|first|second|"
-                 "third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|last")
-# A label's numbered part: "chapter VII", "Part Two", "Chapter Twenty-One", "Book 3" (``chapters.chapter_label``)
-_NUMBERED = re.compile(rf"\b(?:chapter|part|book|volume)\s+(?:(?-i:[IVXLC]+)|[0-9]+|(?:{_NUMBER_WORDS})(?:-[a-z]+)?)\b",
-                       re.IGNORECASE)
 _QUOTES = "'\"‘’“”"
 # Words asking how a part turns out. Lower case only, so a name ("Ponder's End") is not one of them.
 ENDING = re.compile(r"\b(?:end|ending|ends|finally|final|eventually|turned out|turns out|at last|really|actually)\b")
@@ -37,16 +32,10 @@ def _words(text: str) -> list[str]:
 
 
 def titles(label: str) -> list[str]:
-    """The titles a chapter label carries, as printed: its part's and its chapter's ("Part I: The Sea Like Bronze,
-    chapter II" -> ["The Sea Like Bronze"]; "chapter IV: The Mystery of Hunter's Lodge" -> ["The Mystery of Hunter's
-    Lodge"]; "Winter Dreams" -> ["Winter Dreams"]; "Part Two, chapter VII" -> [])."""
-    out = []
-    for piece in _NUMBERED.split(label):
-        piece = piece.strip(" ,:.")
-        words = _words(piece)
-        if words and not all(w in STOPWORDS for w in words):
-            out.append(piece)
-    return out
+    """The titles a chapter label carries that a question can name (``chapters.label_titles``, less those of
+    stopwords only): "Part I: The Sea Like Bronze, chapter II" -> ["The Sea Like Bronze"]; "Part Two, chapter VII"
+    -> []."""
+    return [t for t in label_titles(label) if not all(w in STOPWORDS for w in _words(t))]
 
 
 def _named(question: str, qwords: list[str], title: str) -> bool:

@@ -455,6 +455,24 @@ def chapter_label(heading: str, part: str | None = None) -> str:
     return ", ".join(x for x in (printed(part) if part else None, _chapter_name(lines)) if x)
 
 
+_NAMED_NUMBER = re.compile(r"\b(?P<label>[A-Za-z]+)\s+(?:[Tt][Hh][Ee]\s+)?(?P<num>[A-Za-z0-9]+(?:-[A-Za-z]+)?)\b")
+
+
+def label_titles(label: str) -> list[str]:
+    """The titles a label (``chapter_label``) carries, its part's and its chapter's, without their numbered names:
+    "Part I: The Sea Like Bronze, chapter II" -> ["The Sea Like Bronze"], "Chapter Twenty-One: The Long Walk" ->
+    ["The Long Walk"], "Winter Dreams" -> ["Winter Dreams"], "Part Two, chapter VII" -> [] ("The Book of Tea" keeps
+    its "Book": "of" is no number)."""
+    named = {w.lower() for w in _CHAPTER_LABELS + _PART_LABELS}
+    pieces, at = [], 0
+    for m in _NAMED_NUMBER.finditer(label):
+        if m.group("label").lower() in named and _number(m.group("num")) is not None:
+            pieces.append(label[at:m.start()])
+            at = m.end()
+    pieces.append(label[at:])
+    return [t for t in (p.strip(" ,:.") for p in pieces) if t]
+
+
 def _chapter_name(lines: list[str]) -> str:
     """'chapter VII', 'Chapter III: The Title', 'chapter II: The Adventure', or a title, from a heading's lines."""
     if len(lines) > 1 and lines[0] in _CHAPTER_LABELS and _bare_number(lines[1]) is not None:
