@@ -21,7 +21,7 @@ from longmem.service import Settings, Workspace
 from longmem.storage import BankDirectory
 from longmem.tasks.answer import ANSWER_SAMPLING, NOT_SAID, answer
 from longmem.tasks.chat import Chat
-from longmem.tasks.evidence import Checker, added_words, content_words, grounding, support
+from longmem.tasks.evidence import Checker, added_words, content_words, grounding, held, stretches, support
 from longmem.tasks.reading import PassageFinder, Reading
 
 QUESTION = "What drifted over the harbour? A zeppelin?"
@@ -71,6 +71,34 @@ def test_the_checker_shows_supported_sentences_and_ends_at_the_first_unsupported
     assert turn.feed("Baker, Oregon. Question: What is Portland? It") == "Baker, Oregon." and turn.stopped
     whole = Checker("What is Harkness's hometown in Oregon?", passages, 0.5)
     assert whole.feed("Baker") == "" and whole.finish() == "Baker" and not whole.stopped  # the last sentence too
+
+
+def test_a_stretch_is_a_sentence_with_its_neighbours_near_the_question_s_words():
+    text = "He made his home there--Baker at the portals of Oregon. It rained. The rain went on. A cat slept."
+    found = stretches("What is Harkness's hometown in Oregon?", [text, "Oregon is wet. Salem is its capital."])
+    first = {"made", "home", "baker", "portal", "oregon", "rain"}  # the first passage's sentences 1-2, then 1-3
+    second = {"oregon", "wet", "salem", "capital"}  # the second passage's two sentences, each with its neighbour
+    assert found == [first, first | {"went"}, second, second]
+    assert stretches("Who slept?", [text], reach=0) == [{"cat", "slept"}]
+    everywhere = stretches("What happened to Ivy Peters?", [text], reach=0)  # no sentence holds a word of the question
+    assert len(everywhere) == 4 and {"cat", "slept"} in everywhere
+    assert held(["baker", "salem"], found) == 0.5 and held(["baker", "oregon"], found) == 1.0
+    assert held([], found) == 0.0 and held(["baker"], []) == 0.0
+
+
+def test_an_answer_s_words_must_be_found_together_near_the_question_s_words():
+    q = "What is Harkness's hometown in Oregon?"
+    far = ["He made his home there--Baker at the portals of Oregon. It rained. The rain went on. "
+           "The rain stopped. A cat slept in Portland."]
+    assert grounding("His hometown is Portland.", q, far) == 1.0  # the passage holds the word, far from Oregon
+    assert Checker(q, far, 0.5).feed("His hometown is Portland. It") == ""
+    assert Checker(q, far, 0.5).feed("His hometown is Baker. It") == "His hometown is Baker."
+    apart = ["Baker lies at the portals of Oregon.", "Oregon has a town called Salem, and a river."]
+    both = Checker(q, apart, 0.5)
+    assert both.feed("Baker or Salem. It") == "Baker or Salem."  # half of its words in one stretch
+    split = Checker(q, apart, 0.75)
+    assert split.feed("Baker or Salem. It") == "" and split.stopped  # each word is read, in another passage
+    assert Checker(q, far, 0.5, reach=4).feed("His hometown is Portland. It") == "His hometown is Portland."
 
 
 def test_the_template_detector_finds_the_recall_items_wording():

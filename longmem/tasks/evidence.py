@@ -10,12 +10,19 @@ answer invents words the book does not have ("Colorado Springs" for a town the b
 nothing at all (restating the question); both ground poorly, which is what lets the answer say that the book does
 not say (``tasks.answer``).
 
-An answer is checked as it is made (``Checker``), sentence by sentence: a sentence is shown once the share of its
-added words that the passages hold reaches a bound, a sentence that adds nothing waits for the next one, and the
+An answer is checked as it is made (``Checker``), sentence by sentence: a sentence is shown once one *stretch* in the
+passages holds a bound's share of its added words, a sentence that adds nothing waits for the next one, and the
 first sentence below the bound ends the answer, as does one that opens a new "Question:" or "Answer:" (the reading
 prompt's own format, which a small model goes on writing). A preamble ("The answer to this question is:") is not
 shown. A small model's first sentence usually says what the
 passage says, and what it writes after it is where it invents.
+
+A stretch (``stretches``) is a sentence of a passage read with the sentence on either side, one that holds a word
+of the question: the words an answer adds must be found together, where a passage speaks of what was asked, not
+scattered over the passages read. A small model that does not find the answer copies words from sentences about
+something else ("...is a creature that turns out to be a cat", its "cat" from a sentence far from the question's
+words), and those are seldom together near the question's words. When no sentence read holds a word of the question
+(as a story's last passages, read for how it ends, may not), every sentence's neighbourhood is a stretch.
 
 The *support* of an answer in a passage is the sentence holding most of the answer's added words (ties: the one
 holding most of the question's words, then the first); the app marks it and the CLI prints it.
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 from longmem.storage.passages import STOPWORDS
 from longmem.text.passages import sentence_spans
 
+REACH = 1  # sentences on either side of a passage's sentence that make one stretch with it (``stretches``)
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)  # "_Araminta_" (italics in a Gutenberg text) is the word "araminta"
 _POSSESSIVE = re.compile(r"['\u2019]s\b", re.IGNORECASE)
 _SUFFIXES = ("ing", "ed", "es", "s", "ly")
@@ -71,14 +79,34 @@ def grounding(answer: str, question: str, passages: list[str]) -> float:
     return sum(w in held for w in added) / len(added)
 
 
+def stretches(question: str, passages: list[str], reach: int = REACH) -> list[set[str]]:
+    """The stretches of ``passages`` where an answer to ``question`` may find its words (see the module doc): for each
+    sentence of a passage, the content words of it and of the ``reach`` sentences on either side within that
+    passage; only those holding a word of the question, unless none does (then all of them)."""
+    asked = set(content_words(question))
+    out = []
+    for text in passages:
+        sentences = [set(content_words(text[a:b])) for a, b in sentence_spans(text)]
+        out += [set().union(*sentences[max(0, i - reach): i + reach + 1]) for i in range(len(sentences))]
+    near = [stretch for stretch in out if stretch & asked]
+    return near or out
+
+
+def held(added: list[str], stretches: list[set[str]]) -> float:
+    """The largest share of the words ``added`` that one of ``stretches`` holds (0.0 with no words or no stretches)."""
+    if not added:
+        return 0.0
+    return max((sum(w in stretch for w in added) / len(added) for stretch in stretches), default=0.0)
+
+
 class Checker:
     """Checks an answer to ``question`` against ``passages`` as it is made (see the module doc): ``feed`` each piece
     of text, then ``finish``; each returns the text newly shown (possibly ""). ``stopped``: a sentence was below
     ``least`` (the answer ends before it); ``shown``: all the text shown so far."""
 
-    def __init__(self, question: str, passages: list[str], least: float):
+    def __init__(self, question: str, passages: list[str], least: float, reach: int = REACH):
         self.question, self.least = question, least
-        self.held = {w for p in passages for w in content_words(p)}
+        self.stretches = stretches(question, passages, reach)
         self.text = ""  # everything fed
         self.judged = 0  # characters of ``text`` judged
         self.start = 0  # where the text shown begins (after a preamble such as "The answer is:")
@@ -107,7 +135,7 @@ class Checker:
                 break
             sentence = self.text[base + start: base + end]
             added = added_words(sentence, self.question)
-            if _NEW_TURN.match(sentence) or added and sum(w in self.held for w in added) / len(added) < self.least:
+            if _NEW_TURN.match(sentence) or added and held(added, self.stretches) < self.least:
                 self.stopped = True
                 break
             if added:
