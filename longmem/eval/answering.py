@@ -97,7 +97,7 @@ class ReadingSize:
     search_excerpts: bool = SEARCH_EXCERPTS  # the excerpts' tokens search memory too, as the chat does
     backbone_stops: bool = ANSWER_SAMPLING.backbone_stops  # LongMem's answers also end where the backbone would
     side_weight: float = SIDE_WEIGHT  # LongMem's share of the next-token logits while it reads, as the chat's
-    abstain: float = ABSTAIN  # the grounding below which the app's answer says the book does not say, as the chat's
+    abstain: float = ABSTAIN  # the app's check of each answer sentence (``Reading.abstain``), as the chat's
     no_repeat: int = ANSWER_SAMPLING.no_repeat  # n-grams an answer never repeats (0: off), as the chat's
     sections: bool = Reading.sections  # the app looks in the section a question names, as the chat does (the RAG
     #                                    baselines never: plain BM25)

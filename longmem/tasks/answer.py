@@ -12,9 +12,9 @@ How it reads (``Reading``, ``tasks.reading``): the finder's best passages go int
 model answers with its memory attached (fewer memory tokens per query while it reads), its next-token logits mixed
 with the frozen backbone's (``Reading.side_weight``). With ``Reading.abstain`` > 0 the answer is checked as it is
 made, sentence by sentence (``tasks.evidence.Checker``): a sentence is shown once enough of the words it adds to the
-question are in the passages read, and the first that is not ends the answer. When no sentence is, the reply is
-``NOT_SAID`` and the passages read are still cited, as the closest the book has. Without the check, pieces stream
-as they are made.
+question are found together in one stretch of the passages read, and the first that is not ends the answer. When no
+sentence is, the reply is ``NOT_SAID`` and the passages read are still cited, as the closest the book has. Without
+the check, pieces stream as they are made.
 """
 
 from __future__ import annotations

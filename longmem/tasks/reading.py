@@ -53,8 +53,8 @@ SEARCH_EXCERPTS = False  # the excerpts' tokens read the window alone; the quest
 SIDE_WEIGHT = 0.25  # LongMem's share of an answer's next-token logits beside its frozen backbone's while it reads
 #                    excerpts (measured: docs/design.md)
 ENDING_PASSAGES = 4  # a section's last passages read for a question about how it turns out (docs/design.md)
-ABSTAIN = 0.5  # an answer whose added words are less grounded than this in what it read says the book does not say
-#               (measured: docs/design.md)
+ABSTAIN = 0.5  # an answer sentence whose added words no stretch of what it read holds this share of is not shown;
+#               an answer with none shown says the book does not say (``tasks.evidence``; measured: docs/design.md)
 INSTRUCTION = "Answer the question from these excerpts of the book."
 
 
@@ -73,8 +73,9 @@ class Reading:
     #                                          and the answer's do)
     side_weight: float = SIDE_WEIGHT  # the model's share of the answer's next-token logits while excerpts are read,
     #                                   beside the frozen backbone's (``Sampling.side_weight``; 1: the model's own)
-    abstain: float = ABSTAIN  # the least grounding (``tasks.evidence``) an answer needs to be shown; below it the
-    #                           reply says the book does not say (0: every answer is shown as made)
+    abstain: float = ABSTAIN  # the least share of a sentence's added words that one stretch of the passages must
+    #                           hold for it to be shown (``tasks.evidence.Checker``); with no sentence shown the reply
+    #                           says the book does not say (0: every answer is shown as made)
     sections: bool = True  # a question naming a section by its title is looked for in it; asked how it ends, its
     #                        last passages are read (lexical finding; docs/design.md)
 
