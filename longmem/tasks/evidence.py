@@ -71,12 +71,8 @@ def added_words(answer: str, question: str) -> list[str]:
 
 
 def grounding(answer: str, question: str, passages: list[str]) -> float:
-    """The share of the answer's added words (``added_words``) found in ``passages``; 0.0 when it adds none."""
-    added = added_words(answer, question)
-    if not added:
-        return 0.0
-    held = set(w for p in passages for w in content_words(p))
-    return sum(w in held for w in added) / len(added)
+    """The share of the answer's added words (``added_words``) found in ``passages``, pooled; 0.0 when it adds none."""
+    return held(added_words(answer, question), [{w for p in passages for w in content_words(p)}])
 
 
 def stretches(question: str, passages: list[str], reach: int = REACH) -> list[set[str]]:
@@ -92,11 +88,12 @@ def stretches(question: str, passages: list[str], reach: int = REACH) -> list[se
     return near or out
 
 
-def held(added: list[str], stretches: list[set[str]]) -> float:
-    """The largest share of the words ``added`` that one of ``stretches`` holds (0.0 with no words or no stretches)."""
+def held(added: list[str], among: list[set[str]]) -> float:
+    """The largest share of the words ``added`` that one of the word sets ``among`` (``stretches``) holds (0.0 with no
+    words or no sets)."""
     if not added:
         return 0.0
-    return max((sum(w in stretch for w in added) / len(added) for stretch in stretches), default=0.0)
+    return max((sum(w in words for w in added) / len(added) for words in among), default=0.0)
 
 
 class Checker:
