@@ -34,6 +34,8 @@ def test_an_answer_s_added_words_are_its_content_words_the_question_lacks():
         "marri", "henry", "collin"]  # light stems
     assert added_words("The answer is: 1. a cook on the _Araminta_.", "What was Hash's job?") == ["cook", "araminta"]
     assert added_words("Forrester's wife is Forrester's wife.", "Who is Forrester's wife?") == []  # restated
+    assert added_words("The hotel in the scene described in the passage is in Brighton.",
+                       "Which seaside town is the hotel in?") == ["brighton"]  # words about the text add nothing
 
 
 def test_grounding_is_the_share_of_added_words_the_passages_hold():

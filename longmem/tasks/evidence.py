@@ -43,9 +43,10 @@ _SUFFIXES = ("ing", "ed", "es", "s", "ly")
 _PREAMBLE = re.compile(r"\s*(the )?answer( to (this|the|your) question)? is\s*:\s*", re.IGNORECASE)  # said, not shown
 _NEW_TURN = re.compile(r"\W*(question|answer)\s*:", re.IGNORECASE)  # the excerpts' format: the answer is over
 # words an answer uses about itself, the book or the conversation ("Sure. The answer is...", "the passage does not
-# mention..."): they add nothing
-SELF_WORDS = frozenset("answer question passage passages excerpt excerpts text book story mention mentioned say "
-                       "says said name named called sure yes okay ok well certainly indeed course according".split())
+# mention...", "the hotel in the scene described is..."): they add nothing
+SELF_WORDS = frozenset("answer question passage passages excerpt excerpts text book story scene scenes describe "
+                       "described describes mention mentioned say says said name named called sure yes okay ok well "
+                       "certainly indeed course according".split())
 
 
 def stem(word: str) -> str:
