@@ -146,6 +146,18 @@ def test_the_team_s_tuning_sets_ship_with_the_package_and_read_cleanly():
     assert not {q.book for q in answerable + unanswerable} & dev_books
 
 
+def test_the_sets_kept_aside_read_cleanly_and_share_no_book_with_the_others():
+    """Questions kept aside (never tuned on) ask about books that neither the tuning nor the dev sets ask about."""
+    from longmem.eval.natural import ASIDE_SETS, TUNE_SETS, set_path
+
+    ctx = EvalContext(None, [], Path("/nonexistent"), Path("/nonexistent"))
+    aside = [q for n in ASIDE_SETS for q in read_questions(set_path(ctx, n))]
+    tuned = {q.book for n in TUNE_SETS for q in read_questions(set_path(ctx, n))}
+    assert sum(bool(q.answers) for q in aside) >= 40 and sum(not q.answers for q in aside) >= 16
+    dev_books = {"pg65636.txt", "pg66829.txt", "pg61262.txt", "pg68229.txt"}
+    assert not {q.book for q in aside} & (tuned | dev_books)
+
+
 
 def test_no_answer_of_the_committed_record_writes_a_training_template():
     """The answers issue's rule, on the record itself: the app's answers (shown, and the drafts behind them) and the

@@ -27,8 +27,9 @@ generations) and reused (``python -m training --reading-items FILE``):
     python -m training.reading --out runs/reading-items.jsonl --books 6 --per-book 25
     python -m training.reading --out runs/reading-items-w.jsonl --books 12 --per-book 25 --answer-by writer
 
-The tuning sets' books (``longmem/eval/data/*-tune.jsonl``) are left out, so that the choices measured on them stay
-measured on questions about books the items never asked about; the test-split books are never used.
+The books of the team's own question sets (``longmem/eval/data``: the tuning sets and those kept aside) are left
+out, so that the choices measured on them stay measured on questions about books the items never asked about; the
+test-split books are never used.
 """
 
 from __future__ import annotations
@@ -140,14 +141,15 @@ def reading_documents(items: list[ReadingItem], books: dict[str, Document], segm
     return out
 
 
-def tuning_books() -> set[str]:
-    """The books the tuning sets ask about (``longmem.eval.natural.TUNE_SETS``, the package's ``eval/data``)."""
+def asked_books() -> set[str]:
+    """The books the team's own question sets ask about (``longmem.eval.natural.TUNE_SETS`` and ``ASIDE_SETS``, the
+    package's ``eval/data``): no reading item is made from them."""
     from importlib import resources
 
-    from longmem.eval.natural import TUNE_SETS
+    from longmem.eval.natural import ASIDE_SETS, TUNE_SETS
 
     books = set()
-    for name in TUNE_SETS:
+    for name in TUNE_SETS + ASIDE_SETS:
         text = (resources.files("longmem.eval") / "data" / f"{name}.jsonl").read_text(encoding="utf-8")
         books |= {json.loads(line)["book"] for line in text.splitlines() if line.strip()}
     return books
@@ -262,7 +264,7 @@ def build(args) -> int:
 
     model = LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype)).eval()
     writer = load_backbone(args.writer, args.dtype)
-    skip = tuning_books()
+    skip = asked_books()
     train, _ = book_split(args.data)
     books = [p for p in train if p.name not in skip]
     random.Random(args.seed).shuffle(books)
@@ -293,7 +295,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m training.reading", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSONL file of items (appended to; a book's items there are kept)")
     p.add_argument("--banks", default="runs/reading-banks", help="where the training books' banks are made")
-    p.add_argument("--books", type=int, default=6, help="training books asked about (not the tuning sets' books)")
+    p.add_argument("--books", type=int, default=6,
+                   help="training books asked about (not the books of the team's question sets)")
     p.add_argument("--per-book", type=int, default=25, help="items per book")
     p.add_argument("--backbone", default="default", help="the model whose backbone answers (as in training)")
     p.add_argument("--writer", default=QUESTION_WRITER, help="the backbone that writes the questions")
