@@ -131,6 +131,9 @@ def test_bad_natural_settings_are_refused_before_any_work(tmp_path, setting, mes
         run(ctx)
 
 
+DEV_BOOKS = {"pg65636.txt", "pg66829.txt", "pg61262.txt", "pg68229.txt"}  # the books the dev sets ask about
+
+
 def test_the_team_s_tuning_sets_ship_with_the_package_and_read_cleanly():
     """The sets choices were tuned on are the package's own (on training-split books, apart from the dev sets)."""
     from longmem.eval.natural import TUNE_SETS, set_path
@@ -142,8 +145,7 @@ def test_the_team_s_tuning_sets_ship_with_the_package_and_read_cleanly():
     assert len(answerable) >= 120 and all(q.answers and q.evidence for q in answerable)
     assert len(unanswerable) >= 40 and all(not q.answers for q in unanswerable)
     assert all(q.question.startswith("In '") for q in sets["natural-tune2"] + sets["unanswerable-tune2"])
-    dev_books = {"pg65636.txt", "pg66829.txt", "pg61262.txt", "pg68229.txt"}
-    assert not {q.book for q in answerable + unanswerable} & dev_books
+    assert not {q.book for q in answerable + unanswerable} & DEV_BOOKS
 
 
 def test_the_sets_kept_aside_read_cleanly_and_share_no_book_with_the_others():
@@ -154,8 +156,7 @@ def test_the_sets_kept_aside_read_cleanly_and_share_no_book_with_the_others():
     aside = [q for n in ASIDE_SETS for q in read_questions(set_path(ctx, n))]
     tuned = {q.book for n in TUNE_SETS for q in read_questions(set_path(ctx, n))}
     assert sum(bool(q.answers) for q in aside) >= 40 and sum(not q.answers for q in aside) >= 16
-    dev_books = {"pg65636.txt", "pg66829.txt", "pg61262.txt", "pg68229.txt"}
-    assert not {q.book for q in aside} & (tuned | dev_books)
+    assert not {q.book for q in aside} & (tuned | DEV_BOOKS)
 
 
 
