@@ -200,6 +200,36 @@ def test_a_supported_answer_marks_its_sentence_in_the_passage(loaded, monkeypatc
     assert c.support is not None and "zeppelin" in c.text[c.support[0]:c.support[1]]
 
 
+def test_a_whole_draft_is_written_past_the_check_unshown(loaded, monkeypatch):
+    """For records (``whole_draft``): the check ends the reply at the first sentence the passages do not hold, yet the
+    draft is the model's whole answer; the reply and the turn recorded are the same as without it."""
+    model, bank, memory = loaded
+    finder = PassageFinder(bank, model, memory)
+    pieces = ["A silver zeppelin. ", "It was owned by Duke Ferdinand of Patagonia. ", "He sold it in Lisbon ",
+              "for a horse."]
+    asked = []
+
+    def said(self, q, reading=None, search=True):
+        for p in pieces:
+            asked.append(p)
+            yield p
+        self.history += [{"role": "user", "content": q}, {"role": "assistant", "content": "".join(pieces)}]
+
+    monkeypatch.setattr(Chat, "ask", said)
+    replies, turns, drafts = [], [], []
+    for whole in (False, True):
+        asked.clear()
+        chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
+        reply = answer(chat, finder, "What drifted over the harbour?", whole_draft=whole)
+        replies.append(("".join(reply), reply.said))
+        turns.append(chat.history[-2:])
+        drafts.append(reply.draft)
+    assert replies[0] == replies[1] == ("A silver zeppelin.", True) and turns[0] == turns[1]
+    assert turns[0][-1]["content"] == "A silver zeppelin."
+    assert "horse" not in drafts[0] and "Patagonia" in drafts[0]  # generation stopped after the sentence refused
+    assert drafts[1] == "".join(pieces) == "".join(asked)  # the whole draft, past the check
+
+
 def test_a_question_with_no_word_of_the_book_reads_what_memory_retrieves(loaded):
     model, bank, memory = loaded
     chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))

@@ -8,7 +8,8 @@ the model that reads, its memory, what finds the passages, and whether an answer
 replaced by "the book does not say":
 
 - ``app``: the app's answer: LongMem with the bank in memory, reading what the app's finder finds, as the chat does;
-  its answer before that check (``Answer.draft``) is kept too (``draft_contains``);
+  its answer without that check (``Answer.draft``, written to its end: ``answer(..., whole_draft=True)``) is kept too
+  (``draft_contains``);
 - ``app_memory_off``: the same, with no memory attached (the SideNet alone);
 - ``longmem``: LongMem with the bank in memory, reading nothing (the paper's memory fusion alone);
 - ``longmem_memory``, ``longmem_fused``: as the app, with that finder;
@@ -265,7 +266,8 @@ class Reader:
         got = {}
 
         def ask(lm, memory, finder, reading: Reading) -> dict:
-            reply = answer(Chat(lm, memory, self.sampling()), finder, q, reading)
+            # the app's draft is made whole: what its check lost is judged on the answer it would give unchecked
+            reply = answer(Chat(lm, memory, self.sampling()), finder, q, reading, whole_draft=True)
             text = " ".join("".join(reply).split())
             out = {"answer": text, "found": reply.found}
             if lm is model and reading.abstain > 0 and finder is not None:

@@ -76,14 +76,16 @@ class Answer:
 
 
 def answer(chat: Chat, finder: PassageFinder | None, question: str, reading: Reading | None = None,
-           chunks: int | None = None, stop: Callable[[], bool] | None = None) -> Answer:
+           chunks: int | None = None, stop: Callable[[], bool] | None = None, whole_draft: bool = False) -> Answer:
     """Answer ``question`` in ``chat`` (its model, memory and sampling) from the passages ``finder`` finds by
     ``reading`` (default ``Reading()``; no finder, or ``finder="none"``: read nothing, the paper's memory fusion
     alone). ``chunks``: memory chunks per query token and head (None: ``Reading.chunks``). When the finder finds
     nothing, the reply is ``NOT_SAID`` without asking the model (it would answer from what it knows, not from the
     book); when what it finds does not fit the window, the model answers from memory alone, unchecked. The turn is
     recorded in the chat once the answer is complete; an answer left unfinished is not, nor one that ``stop``
-    (asked after each generated token, also while the sentences shown are held for checking) ended."""
+    (asked after each generated token, also while the sentences shown are held for checking) ended. ``whole_draft``
+    (for records): once the check has ended the reply, the model still writes its draft to the end, unshown, so
+    that ``Answer.draft`` is what it answers without the check (the reply and the turn recorded are the same)."""
     reading = reading or Reading()
     if not question or not question.strip():
         raise ValueError("the question is empty")
@@ -103,7 +105,7 @@ def answer(chat: Chat, finder: PassageFinder | None, question: str, reading: Rea
     if reads and not ranked:
         reply._source = _not_said(chat, reply)
     else:
-        reply._source = _stream(chat, reply, reading, view, checks=bool(found) and reading.abstain > 0)
+        reply._source = _stream(chat, reply, reading, view, bool(found) and reading.abstain > 0, whole_draft)
     return reply
 
 
@@ -115,10 +117,12 @@ def _not_said(chat: Chat, reply: Answer) -> Iterator[str]:
     reply.complete = True
 
 
-def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None, checks: bool) -> Iterator[str]:
+def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None, checks: bool,
+            whole_draft: bool = False) -> Iterator[str]:
     """The answer's pieces: generated with ``view`` as the chat's memory (put back after) and the reading's blend of
     the backbone's logits while excerpts are read; when ``checks``, shown sentence by sentence as the passages read
-    support them (``evidence.Checker``), and NOT_SAID when none is. The turn records what was shown."""
+    support them (``evidence.Checker``), and NOT_SAID when none is. The turn records what was shown. With
+    ``whole_draft`` the generation goes on unshown after the check stops (the checker shows nothing more)."""
     question, found = reply.question, reply.found
     memory, sampling = chat.memory, chat.sampling
     chat.memory = view
@@ -136,7 +140,7 @@ def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None
                 shown = piece if checker is None else checker.feed(piece)
                 if shown:
                     yield shown
-                if checker is not None and checker.stopped:
+                if checker is not None and checker.stopped and not whole_draft:
                     break
             else:
                 completed = True
