@@ -68,11 +68,6 @@ def retrieved_message(chunks: list[ChunkHit]) -> dict:
             "metadata": {"title": RETRIEVED_TITLE, "status": "done"}}
 
 
-def _words(text: str, n: int) -> str:
-    w = text.split()
-    return " ".join(w[:n]) + ("…" if len(w) > n else "")
-
-
 def highlighted(text: str, spans: list[tuple[int, int, str]]) -> str:
     """``text`` as HTML with each ``(start, end, tag)`` span wrapped in ``<tag>`` (spans listed outer first, nested
     or disjoint; clipped to the text)."""
@@ -89,14 +84,15 @@ def highlighted(text: str, spans: list[tuple[int, int, str]]) -> str:
 
 def context_html(c: Citation) -> str:
     """The passage in its surrounding text as HTML paragraphs: the passage marked (``<mark>``), the sentence that
-    supports the answer in bold; the book's hard-wrapped lines joined, so that the text reads as prose. A mark
-    that crosses paragraphs is marked in each."""
+    supports the answer in bold, or where none does the sentence nearest the question in italics; the book's
+    hard-wrapped lines joined, so that the text reads as prose. A mark that crosses paragraphs is marked in each."""
     at = c.context.find(c.text)
     spans = [] if at < 0 else [(at, at + len(c.text), "mark")]
     full = c.context if at >= 0 else c.text
-    if c.support:
+    span, tag = (c.support, "b") if c.support else (c.nearest, "i")
+    if span:
         base = max(at, 0)
-        spans.append((base + c.support[0], base + c.support[1], "b"))
+        spans.append((base + span[0], base + span[1], tag))
     paragraphs, pos = [], 0
     for m in [*_PARAGRAPH_BREAK.finditer(full), None]:
         end = m.start() if m else len(full)
@@ -108,12 +104,12 @@ def context_html(c: Citation) -> str:
 
 
 def citations_message(citations: list[Citation], said: bool = True) -> dict:
-    """The block of what an answer read: each passage with its place and the sentence that supports the answer (or
-    its opening); opening one shows the passage, that sentence in bold, in its surrounding text."""
+    """The block of what an answer read: each passage with its place and the sentence that supports the answer (else
+    the one nearest the question, else its opening); opening one shows the passage, that sentence marked, in its
+    surrounding text."""
     parts = []
     for c in citations:
-        quote = c.text[c.support[0]:c.support[1]] if c.support else c.text
-        quote = _words(quote, 40 if c.support else 18)
+        quote = c.quote()
         quoted = quote if quote[:1] in "“\"'‘" else f"“{quote}”"  # a quote that opens with its own mark keeps it
         parts.append(f"<details><summary><b>[{c.number}]</b> {html.escape(c.place)}: {html.escape(quoted)}</summary>"
                      f"<blockquote>{context_html(c)}</blockquote></details>")

@@ -21,7 +21,7 @@ from longmem.service import Settings, Workspace
 from longmem.storage import BankDirectory
 from longmem.tasks.answer import ANSWER_SAMPLING, NOT_SAID, answer
 from longmem.tasks.chat import Chat
-from longmem.tasks.evidence import Checker, added_words, content_words, grounding, held, stretches, support
+from longmem.tasks.evidence import Checker, added_words, content_words, grounding, held, nearest, stretches, support
 from longmem.tasks.reading import PassageFinder, Reading
 
 QUESTION = "What drifted over the harbour? A zeppelin?"
@@ -75,6 +75,15 @@ def test_the_checker_shows_supported_sentences_and_ends_at_the_first_unsupported
     assert whole.feed("Baker") == "" and whole.finish() == "Baker" and not whole.stopped  # the last sentence too
 
 
+def test_the_nearest_sentence_holds_most_of_the_question_s_words():
+    text = "The harbour was quiet. A silver zeppelin drifted over the harbour at noon. The zeppelin left."
+    near = nearest("What drifted over the harbour?", text)
+    assert text[near.start:near.end] == "A silver zeppelin drifted over the harbour at noon." and near.words == 2
+    assert nearest("Who wrote it?", text) is None  # no content word of the question in it
+    tie = nearest("Where was the zeppelin?", text)
+    assert text[tie.start:tie.end].startswith("A silver")  # the first of equals
+
+
 def test_a_stretch_is_a_sentence_with_its_neighbours_near_the_question_s_words():
     text = "He made his home there--Baker at the portals of Oregon. It rained. The rain went on. A cat slept."
     found = stretches("What is Harkness's hometown in Oregon?", [text, "Oregon is wet. Salem is its capital."])
@@ -119,6 +128,10 @@ def test_a_reply_that_the_book_does_not_say_is_scored_as_such():
     assert scored({"answer": NOT_SAID, "said": False, "draft": "It was Denver."}, ("Denver",)) | {} == {
         "answer": NOT_SAID, "contains": 0.0, "em": 0.0, "f1": 0.0, "said": False, "draft": "It was Denver.",
         "draft_contains": 1.0}
+    quoted = scored({"answer": NOT_SAID, "said": False, "draft": "No.", "quoted": ["It was far.", "In Denver"]},
+                    ("Denver",))
+    assert quoted["quoted_contains"] == 1.0 and "quoted" not in quoted  # scored, not stored
+    assert "quoted_contains" not in scored({"answer": NOT_SAID, "said": False, "draft": "", "quoted": ["x"]}, ())
 
 
 # -- decoding -------------------------------------------------------------------------------------------------------
@@ -181,6 +194,8 @@ def test_an_answer_the_passages_do_not_support_says_the_book_does_not_say(loaded
     checked = answer(chat, finder, QUESTION, Reading(abstain=1.0))  # nothing a random model says is all grounded
     assert "".join(checked) == NOT_SAID and not checked.said and checked.draft == draft
     assert checked.citations and all(c.support is None for c in checked.citations)  # the closest passages, shown
+    c = checked.citations[-1]  # each quoted by its sentence nearest the question
+    assert c.nearest is not None and "zeppelin" in c.text[c.nearest[0]:c.nearest[1]].lower()
     assert chat.history[-2:] == [{"role": "user", "content": QUESTION},  # the turn is what the reader saw
                                  {"role": "assistant", "content": NOT_SAID, "said": False}]
 

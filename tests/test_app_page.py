@@ -12,7 +12,7 @@ import pytest
 from gradio.utils import get_upload_folder
 from tiny import chat_model
 
-from app.chat_tab import context_html
+from app.chat_tab import citations_message, context_html
 from app.classify_tab import SAMPLE, SAMPLE_SPLIT, preset_choices
 from app.common import Told, friendly, own_names, reported
 from app.ui import build_app, memo_secret
@@ -76,9 +76,9 @@ def test_api_callers_get_values_and_errors_raised():
         list(friendly(stream, 1)())
 
 
-def citation(text: str, context: str, support=None) -> Citation:
+def citation(text: str, context: str, support=None, nearest=None) -> Citation:
     return Citation(number=1, document="A Book", place="A Book, Part One, chapter II, 10% through the book",
-                    text=text, context=context, passage_id=1, finders=("lexical",), support=support)
+                    text=text, context=context, passage_id=1, finders=("lexical",), support=support, nearest=nearest)
 
 
 def test_the_context_reads_as_paragraphs_with_the_passage_marked_in_each():
@@ -91,6 +91,19 @@ def test_the_context_reads_as_paragraphs_with_the_passage_marked_in_each():
     assert "<p><mark>II</mark></p>" in out
     assert "<mark><b>The keeper lit the lamp at dusk.</b></mark><mark> He wrote the time.</mark>" in out
     assert "<p>Morning came.</p>" in out
+
+
+def test_where_no_sentence_supports_the_answer_the_one_nearest_the_question_is_quoted_in_italics():
+    text = "The keeper lit the lamp at dusk. He wrote the time in the log. Then he slept."
+    near = (text.index("He"), text.index(" Then"))
+    c = citation(text, text, nearest=near)
+    assert "<i>He wrote the time in the log.</i>" in context_html(c) and "<b>" not in context_html(c)
+    block = citations_message([c], said=False)["content"]
+    assert "“He wrote the time in the log.”" in block  # quoted instead of the passage's opening
+    supported = citation(text, text, support=(0, text.index(" He")), nearest=near)
+    assert "<i>" not in context_html(supported) and "“The keeper lit the lamp at dusk.”" in citations_message(
+        [supported])["content"]
+    assert "“The keeper lit the lamp at dusk. He wrote" in citations_message([citation(text, text)])["content"]
 
 
 def test_a_passage_missing_from_its_context_is_shown_alone_and_escaped():

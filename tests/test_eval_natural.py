@@ -83,7 +83,9 @@ def test_a_run_answers_each_book_once_and_leaves_out_cut_evidence(tmp_path):
     assert set(results["app"]) == {"natural-dev", "unanswerable-dev"}
     assert set(results["oracle"]) == {"natural-dev"}  # no gold passage to read for a question the book lacks
     app = results["app"]["natural-dev"]["items"][0]
-    assert {"said", "draft", "draft_contains"} <= app.keys()  # the app's answer before its check is kept
+    assert {"said", "draft", "draft_contains", "quoted_contains"} <= app.keys()  # its answer without its check is
+    #                                                                              kept, and whether its quotes
+    assert "quoted_contains" not in results["app"]["unanswerable-dev"]["items"][0]  # hold the answer
     assert all(len(r[n]["items"]) == 1 for r in results.values() for n in r)
     outcomes = result.data["outcomes"]
     assert all(o["right"] + o["declined"] + o["wrong"] == o["answerable"] == 1 for o in outcomes.values())

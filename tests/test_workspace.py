@@ -136,6 +136,8 @@ def test_a_dropped_book_gets_a_bank_of_its_own_loads_and_answers(book, tmp_path)
     list(reply)
     words = " ".join(book.read_text().split())  # citations are reflowed: the book's words, in its order
     assert reply.citations and all(" ".join(c.text.split()) in words for c in reply.citations)  # it read the book
+    assert any(c.nearest for c in reply.citations)  # a sentence with the question's words, to quote
+    assert ws.chat_history(name)[-1]["citations"] == reply.citations  # stored and read back, spans as tuples
     ws.close()
 
 

@@ -162,14 +162,8 @@ def cmd_chat(args) -> int:
                 print(piece, end="", flush=True)
             print()
             for c in reply.citations:
-                quote = c.text[c.support[0]:c.support[1]] if c.support else c.text
-                print(f"  [{c.number}] {c.place}: \u201c{_excerpt(quote)}\u201d")
+                print(f"  [{c.number}] {c.place}: \u201c{c.quote()}\u201d")
     return 0
-
-
-def _excerpt(text: str, words: int = 40) -> str:
-    w = text.split()
-    return " ".join(w[:words]) + (" \u2026" if len(w) > words else "")
 
 
 def cmd_generate(args) -> int:

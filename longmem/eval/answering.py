@@ -212,7 +212,8 @@ def says_not_said(answer: str) -> float:
 
 def scored(got: str | dict, golds) -> dict:
     """An answer with its scores: contains a gold answer (a question with no gold: says that the book does not say),
-    SQuAD EM and F1; an entrant's reply (``Reader.answers``) also keeps whether it was shown and its draft."""
+    SQuAD EM and F1; an entrant's reply (``Reader.answers``) also keeps whether it was shown and its draft, and
+    whether what its citations quote (``Citation.quote``) holds a gold answer."""
     reply = got if isinstance(got, dict) else {"answer": got}
     text = reply["answer"]
     if golds:
@@ -224,6 +225,8 @@ def scored(got: str | dict, golds) -> dict:
         draft = reply["draft"]
         row |= {"said": reply["said"], "draft": draft,
                 "draft_contains": contains(draft, golds) if golds else says_not_said(draft)}
+    if reply.get("quoted") is not None and golds:
+        row["quoted_contains"] = float(any(contains(q, golds) for q in reply["quoted"]))
     return row
 
 
@@ -271,7 +274,8 @@ class Reader:
             text = " ".join("".join(reply).split())
             out = {"answer": text, "found": reply.found}
             if lm is model and reading.abstain > 0 and finder is not None:
-                out |= {"said": reply.said, "draft": " ".join((reply.draft or text).split())}
+                out |= {"said": reply.said, "draft": " ".join((reply.draft or text).split()),
+                        "quoted": [c.quote().removesuffix("…") for c in reply.citations]}  # the scorer keeps "…"
             return out
 
         if "longmem" in want:

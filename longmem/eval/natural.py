@@ -306,13 +306,18 @@ def _targets(done: dict, size: Size, answerable: list[str], unanswerable: list[s
         points = 100 * (right - sum(x["contains"] for x in rag)) / len(mine)
         drafts = _paired(mine, rag, "draft_contains")
         notes.append(f"Against BM25-RAG: {points:+.1f} points (target >= +{TARGET_OVER_RAG:.0f}); paired, only the "
-                     f"app / only BM25-RAG: {_paired(mine, rag)}. The app's drafts (the full model's answers before "
-                     f"its check, reading the passages BM25-RAG reads) against BM25-RAG: {drafts}.")
+                     f"app / only BM25-RAG: {_paired(mine, rag)}. The app's drafts (the full model's whole answers "
+                     f"without its check) against BM25-RAG: {drafts}.")
     if mine and any("draft_contains" in x for x in mine):
         drafted = sum(x["draft_contains"] for x in mine)
         lost = 100 * (drafted - right) / drafted if drafted else 0.0
         notes.append(f"Its check keeps {right:.0f} of the {drafted:.0f} answers its drafts got right: {lost:.0f}% lost "
                      f"(target <= {TARGET_LOST:.0f}%).")
+    refused = [x for x in mine if not x.get("said", True) and "quoted_contains" in x]
+    if refused:
+        notes.append(f"Where it says that the book does not say about an answerable question ({len(refused)}), the "
+                     f"sentences its closest passages are quoted by show an accepted answer for "
+                     f"{sum(x['quoted_contains'] for x in refused):.0f}.")
     if "rag_bm25" in size.entrants:
         names = [*answerable, *unanswerable]
         a, b = (_rows(done, names, k) for k in (me, "rag_bm25"))

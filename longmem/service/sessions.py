@@ -62,9 +62,9 @@ def _chat_turns(bank: Bank) -> list[dict]:
 
 
 def _citation(stored: dict) -> Citation:
-    """A citation as the bank stored it (JSON: the support span is a list, absent before it existed)."""
-    support = stored.get("support")
-    return Citation(**{**stored, "support": tuple(support) if support else None})
+    """A citation as the bank stored it (JSON: the spans are lists, absent before they existed)."""
+    spans = {k: tuple(stored[k]) if stored.get(k) else None for k in ("support", "nearest")}
+    return Citation(**{**stored, **spans})
 
 
 class Sessions:

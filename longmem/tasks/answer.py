@@ -96,7 +96,7 @@ def answer(chat: Chat, finder: PassageFinder | None, question: str, reading: Rea
     reads = finder is not None and reading.finder != "none" and reading.passages > 0
     ranked = finder.find(question, reading) if reads else []
     found = fit_for_chat(ranked, chat, question, reading)  # none may fit a small window: then memory alone answers
-    cited = citations(finder.bank, found) if found else []
+    cited = citations(finder.bank, found, question) if found else []
     view = None
     if chat.memory is not None:
         model_topk = chat.model.config.topk

@@ -25,7 +25,9 @@ words), and those are seldom together near the question's words. When no sentenc
 (as a story's last passages, read for how it ends, may not), every sentence's neighbourhood is a stretch.
 
 The *support* of an answer in a passage is the sentence holding most of the answer's added words (ties: the one
-holding most of the question's words, then the first); the app marks it and the CLI prints it.
+holding most of the question's words, then the first); the app marks it and the CLI prints it. A passage that
+supports nothing (all of them, when the reply is that the book does not say) is quoted by its sentence *nearest* the
+question: the one holding most of the question's words (``nearest``), where a reader looks for what was asked.
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ class Support:
 
     start: int
     end: int
-    words: int  # how many of the answer's added words it holds (>= 1)
+    words: int  # how many of the answer's added words (``nearest``: the question's words) it holds (>= 1)
 
 
 def support(answer: str, question: str, text: str) -> Support | None:
@@ -162,4 +164,16 @@ def support(answer: str, question: str, text: str) -> Support | None:
         k = (len(words & added), len(words & asked))
         if k[0] and k > key:
             best, key = Support(start, end, k[0]), k
+    return best
+
+
+def nearest(question: str, text: str) -> Support | None:
+    """The sentence of ``text`` that holds most of ``question``'s content words (each once; the first of equals);
+    None when none holds any."""
+    asked = set(content_words(question))
+    best = None
+    for start, end in sentence_spans(text):
+        n = len(asked.intersection(content_words(text[start:end])))
+        if n and (best is None or n > best.words):
+            best = Support(start, end, n)
     return best

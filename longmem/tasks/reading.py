@@ -40,6 +40,7 @@ import torch
 from longmem.memory.memory import Memory, MemoryView
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, Passage
+from longmem.tasks.evidence import nearest
 from longmem.tasks.sections import asks_ending, named_sections
 from longmem.text.passages import excerpt
 
@@ -119,6 +120,17 @@ class Citation:
     passage_id: int
     finders: dict  # finder -> rank that brought it
     support: tuple[int, int] | None = None  # text[start:end]: the sentence that supports the answer (None: none)
+    nearest: tuple[int, int] | None = None  # text[start:end]: the sentence holding most of the question's words
+    #                                         (``evidence.nearest``; None: none holds any), quoted when none supports
+
+    def quote(self, words: int = 40, opening: int = 18) -> str:
+        """What the reader is shown of the passage beside the answer: the sentence that supports the answer, else the
+        one nearest the question, cut to ``words`` words, else the passage's first ``opening`` words ("…" where
+        cut)."""
+        span = self.support or self.nearest
+        w = (self.text[span[0]:span[1]] if span else self.text).split()
+        n = words if span else opening
+        return " ".join(w[:n]) + ("…" if len(w) > n else "")
 
 
 def fuse(rankings: dict[str, list[int]], k: int = RRF_K) -> list[tuple[int, float]]:
@@ -252,11 +264,12 @@ def reading_prompt(question: str, found: list[Found]) -> str:
     return f"{INSTRUCTION}\n\n{excerpts}\n\nQuestion: {question}"
 
 
-def citations(bank: Bank, found: list[Found], context_chars: int = 600) -> list[Citation]:
-    """What an answer read, numbered as in its prompt: each passage reflowed, in up to ``context_chars`` of its
-    document's text on either side, cut at sentence bounds within reach, else at whole words with "…"
-    (``text.passages.excerpt``). So ``text`` is found in ``context``, and a support span (``Citation.support``,
-    computed from the citation's ``text``) indexes the reflowed text."""
+def citations(bank: Bank, found: list[Found], question: str = "", context_chars: int = 600) -> list[Citation]:
+    """What an answer to ``question`` read, numbered as in its prompt: each passage reflowed, in up to
+    ``context_chars`` of its document's text on either side, cut at sentence bounds within reach, else at whole words
+    with "…" (``text.passages.excerpt``), with its sentence nearest the question (``Citation.nearest``). So ``text`` is
+    found in ``context``, and the spans (``Citation.support``, ``Citation.nearest``, computed from the citation's
+    ``text``) index the reflowed text."""
     out = []
     for i, f in enumerate(found, 1):
         p = f.passage
@@ -265,6 +278,8 @@ def citations(bank: Bank, found: list[Found], context_chars: int = 600) -> list[
         after = around[p.char_end - lo:]
         shown = excerpt(around[: p.char_start - lo], p.text, after, cut_before=lo > 0,
                         cut_after=len(after) == context_chars)
+        near = nearest(question, shown.text)
         out.append(Citation(number=i, document=p.document, place=p.place(), text=shown.text, context=shown.context,
-                            passage_id=p.id, finders=dict(f.ranks)))
+                            passage_id=p.id, finders=dict(f.ranks),
+                            nearest=(near.start, near.end) if near is not None else None))
     return out
