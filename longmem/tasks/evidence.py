@@ -150,7 +150,7 @@ class Support:
 
     start: int
     end: int
-    words: int  # how many of the answer's added words (``nearest``: the question's words) it holds (>= 1)
+    words: int  # how many of the answer's added words it holds (>= 1)
 
 
 def support(answer: str, question: str, text: str) -> Support | None:
@@ -167,13 +167,13 @@ def support(answer: str, question: str, text: str) -> Support | None:
     return best
 
 
-def nearest(question: str, text: str) -> Support | None:
-    """The sentence of ``text`` that holds most of ``question``'s content words (each once; the first of equals);
-    None when none holds any."""
+def nearest(question: str, text: str) -> tuple[int, int] | None:
+    """(start, end) in ``text`` of its sentence that holds most of ``question``'s content words (each once; the first
+    of equals); None when none holds any."""
     asked = set(content_words(question))
-    best = None
+    best, most = None, 0
     for start, end in sentence_spans(text):
         n = len(asked.intersection(content_words(text[start:end])))
-        if n and (best is None or n > best.words):
-            best = Support(start, end, n)
+        if n > most:
+            best, most = (start, end), n
     return best

@@ -278,8 +278,6 @@ def citations(bank: Bank, found: list[Found], question: str = "", context_chars:
         after = around[p.char_end - lo:]
         shown = excerpt(around[: p.char_start - lo], p.text, after, cut_before=lo > 0,
                         cut_after=len(after) == context_chars)
-        near = nearest(question, shown.text)
         out.append(Citation(number=i, document=p.document, place=p.place(), text=shown.text, context=shown.context,
-                            passage_id=p.id, finders=dict(f.ranks),
-                            nearest=(near.start, near.end) if near is not None else None))
+                            passage_id=p.id, finders=dict(f.ranks), nearest=nearest(question, shown.text)))
     return out
