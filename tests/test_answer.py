@@ -21,18 +21,8 @@ from longmem.service import Settings, Workspace
 from longmem.storage import BankDirectory
 from longmem.tasks.answer import ANSWER_SAMPLING, NOT_SAID, answer
 from longmem.tasks.chat import Chat
-from longmem.tasks.evidence import (
-    Checker,
-    added_words,
-    content_forms,
-    content_words,
-    grounding,
-    held,
-    nearest,
-    stretches,
-    support,
-)
-from longmem.tasks.reading import PassageFinder, Reading, rarity
+from longmem.tasks.evidence import Checker, added_words, content_words, grounding, held, nearest, stretches, support
+from longmem.tasks.reading import PassageFinder, Reading
 
 QUESTION = "What drifted over the harbour? A zeppelin?"
 
@@ -92,19 +82,6 @@ def test_the_nearest_sentence_holds_most_of_the_question_s_words():
     assert nearest("Who wrote it?", text) is None  # no content word of the question in it
     a, b = nearest("Where was the zeppelin?", text)
     assert text[a:b].startswith("A silver")  # the first of equals
-    rare = "The harbour was quiet and the harbour was grey. The zeppelin came."
-    a, b = nearest("What drifted over the harbour? The zeppelin?", rare, {"harbour": 0.5, "zeppelin": 3.0})
-    assert rare[a:b] == "The zeppelin came."  # one rare word outweighs a common one
-    assert content_forms("Mrs. Forrester's banks? The Forresters!") == {"mrs": "mrs", "forrester": "forrester",
-                                                                        "bank": "banks"}
-
-
-def test_rarity_weighs_a_question_s_words_by_how_few_passages_hold_them(loaded):
-    model, bank, memory = loaded
-    weights = rarity(bank, "Did the zeppelin pass the keeper at dawn?")
-    assert weights["zeppelin"] > weights["dawn"] > 0  # one passage tells of the zeppelin; dawn is everywhere
-    total, held = bank.passage_frequencies(["zeppelin", "dawn", "--"])
-    assert held["zeppelin"] == 1 and total >= held["dawn"] > 1 and held["--"] == 0
 
 
 def test_a_stretch_is_a_sentence_with_its_neighbours_near_the_question_s_words():

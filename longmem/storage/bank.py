@@ -387,11 +387,6 @@ class Bank(AppRecords, BankWrites):
         """Ids of the last ``k`` passages of the chapters ``labels``, the last first."""
         return bank_passages.last_of(self.db, labels, k)
 
-    def passage_frequencies(self, words: list[str]) -> tuple[int, dict[str, int]]:
-        """The number of passages, and how many of them hold each of ``words`` (as BM25 matches it): what an IDF
-        weight needs."""
-        return bank_passages.frequencies(self.db, words)
-
     def passages(self, ids: list[int]) -> list[Passage]:
         """Passages by id, with their places, in the order given."""
         return bank_passages.fetch(self.db, ids)

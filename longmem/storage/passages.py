@@ -229,20 +229,6 @@ def last_of(db: sqlite_utils.Database, labels: list[str], k: int) -> list[int]:
                                           "ORDER BY id DESC LIMIT ?", [*labels, k])]
 
 
-def frequencies(db: sqlite_utils.Database, words: list[str]) -> tuple[int, dict[str, int]]:
-    """How many passages there are, and how many hold each of ``words`` as the full-text index matches it; a word the
-    index cannot match (no letter or digit) counts 0."""
-    total = db.execute("SELECT count(*) FROM passages").fetchone()[0]
-    out = {}
-    for w in dict.fromkeys(words):
-        if not _WORD.search(w):
-            out[w] = 0
-            continue
-        quoted = '"' + w.replace('"', '""') + '"'
-        out[w] = db.execute("SELECT count(*) FROM passages_fts WHERE passages_fts MATCH ?", [quoted]).fetchone()[0]
-    return total, out
-
-
 def fetch(db: sqlite_utils.Database, ids: list[int]) -> list[Passage]:
     """The passages ``ids`` with their places, in the order given (ids no longer stored are left out)."""
     if not ids:

@@ -27,8 +27,7 @@ words), and those are seldom together near the question's words. When no sentenc
 The *support* of an answer in a passage is the sentence holding most of the answer's added words (ties: the one
 holding most of the question's words, then the first); the app marks it and the CLI prints it. A passage that
 supports nothing (all of them, when the reply is that the book does not say) is quoted by its sentence *nearest* the
-question: the one holding most of the question's words, the rarer in the book counting for more (``nearest``), where
-a reader looks for what was asked.
+question: the one holding most of the question's words (``nearest``), where a reader looks for what was asked.
 """
 
 from __future__ import annotations
@@ -168,25 +167,13 @@ def support(answer: str, question: str, text: str) -> Support | None:
     return best
 
 
-def content_forms(text: str) -> dict[str, str]:
-    """Each content word of ``text`` (``content_words``) by its stem, with its first form there (lower case)."""
-    words = (w.lower() for w in _WORD.findall(_POSSESSIVE.sub("", text)))
-    out: dict[str, str] = {}
-    for w in words:
-        if w not in STOPWORDS:
-            out.setdefault(stem(w), w)
-    return out
-
-
-def nearest(question: str, text: str, weights: dict[str, float] | None = None) -> tuple[int, int] | None:
-    """(start, end) in ``text`` of its sentence that holds most of ``question``'s content words, each once and
-    counted by its weight (``weights``, by stem: how rare the word is in the book, say; 1 when not given); the first
-    of equals; None when no sentence holds any."""
+def nearest(question: str, text: str) -> tuple[int, int] | None:
+    """(start, end) in ``text`` of its sentence that holds most of ``question``'s content words (each once; the first
+    of equals); None when none holds any."""
     asked = set(content_words(question))
-    weights = weights or {}
-    best, most = None, 0.0
+    best, most = None, 0
     for start, end in sentence_spans(text):
-        n = sum(weights.get(w, 1.0) for w in asked.intersection(content_words(text[start:end])))
+        n = len(asked.intersection(content_words(text[start:end])))
         if n > most:
             best, most = (start, end), n
     return best

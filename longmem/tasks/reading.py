@@ -33,7 +33,6 @@ Cite. What was read is returned with the answer (``Citation``): text, place, and
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -41,7 +40,7 @@ import torch
 from longmem.memory.memory import Memory, MemoryView
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, Passage
-from longmem.tasks.evidence import content_forms, nearest
+from longmem.tasks.evidence import nearest
 from longmem.tasks.sections import asks_ending, named_sections
 from longmem.text.passages import excerpt
 
@@ -268,10 +267,9 @@ def reading_prompt(question: str, found: list[Found]) -> str:
 def citations(bank: Bank, found: list[Found], question: str = "", context_chars: int = 600) -> list[Citation]:
     """What an answer to ``question`` read, numbered as in its prompt: each passage reflowed, in up to
     ``context_chars`` of its document's text on either side, cut at sentence bounds within reach, else at whole words
-    with "…" (``text.passages.excerpt``), with its sentence nearest the question (``Citation.nearest``, the question's
-    words weighed by ``rarity``). So ``text`` is found in ``context``, and the spans (``Citation.support``,
-    ``Citation.nearest``, computed from the citation's ``text``) index the reflowed text."""
-    weights = rarity(bank, question) if question else {}
+    with "…" (``text.passages.excerpt``), with its sentence nearest the question (``Citation.nearest``). So ``text`` is
+    found in ``context``, and the spans (``Citation.support``, ``Citation.nearest``, computed from the citation's
+    ``text``) index the reflowed text."""
     out = []
     for i, f in enumerate(found, 1):
         p = f.passage
@@ -281,16 +279,5 @@ def citations(bank: Bank, found: list[Found], question: str = "", context_chars:
         shown = excerpt(around[: p.char_start - lo], p.text, after, cut_before=lo > 0,
                         cut_after=len(after) == context_chars)
         out.append(Citation(number=i, document=p.document, place=p.place(), text=shown.text, context=shown.context,
-                            passage_id=p.id, finders=dict(f.ranks),
-                            nearest=nearest(question, shown.text, weights)))
+                            passage_id=p.id, finders=dict(f.ranks), nearest=nearest(question, shown.text)))
     return out
-
-
-def rarity(bank: Bank, question: str) -> dict[str, float]:
-    """How rare each of the question's content words (by stem) is among the bank's passages: its inverse document
-    frequency, log((N + 1) / (n + 0.5)) for a word n of the N passages hold (always > 0). Quoting a passage by the
-    sentence that holds the rarer question words showed the answer more often than by their count (``docs/design.md``,
-    "A passage that supports nothing")."""
-    forms = content_forms(question)
-    total, held = bank.passage_frequencies(list(forms.values()))
-    return {s: math.log((total + 1) / (held[w] + 0.5)) for s, w in forms.items()}
