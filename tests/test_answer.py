@@ -78,7 +78,7 @@ def test_the_checker_shows_supported_sentences_and_ends_at_the_first_unsupported
 def test_the_nearest_sentence_holds_most_of_the_question_s_words():
     text = "The harbour was quiet. A silver zeppelin drifted over the harbour at noon. The zeppelin left."
     a, b = nearest("What drifted over the harbour?", text)
-    assert text[a:b] == "A silver zeppelin drifted over the harbour at noon."  # 2 of its words, the first 1
+    assert text[a:b] == "A silver zeppelin drifted over the harbour at noon."  # 2 of the question's words, the first 1
     assert nearest("Who wrote it?", text) is None  # no content word of the question in it
     a, b = nearest("Where was the zeppelin?", text)
     assert text[a:b].startswith("A silver")  # the first of equals
