@@ -251,6 +251,8 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
             assert any(place.search(t) for t in places), places  # as the book gives it: part, chapter, where
             first.click()
             read.locator("details[open] blockquote mark").first.wait_for(timeout=10 * MS)
+            # its sentence that supports the answer (bold) or, where none does, the one nearest the question (italics)
+            read.locator("details[open] blockquote :is(b, i)").first.wait_for(timeout=10 * MS)
             read.evaluate("el => el.scrollIntoView({block: 'start'})")
             page.screenshot(path=str(shots / "5-citations.png"), full_page=True)
 
