@@ -144,15 +144,9 @@ def reading_documents(items: list[ReadingItem], books: dict[str, Document], segm
 def asked_books() -> set[str]:
     """The books the team's own question sets ask about (``longmem.eval.natural.TUNE_SETS`` and ``ASIDE_SETS``, the
     package's ``eval/data``): no reading item is made from them."""
-    from importlib import resources
+    from longmem.eval.natural import ASIDE_SETS, TUNE_SETS, package_set_path, read_questions
 
-    from longmem.eval.natural import ASIDE_SETS, TUNE_SETS
-
-    books = set()
-    for name in TUNE_SETS + ASIDE_SETS:
-        text = (resources.files("longmem.eval") / "data" / f"{name}.jsonl").read_text(encoding="utf-8")
-        books |= {json.loads(line)["book"] for line in text.splitlines() if line.strip()}
-    return books
+    return {q.book for name in TUNE_SETS + ASIDE_SETS for q in read_questions(package_set_path(name))}
 
 
 def answer_from(text: str) -> str | None:

@@ -104,11 +104,17 @@ def read_questions(path: Path) -> list[Question]:
     return out
 
 
+def package_set_path(name: str) -> Path | None:
+    """The file of the package's own question set ``name`` (``eval/data``: ``TUNE_SETS``, ``ASIDE_SETS``), or None."""
+    own = resources.files("longmem.eval") / "data" / f"{name}.jsonl"
+    return Path(str(own)) if own.is_file() else None
+
+
 def set_path(ctx: EvalContext, name: str) -> Path:
     """The file of question set ``name``: the package's own (``eval/data``), else the shared data's ``bookqa/``."""
-    own = resources.files("longmem.eval") / "data" / f"{name}.jsonl"
-    if own.is_file():
-        return Path(str(own))
+    own = package_set_path(name)
+    if own is not None:
+        return own
     path = ctx.data_dir / "bookqa" / f"{name}.jsonl"
     if not path.is_file():
         raise ValueError(f"natural.sets: no question set {name!r} (no {path}, and the package has none of that name)")
