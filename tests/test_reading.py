@@ -160,20 +160,6 @@ def test_a_question_naming_a_story_is_looked_for_in_it(collection):
     assert read == scoped[:PASSAGES_READ] and finder.find(question, Reading(sections=False)) == plain[:PASSAGES_READ]
 
 
-def test_a_named_story_is_searched_without_its_title_which_only_its_heading_holds(collection):
-    bank, finder = collection
-    label = "Chapter III: The Last Ferry"
-    ids = [p for p, in bank.db.execute("SELECT id FROM passages WHERE label = ? ORDER BY id", [label])]
-    heading, *rest = bank.passages(ids)
-    assert "The Last Ferry" in heading.text and not any("Ferry" in p.text for p in rest)
-    word = next(w for p in rest for w in p.text.lower().split() if w.isalpha() and len(w) > 4
-                and w not in heading.text.lower())  # a word of the story that its heading passage lacks
-    question = f"In 'The Last Ferry', what about the {word}?"
-    assert bank.search_passages(question, 10, [label])[0][0] == heading.id  # the title's words pull the heading up
-    found = finder.rank(question, "lexical", 10, sections=True)
-    assert word in found[0].passage.text.lower() and {f.passage.label for f in found} == {label}
-
-
 def test_a_question_about_how_a_story_ends_reads_its_last_passages(collection):
     bank, finder = collection
     last = [p for p, in bank.db.execute("SELECT id FROM passages WHERE label = 'Chapter II: The Iron Mill' "

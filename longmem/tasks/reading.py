@@ -41,7 +41,7 @@ from longmem.memory.memory import Memory, MemoryView
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, Passage
 from longmem.tasks.evidence import nearest
-from longmem.tasks.sections import asks_ending, named_sections, without_title
+from longmem.tasks.sections import asks_ending, named_sections
 from longmem.text.passages import excerpt
 
 FINDERS = ("lexical", "fused", "memory", "none")
@@ -196,16 +196,12 @@ class PassageFinder:
 
     def lexical(self, question: str, depth: int) -> list[tuple[int, float]]:
         """BM25's ``depth`` best (passage id, score) for ``question`` in the sections it names by title
-        (``tasks.sections``), looked for there without the title's mention (``sections.without_title``; with it when
-        the rest finds nothing), or in the whole bank when it names none or none of its words is there; when it asks
-        how something turns out there, the sections' last passages instead, the last first, scored 0."""
+        (``tasks.sections``), or in the whole bank when it names none or none of its words is there; when it asks how
+        something turns out there, the sections' last passages instead, the last first, scored 0."""
         named = named_sections(question, self.bank.chapter_labels())
         if named and asks_ending(question):
             return [(p, 0.0) for p in self.bank.last_passages(named, min(depth, ENDING_PASSAGES))]
-        within = []
-        if named:
-            within = (self.bank.search_passages(without_title(question, named), depth, named)
-                      or self.bank.search_passages(question, depth, named))
+        within = self.bank.search_passages(question, depth, named) if named else []
         return within or self.bank.search_passages(question, depth)
 
     def _ids(self, question: str) -> torch.Tensor:

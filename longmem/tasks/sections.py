@@ -64,25 +64,6 @@ def named_sections(question: str, labels: Iterable[str]) -> list[str]:
     return found
 
 
-def without_title(question: str, labels: Iterable[str]) -> str:
-    """``question`` less its mention of a title of ``labels`` (the longest, where several are named): what to look
-    for within the sections it names, whose title words would otherwise rank their heading first ("In 'The Voyage to
-    West Africa', who was the captain?" -> "In '', who was the captain?"). Words of the title said again outside the
-    mention stay ("... what is the name of Colonel Crane's house?"). ``question`` itself when it names none."""
-    spans = [m.span() for m in _WORD.finditer(question)]
-    qwords = [question[a:b].lower() for a, b in spans]
-    best: tuple[int, int] | None = None
-    for title in (t for label in labels for t in titles(label)):
-        words, n = _words(title), len(_words(title))
-        for i in range(len(qwords) - n + 1):
-            if qwords[i:i + n] == words and (best is None or n > best[1] - best[0]):
-                best = (i, i + n)
-                break
-    if best is None:
-        return question
-    return question[: spans[best[0]][0]] + question[spans[best[1] - 1][1]:]
-
-
 def asks_ending(question: str) -> bool:
     """Whether ``question`` asks how something turns out ("what finally happened", "who turned out to be", "at the
     end", "who really took"): see ``ENDING``."""
