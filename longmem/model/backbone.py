@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from longmem.model.linear import use_row_linears
 from longmem.util.cpu import cpu_bf16_features
 from longmem.util.data import cache_root
 from longmem.util.files import atomic_directory, file_sha256
@@ -211,6 +212,7 @@ class Backbone(nn.Module):
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
+        use_row_linears(self.model)  # one token's projections as matrix-vector products (``model.linear``)
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
         cfg = model.config
