@@ -83,6 +83,16 @@ def test_use_row_linears_shares_parameters_and_keeps_the_state_dict():
     assert use_row_linears(model) == 0  # nothing plain left
 
 
+def test_a_replaced_linear_keeps_its_hooks():
+    plain = nn.Linear(4, 4).to(torch.bfloat16)
+    seen = []
+    plain.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    holder = nn.Sequential(plain)
+    use_row_linears(holder)
+    holder(torch.randn(1, 4, dtype=torch.bfloat16))
+    assert type(holder[0]) is RowLinear and seen == [(1, 4)]
+
+
 @pytest.mark.parametrize("make", [tiny_llama, tiny_qwen2, tiny_gpt2], ids=["llama", "qwen2", "gpt2"])
 def test_a_backbone_decodes_the_same_with_row_linears(make, mv_calls):
     bb = make(dtype=torch.bfloat16)

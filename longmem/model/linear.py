@@ -31,12 +31,10 @@ class RowLinear(nn.Linear):
 
     @classmethod
     def sharing(cls, linear: nn.Linear) -> RowLinear:
-        """A ``RowLinear`` holding ``linear``'s own parameters (not copies), in its training mode."""
+        """A ``RowLinear`` that is ``linear`` in all but its class: the same parameters (not copies), hooks, training
+        mode and attributes (its ``__dict__``'s entries; ``linear`` is meant to be dropped for it)."""
         row = cls.__new__(cls)
-        nn.Module.__init__(row)
-        row.in_features, row.out_features = linear.in_features, linear.out_features
-        row.weight, row.bias = linear.weight, linear.bias
-        row.train(linear.training)
+        row.__dict__.update(linear.__dict__)
         return row
 
 
