@@ -1,5 +1,5 @@
 """One token's projections as matrix-vector products (``longmem.model.linear``): what ``F.linear`` gives (the same
-bits on the CPUs measured; compared here within bfloat16 rounding, as another CPU's kernels may sum in another
+bits on the CPU measured; compared here within bfloat16 rounding, as another CPU's kernels may sum in another
 order), taken only for one bfloat16 row on the CPU, and put in place inside every backbone family without changing
 what it computes."""
 

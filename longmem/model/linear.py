@@ -3,7 +3,7 @@
 Decoding runs every linear projection of the model on one row: the backbone's token-by-token passes (an answer's
 drafts, Continue's sampling) and the SideNet's one-token steps. On a CPU in bfloat16, ``F.linear`` on one row reads
 the weights at about 10 GB/s while ``torch.mv`` on the same weights reads them at about 14 GB/s; both accumulate in
-float32 and round once (the same bits on the CPUs measured; within rounding where kernels sum in another order).
+float32 and round once (the same bits on the CPU measured; within rounding where kernels sum in another order).
 ``RowLinear`` is an ``nn.Linear`` that takes the second path for exactly that case (one row, bfloat16, CPU) and
 ``F.linear`` for every other; ``use_row_linears`` puts it in place of a model's plain ``nn.Linear`` modules, sharing
 their parameters (tied weights stay tied, state dicts keep their keys). The measurement: ``docs/design.md``, "One
