@@ -146,6 +146,14 @@ def test_the_books_left_out_are_those_the_team_s_question_sets_ask_about():
     assert books == asked and len(books) >= 8
 
 
+def test_a_question_set_missing_from_the_package_is_named(monkeypatch):
+    import longmem.eval.natural as natural
+
+    monkeypatch.setattr(natural, "ASIDE_SETS", [*natural.ASIDE_SETS, "natural-gone"])
+    with pytest.raises(FileNotFoundError, match="'natural-gone'"):
+        asked_books()
+
+
 def split_books(root: Path) -> None:
     """A data folder: books a.txt (training split) and t.txt (test split), named in its MANIFEST.md."""
     books = root / "books"

@@ -144,9 +144,15 @@ def reading_documents(items: list[ReadingItem], books: dict[str, Document], segm
 def asked_books() -> set[str]:
     """The books the team's own question sets ask about (``longmem.eval.natural.TUNE_SETS`` and ``ASIDE_SETS``, the
     package's ``eval/data``): no reading item is made from them."""
-    from longmem.eval.natural import ASIDE_SETS, TUNE_SETS, package_set_path, read_questions
+    from longmem.eval import natural
 
-    return {q.book for name in TUNE_SETS + ASIDE_SETS for q in read_questions(package_set_path(name))}
+    books: set[str] = set()
+    for name in natural.TUNE_SETS + natural.ASIDE_SETS:
+        path = natural.package_set_path(name)
+        if path is None:  # a packaging fault: every book of every set must stay out of the items
+            raise FileNotFoundError(f"question set {name!r} is missing from the package's eval/data")
+        books |= {q.book for q in natural.read_questions(path)}
+    return books
 
 
 def answer_from(text: str) -> str | None:
