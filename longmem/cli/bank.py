@@ -47,8 +47,10 @@ def _list(text: str | None) -> list[str] | None:
 
 
 def load_memory(bank: Bank, model):
-    """The bank's memory in RAM (checked against the model), with a progress bar for big banks."""
-    with tqdm(unit="chunk", unit_scale=True, desc=f"loading {bank.name}", file=sys.stderr, leave=False) as bar:
+    """The bank's memory in RAM (checked against the model), with a progress bar for banks that take over half a
+    second to load (a quick one prints no bar)."""
+    with tqdm(unit="chunk", unit_scale=True, desc=f"loading {bank.name}", file=sys.stderr, leave=False,
+              delay=0.5) as bar:
         def update(done, total):
             bar.total = total
             bar.update(done - bar.n)
