@@ -143,7 +143,8 @@ def reading_documents(items: list[ReadingItem], books: dict[str, Document], segm
 
 def asked_books() -> set[str]:
     """The books the team's own question sets ask about (``longmem.eval.natural.TUNE_SETS`` and ``ASIDE_SETS``, the
-    package's ``eval/data``): no reading item is made from them."""
+    package's ``eval/data``): no reading item is made from them. A set the package lacks raises FileNotFoundError
+    naming it."""
     from longmem.eval import natural
 
     books: set[str] = set()
