@@ -72,7 +72,7 @@ class Size(ReadingSize):
     entrants: list[str] = field(default_factory=lambda: list(ENTRANTS))  # which entrants answer
 
 
-QUICK = Size(sets=["natural-dev"], questions=2, max_tokens=2048)
+QUICK = Size(sets=["natural-dev"], questions=2, max_tokens=2048, new_tokens=24)
 FULL = Size()
 
 
