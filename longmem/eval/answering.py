@@ -84,6 +84,9 @@ def label(key: str) -> str:
     return LABELS.get(key) or LEGACY_LABELS.get(key, key)
 
 
+QUICK_NEW_TOKENS = 24  # tokens per answer at the reading suites' CI size (``--quick``): short, every path still run
+
+
 @dataclass
 class ReadingSize:
     """The size fields of the suites whose entrants answer by reading (``bookqa``, ``natural``, ``facts``): how much

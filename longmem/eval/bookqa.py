@@ -30,6 +30,7 @@ import torch
 
 from longmem.eval.answering import (
     LABELS,
+    QUICK_NEW_TOKENS,
     Asked,
     Haystack,
     Reader,
@@ -73,7 +74,7 @@ class Size(SplicedSize):
     questions: int = 100  # SQuAD dev questions, one per paragraph, the same at every distance
 
 
-QUICK = Size(distances=[4096], questions=1, new_tokens=24)  # CI size: one question through all ten entrants
+QUICK = Size(distances=[4096], questions=1, new_tokens=QUICK_NEW_TOKENS)  # CI size: one question, all ten entrants
 FULL = Size()
 
 

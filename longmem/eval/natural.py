@@ -32,6 +32,7 @@ import numpy as np
 
 from longmem.eval.answering import (
     DEFAULT_READER,
+    QUICK_NEW_TOKENS,
     Asked,
     Reader,
     ReadingSize,
@@ -72,7 +73,7 @@ class Size(ReadingSize):
     entrants: list[str] = field(default_factory=lambda: list(ENTRANTS))  # which entrants answer
 
 
-QUICK = Size(sets=["natural-dev"], questions=2, max_tokens=2048, new_tokens=24)
+QUICK = Size(sets=["natural-dev"], questions=2, max_tokens=2048, new_tokens=QUICK_NEW_TOKENS)
 FULL = Size()
 
 
