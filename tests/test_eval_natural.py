@@ -150,6 +150,18 @@ def test_the_team_s_tuning_sets_ship_with_the_package_and_read_cleanly():
     assert not {q.book for q in answerable + unanswerable} & DEV_BOOKS
 
 
+def test_the_third_tuning_set_states_each_answer_in_its_evidence_on_books_of_its_own():
+    """natural-tune3 keeps a question only where an accepted answer is in the book's own words that state it."""
+    from longmem.eval.answering import contains
+    from longmem.eval.natural import ASIDE_SETS, TUNE_SETS, set_path
+
+    ctx = EvalContext(None, [], Path("/nonexistent"), Path("/nonexistent"))
+    third = read_questions(set_path(ctx, "natural-tune3"))
+    others = {q.book for n in TUNE_SETS + ASIDE_SETS if n != "natural-tune3" for q in read_questions(set_path(ctx, n))}
+    assert len(third) >= 190 and all(contains(q.evidence, q.answers) for q in third)
+    assert len({q.book for q in third}) == 6 and not {q.book for q in third} & (others | DEV_BOOKS)
+
+
 def test_the_sets_kept_aside_read_cleanly_and_share_no_book_with_the_others():
     """Questions kept aside (never tuned on) ask about books that neither the tuning nor the dev sets ask about."""
     from longmem.eval.natural import ASIDE_SETS, TUNE_SETS, set_path

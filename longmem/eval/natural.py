@@ -8,10 +8,10 @@ answers and ``why_unanswerable``. A set name is a file of the shared data's ``bo
 questions about two held-out books; ``natural-dev2``: 40 about two others; ``unanswerable-dev``: 30 the four books
 do not answer), or of this package's ``eval/data/`` (``natural-tune``, ``unanswerable-tune``: questions the team
 wrote on four books of the training split, the set its choices were tuned on; ``natural-tune2``,
-``unanswerable-tune2``: 48 and 16 more on two others, each naming its story or chapter as natural-dev2's do; the dev
-sets are not tuned on), or ``natural-aside``, ``unanswerable-aside``: 48 and 16 the team wrote on two more
-training-split books and keeps aside, asked once a change is chosen and never tuned on, so that a choice that only
-fits the sets it was made on shows as a gap there.
+``unanswerable-tune2``: 48 and 16 more on two others, each naming its story or chapter as natural-dev2's do;
+``natural-tune3``: 197 answerable ones on six more; the dev sets are not tuned on), or ``natural-aside``,
+``unanswerable-aside``: 48 and 16 the team wrote on two more training-split books and keeps aside, asked once a
+change is chosen and never tuned on, so that a choice that only fits the sets it was made on shows as a gap there.
 
 Each book is ingested once into a bank under the output folder (kept and reused by later runs). A passage read is
 gold when it overlaps the evidence; the oracles read the gold passages alone and skip unanswerable questions. An
@@ -54,7 +54,8 @@ from longmem.tasks.reading import Found
 
 DEV_SETS = ["natural-dev", "natural-dev2", "unanswerable-dev"]
 TUNE_SETS = ["natural-tune", "unanswerable-tune",  # the team's own, on training-split books (``eval/data``);
-             "natural-tune2", "unanswerable-tune2"]  # tune2: each question names its story or chapter, as natural-dev2
+             "natural-tune2", "unanswerable-tune2",  # tune2: each question names its story or chapter, as natural-dev2
+             "natural-tune3"]  # tune3: 197 more, answerable, on six other books (no unanswerable set of its own)
 ASIDE_SETS = ["natural-aside", "unanswerable-aside"]  # the team's own, kept aside: never tuned on (``eval/data``)
 ENTRANTS = ["app", "app_memory_off", "rag_bm25", "rag_embed", "oracle", "oracle_backbone"]
 TARGET_OF_ORACLE = 0.9  # the app's answered count against the backbone's oracle
