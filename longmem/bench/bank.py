@@ -61,6 +61,7 @@ from longmem.bench.limits import attention_rate, ceiling, ingest_flops, matmul_r
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.model.device import DeviceError, add_device_flag, resolve_device
 from longmem.tasks.reading import READING_TOPK, SEARCH_EXCERPTS
+from longmem.util.files import write_file_atomic
 
 TARGETS = {"ingest_share": 0.8, "ingest_vs_memorize": 0.9, "reopen_s": 3.0, "reopen_peak_vs_kv": 1.5,
            "with_passages_vs_without": 0.9, "passage_search_ms": 200.0, "first_token_s": 3.0}
@@ -425,7 +426,10 @@ def main(argv: list[str] | None = None) -> dict:
         out = fn(args)
         steal1, total1 = cpu_times()
         out["cpu_steal_pct"] = 100 * (steal1 - steal0) / max(1, total1 - total0)
-        print(json.dumps(out))
+        line = json.dumps(out)
+        print(line)  # the parent reads this last line (``spawn``)
+        if args.out:  # a scenario run on its own (``--scenario answer``) keeps its JSON where told, as a whole run does
+            write_file_atomic(args.out, (line + "\n").encode())
         return out
 
     t0 = time.perf_counter()
