@@ -401,8 +401,9 @@ def parse_args(argv):
     p.add_argument("--approx-from", type=int, default=0, metavar="CHUNKS",
                    help="answer scenario: search memory approximately (IVF) once it holds this many chunks (0: exact)")
     p.add_argument("--probes", type=int, default=None, help="IVF lists each query compares (default: a sixteenth)")
-    p.add_argument("--scenario", default=None, help="internal: run one scenario here ('ingest', 'build', 'reopen', "
-                                                    "'answer')")
+    p.add_argument("--scenario", default=None, help="run one scenario alone, in this process: 'ingest', or "
+                                                    "'reopen' / 'answer' on the bank 'big' that a whole run with the "
+                                                    "same --work built ('build' is a whole run's step)")
     p.add_argument("--source-bank", default=None, help="internal: the ingested bank to build from")
     p.add_argument("--cold", action="store_true", help="internal: drop the OS page cache before reopening")
     args = p.parse_args(argv)
