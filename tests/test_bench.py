@@ -67,15 +67,22 @@ def test_quick_benchmark_runs_end_to_end(tmp_path):
 def test_one_scenario_run_alone_writes_its_json_where_told(tmp_path):
     """``python -m longmem.bench.bank --scenario NAME --out F`` (how the notes time one scenario) writes the JSON it
     prints, not only a whole run does; the real backbone ingests a short text."""
-    out, book = tmp_path / "ingest.json", tmp_path / "book.txt"
+    out, book, work = tmp_path / "ingest.json", tmp_path / "captain.txt", tmp_path / "work"
     book.write_text("The captain's wife kept the house on the hill above the creek. " * 200, encoding="utf-8")
     proc = subprocess.run([sys.executable, "-m", "longmem.bench.bank", "--scenario", "ingest", "--work",
-                           str(tmp_path), "--text", str(book), "--ingest-tokens", "2048", "--reps", "1", "--out",
+                           str(work), "--text", str(book), "--ingest-tokens", "2048", "--reps", "1", "--out",
                            str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res == json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["tokens"] == 2048 and res["ingest_tok_s"] > 0
+
+
+def test_one_scenario_alone_without_work_is_refused_by_name():
+    from longmem.bench import bank
+
+    with pytest.raises(SystemExit, match="--scenario needs --work"):
+        bank.main(["--scenario", "answer", "--threads", "1"])
 
 
 def test_a_report_prints_json_then_the_table_and_writes_the_json(tmp_path, capsys):

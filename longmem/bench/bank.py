@@ -401,9 +401,9 @@ def parse_args(argv):
     p.add_argument("--approx-from", type=int, default=0, metavar="CHUNKS",
                    help="answer scenario: search memory approximately (IVF) once it holds this many chunks (0: exact)")
     p.add_argument("--probes", type=int, default=None, help="IVF lists each query compares (default: a sixteenth)")
-    p.add_argument("--scenario", default=None, help="run one scenario alone, in this process: 'ingest', or "
-                                                    "'reopen' / 'answer' on the bank 'big' that a whole run with the "
-                                                    "same --work built ('build' is a whole run's step)")
+    p.add_argument("--scenario", default=None, choices=["ingest", "build", "reopen", "answer"],
+                   help="run one scenario alone, in this process: 'ingest', or 'reopen' / 'answer' on the bank 'big' "
+                        "that a whole run with the same --work built ('build' is a whole run's step)")
     p.add_argument("--source-bank", default=None, help="internal: the ingested bank to build from")
     p.add_argument("--cold", action="store_true", help="internal: drop the OS page cache before reopening")
     args = p.parse_args(argv)
@@ -421,10 +421,18 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"error: {e}") from None
     setup_cpu(args.threads)
     if args.scenario is not None:
+        if args.work is None:
+            raise SystemExit("error: --scenario needs --work (the folder of the benchmark's banks)")
+        Path(args.work).mkdir(parents=True, exist_ok=True)
+        from longmem.storage import UnknownBank
+
         steal0, total0 = cpu_times()
         fn = {"ingest": scenario_ingest, "build": scenario_build, "reopen": scenario_reopen,
               "answer": scenario_answer}[args.scenario]
-        out = fn(args)
+        try:
+            out = fn(args)
+        except UnknownBank as e:  # 'reopen' or 'answer' alone, before a whole run built the bank
+            raise SystemExit(f"error: {e}; a whole run with this --work builds it") from None
         steal1, total1 = cpu_times()
         out["cpu_steal_pct"] = 100 * (steal1 - steal0) / max(1, total1 - total0)
         line = json.dumps(out)
