@@ -78,11 +78,12 @@ def test_one_scenario_run_alone_writes_its_json_where_told(tmp_path):
     assert res["tokens"] == 2048 and res["ingest_tok_s"] > 0
 
 
-def test_one_scenario_alone_without_work_is_refused_by_name():
-    from longmem.bench import bank
+def test_one_scenario_alone_without_work_is_refused_by_name(capsys):
+    from longmem.bench.bank import parse_args
 
-    with pytest.raises(SystemExit, match="--scenario needs --work"):
-        bank.main(["--scenario", "answer", "--threads", "1"])
+    with pytest.raises(SystemExit):
+        parse_args(["--scenario", "answer"])
+    assert "--scenario needs --work" in capsys.readouterr().err
 
 
 def test_a_report_prints_json_then_the_table_and_writes_the_json(tmp_path, capsys):

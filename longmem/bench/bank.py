@@ -407,6 +407,8 @@ def parse_args(argv):
     p.add_argument("--source-bank", default=None, help="internal: the ingested bank to build from")
     p.add_argument("--cold", action="store_true", help="internal: drop the OS page cache before reopening")
     args = p.parse_args(argv)
+    if args.scenario is not None and args.work is None:
+        p.error("--scenario needs --work (the folder of the benchmark's banks)")
     args.ingest_tokens = args.ingest_tokens or (4096 if args.quick else 16384)
     args.bank_tokens = args.bank_tokens or (65536 if args.quick else 1_000_000)
     args.reps = args.reps or (1 if args.quick else 4)
@@ -421,8 +423,6 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"error: {e}") from None
     setup_cpu(args.threads)
     if args.scenario is not None:
-        if args.work is None:
-            raise SystemExit("error: --scenario needs --work (the folder of the benchmark's banks)")
         Path(args.work).mkdir(parents=True, exist_ok=True)
         from longmem.storage import UnknownBank
 
