@@ -293,6 +293,9 @@ def scenario_answer(args) -> dict:
             "first_token_max_s": max(r["first_token_s"] for r in warm), "questions": rows}
 
 
+SCENARIOS = {"ingest": scenario_ingest, "build": scenario_build, "reopen": scenario_reopen, "answer": scenario_answer}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The parent
 
@@ -401,7 +404,7 @@ def parse_args(argv):
     p.add_argument("--approx-from", type=int, default=0, metavar="CHUNKS",
                    help="answer scenario: search memory approximately (IVF) once it holds this many chunks (0: exact)")
     p.add_argument("--probes", type=int, default=None, help="IVF lists each query compares (default: a sixteenth)")
-    p.add_argument("--scenario", default=None, choices=["ingest", "build", "reopen", "answer"],
+    p.add_argument("--scenario", default=None, choices=list(SCENARIOS),
                    help="run one scenario alone, in this process: 'ingest', or 'reopen' / 'answer' on the bank 'big' "
                         "that a whole run with the same --work built ('build' is a whole run's step)")
     p.add_argument("--source-bank", default=None, help="internal: the ingested bank to build from")
@@ -427,10 +430,8 @@ def main(argv: list[str] | None = None) -> dict:
         from longmem.storage import UnknownBank
 
         steal0, total0 = cpu_times()
-        fn = {"ingest": scenario_ingest, "build": scenario_build, "reopen": scenario_reopen,
-              "answer": scenario_answer}[args.scenario]
         try:
-            out = fn(args)
+            out = SCENARIOS[args.scenario](args)
         except UnknownBank as e:  # 'reopen' or 'answer' alone, before a whole run built the bank
             raise SystemExit(f"error: {e}; a whole run with this --work builds it") from None
         steal1, total1 = cpu_times()
