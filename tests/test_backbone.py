@@ -137,3 +137,38 @@ def test_keep_drops_unneeded_hidden_states(backbone):
     assert len(part) == len(full)
     assert [i for i, h in enumerate(part) if h is not None] == [0, 2]
     torch.testing.assert_close(part[2], full[2])
+
+
+def test_calls_from_two_threads_give_what_each_gives_alone(backbone):
+    """The app's chats run beside its ingestion jobs, in other threads, on one backbone: a pass stopped at a layer
+    (ingestion) and a whole pass (a chat) at the same time each return what they return alone, and the backbone
+    keeps all its layers. (Before calls were serialised, a whole pass begun during a stopped one ran the shorter
+    layer list, and could leave it in place.)"""
+    import threading
+
+    ids = random_ids(16)
+    whole, stopped = backbone(ids).hidden, backbone(ids, n_layers=1).hidden
+    stop, errors = threading.Event(), []
+
+    def ingest_like():
+        try:
+            while not stop.is_set():
+                out = backbone(ids, n_layers=1).hidden
+                assert len(out) == 2 and torch.equal(out[1], stopped[1])
+        except Exception as e:  # noqa: BLE001 (reported by the main thread)
+            errors.append(e)
+            stop.set()
+
+    t = threading.Thread(target=ingest_like)
+    t.start()
+    try:
+        for _ in range(200):
+            out = backbone(ids).hidden
+            assert len(out) == len(whole) and torch.equal(out[-1], whole[-1])
+            k, _ = backbone.layer_kv(backbone.spec.n_layers - 1, out[-2])  # the last layer, there between calls
+            assert k.shape[-2] == ids.shape[1]
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors[0]
+    assert len(backbone.layers) == backbone.spec.n_layers

@@ -22,6 +22,7 @@ import inspect
 import json
 import logging
 import os
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -235,6 +236,9 @@ class Backbone(nn.Module):
             self.spec = BackboneSpec("gpt2", len(base.h), cfg.n_embd, hq, hq, d, cfg.vocab_size, cfg.n_positions)
             self.ops = GPT2Ops(hq, d)
         self._fingerprint: str | None = None
+        # ``forward`` observes and stops the model by changing it (hooks on its layers, a shorter layer list) for the
+        # length of a call: one call at a time, whichever thread makes it (the app's chats beside its ingestion jobs)
+        self._running = threading.RLock()
         self._compiled: dict[int, Callable] = {}  # layer index -> its compiled forward (``compiled_layers``)
         # transformers >= 5.2x names the KV cache ``cache`` (argument and output) and deprecates ``past_key_values``
         self._cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
@@ -282,7 +286,8 @@ class Backbone(nn.Module):
 
     def layer_kv(self, layer_idx: int, h_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-RoPE keys/values (B, Hkv, T, d) of layer ``layer_idx`` given its input H_llm[layer_idx]."""
-        layer = self.layers[layer_idx]
+        with self._running:  # the layer list is whole between calls of ``forward``
+            layer = self.layers[layer_idx]
         _, k, v = self.ops.qkv(layer, self.ops.attn_norm(layer, h_in.to(self.dtype)))
         return k, v
 
@@ -331,44 +336,45 @@ class Backbone(nn.Module):
         replaces the output of layer i by ``fn(input of layer i)`` (how MemTRM inserts its memory layer); only
         then does the pass keep gradients (for the layers above i), otherwise it runs without them.
         ``keep`` names the hidden states to hold on to (all by default); the others are None in the result, so a
-        long input does not keep L'+1 copies of its activations alive.
+        long input does not keep L'+1 copies of its activations alive. Calls from several threads run one at a time.
         """
         n = self.spec.n_layers if n_layers is None else n_layers
         if not 0 <= n <= self.spec.n_layers:
             raise ValueError(f"n_layers must be in [0, {self.spec.n_layers}], got {n}")
-        hidden: list[torch.Tensor] = []
-        layers = list(self.layers)[: max(n, 1)]
+        with self._running:
+            hidden: list[torch.Tensor] = []
+            layers = list(self.layers)[: max(n, 1)]
 
-        def record(h: torch.Tensor) -> None:
-            hidden.append(h if keep is None or len(hidden) in keep else None)
+            def record(h: torch.Tensor) -> None:
+                hidden.append(h if keep is None or len(hidden) in keep else None)
 
-        def grab_input(_m, args, kwargs):
-            record(args[0] if args else kwargs["hidden_states"])
+            def grab_input(_m, args, kwargs):
+                record(args[0] if args else kwargs["hidden_states"])
 
-        def grab_output(_m, _args, _kwargs, out):
-            record(out[0] if isinstance(out, tuple) else out)
+            def grab_output(_m, _args, _kwargs, out):
+                record(out[0] if isinstance(out, tuple) else out)
 
-        handles = []
-        if override is not None:
-            idx, fn = override
+            handles = []
+            if override is not None:
+                idx, fn = override
 
-            def replace(_m, args, kwargs, out):
-                new = fn(args[0] if args else kwargs["hidden_states"])
-                return (new,) + tuple(out[1:]) if isinstance(out, tuple) else new
+                def replace(_m, args, kwargs, out):
+                    new = fn(args[0] if args else kwargs["hidden_states"])
+                    return (new,) + tuple(out[1:]) if isinstance(out, tuple) else new
 
-            handles.append(self.layers[idx].register_forward_hook(replace, with_kwargs=True))
-        handles.append(layers[0].register_forward_pre_hook(grab_input, with_kwargs=True))
-        handles += [layer.register_forward_hook(grab_output, with_kwargs=True) for layer in layers[:n]]
-        pos = None if positions is None else positions[None].to(input_ids.device)
-        try:
-            with self._only_first_layers(max(n, 1)), torch.set_grad_enabled(override is not None
-                                                                             and torch.is_grad_enabled()):
-                out = self.model.base_model(input_ids=input_ids, position_ids=pos, use_cache=use_cache,
-                                            **{self._cache_arg: past_key_values})
-        finally:
-            for hnd in handles:
-                hnd.remove()
-        return BackboneOutput(hidden=hidden[: n + 1], past_key_values=out[self._cache_arg] if use_cache else None)
+                handles.append(self.layers[idx].register_forward_hook(replace, with_kwargs=True))
+            handles.append(layers[0].register_forward_pre_hook(grab_input, with_kwargs=True))
+            handles += [layer.register_forward_hook(grab_output, with_kwargs=True) for layer in layers[:n]]
+            pos = None if positions is None else positions[None].to(input_ids.device)
+            try:
+                with self._only_first_layers(max(n, 1)), torch.set_grad_enabled(override is not None
+                                                                                 and torch.is_grad_enabled()):
+                    out = self.model.base_model(input_ids=input_ids, position_ids=pos, use_cache=use_cache,
+                                                **{self._cache_arg: past_key_values})
+            finally:
+                for hnd in handles:
+                    hnd.remove()
+            return BackboneOutput(hidden=hidden[: n + 1], past_key_values=out[self._cache_arg] if use_cache else None)
 
     # -- identity -------------------------------------------------------------------------------------------------
     def fingerprint(self) -> str:
