@@ -130,6 +130,7 @@ def test_the_matmul_rate_is_measured_on_the_model_s_shapes_and_dtype(family, dty
     model = tiny_model(family, dtype=getattr(torch, dtype))
     rate = matmul_rate(model, batch_segments=2, min_seconds=0.05, blocks=2)
     assert rate.gflops > 0 and rate.rows == 2 * model.segment_len and rate.dtype == dtype
+    assert 0 < rate.mean_gflops <= rate.gflops * (1 + 1e-9)  # over all the blocks: never above the best one
     assert len(rate.shapes) == sum(1 for p in model.backbone.layers[0].parameters() if p.dim() == 2)
     flops = ingest_flops(model)
     assert share(rate.gflops * 1e9 / flops.per_token, flops, rate) == pytest.approx(1.0)  # the rate itself: 100%
