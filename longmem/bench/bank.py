@@ -332,7 +332,7 @@ def markdown(r: dict) -> str:
         ("ingest / bare memorize", f"{ing['ratio']:.3f}", *goal("ingest_vs_memorize")),
         (f"matmul rate on the model's shapes ({ing['matmul']['rows']:,} rows, {ing['matmul']['dtype']}, "
          f"{ing['matmul']['threads']} threads), GFLOP/s: best block (over all blocks)",
-         f"{ing['matmul']['gflops']:.0f} ({ing['matmul'].get('mean_gflops', 0):.0f})", "", ""),
+         f"{ing['matmul']['gflops']:.0f} ({ing['matmul']['mean_gflops']:.0f})", "", ""),
         (f"ingestion work, GFLOP a token ({ing['flops']['layers']} layers; attention over {ing['flops']['segment_len']}"
          f"-token segments {100 * ing['flops']['attention'] / ing['flops']['per_token']:.0f}% of it)",
          f"{ing['flops']['per_token'] / 1e9:.3f}", "", ""),

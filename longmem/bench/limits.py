@@ -63,7 +63,7 @@ class MatmulRate:
     dtype: str
     threads: int
     seconds: float  # time measured (after the warm-up)
-    mean_gflops: float = 0.0  # over all the blocks: below ``gflops`` by as much as the machine's rate swings
+    mean_gflops: float  # over all the blocks: below ``gflops`` by as much as the machine's rate swings
 
     def to_dict(self) -> dict:
         return asdict(self)
