@@ -4,6 +4,9 @@
 #   (make test-fast: the unit tests only, no install step, for the edit-run loop)
 PY ?= python3
 ARGS ?=
+# The reader Chat answers with: auto (the best installed; `make run` fetches the 1.5B first), or default (the embedded
+# SmolLM2-135M: nothing is fetched), or a name or path as --backbone takes it
+READER ?= auto
 
 .PHONY: install install-gpu run test test-fast lint bench bench-bank bench-app reader screenshots gpu-wheels gpu-check
 install:
@@ -37,8 +40,12 @@ gpu-wheels:
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 		-d .whl $(GPU_WHEELS)
 
+# The app answers with the best reader: Qwen2.5-Coder-1.5B-Instruct (1,066 MiB, fetched once from pinned wheels and
+# kept only with its pinned SHA-256). Offline, or with READER=default, the embedded 135M answers instead.
 run: install
-	$(PY) app.py $(ARGS)
+	@if [ "$(READER)" = "auto" ]; then $(PY) -m longmem.cli.main models get qwen2.5-coder-1.5b || \
+		echo "(the 1.5B reader could not be fetched; the embedded SmolLM2-135M answers)"; fi
+	$(PY) app.py --reader $(READER) $(ARGS)
 
 test: install
 	$(PY) -m pytest -q
@@ -52,10 +59,11 @@ test-fast:
 lint: install
 	$(PY) -m ruff check .
 
-# A larger reader, opt-in: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, 469 MiB; Apache-2.0), fetched from pinned
-# wheels and checked by SHA-256 (longmem/model/downloads.py); then: python app.py --backbone qwen2.5-coder-0.5b
+# The larger readers (Q4_K_M GGUF, Apache-2.0), fetched from pinned wheels and checked by SHA-256
+# (longmem/model/downloads.py): Qwen2.5-Coder-1.5B-Instruct (1,066 MiB; `make run` fetches it too); the 0.5B (469 MiB)
+# by `longmem models get qwen2.5-coder-0.5b`
 reader: install
-	$(PY) -m longmem.cli.main models get qwen2.5-coder-0.5b
+	$(PY) -m longmem.cli.main models get qwen2.5-coder-1.5b
 
 bench: install
 	$(PY) -m longmem.bench.inference

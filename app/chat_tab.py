@@ -103,10 +103,19 @@ def context_html(c: Citation) -> str:
     return "".join(paragraphs)
 
 
-def citations_message(citations: list[Citation], said: bool = True) -> dict:
+def answered_by(reader: str | None, memory: bool = True) -> str:
+    """How the block of what an answer read names its reader, and whether it read the bank's memory ("" for a turn
+    stored before readers could be chosen)."""
+    if not reader:
+        return ""
+    return f" · answered by {reader}, " + ("with the bank's memory" if memory else "memory not read")
+
+
+def citations_message(citations: list[Citation], said: bool = True, reader: str | None = None,
+                      memory: bool = True) -> dict:
     """The block of what an answer read: each passage with its place and the sentence that supports the answer (else
     the one nearest the question, else its opening); opening one shows the passage, that sentence marked, in its
-    surrounding text."""
+    surrounding text. Its title names the reader that answered (``answered_by``)."""
     parts = []
     for c in citations:
         quote = c.quote()
@@ -115,7 +124,7 @@ def citations_message(citations: list[Citation], said: bool = True) -> dict:
                      f"<blockquote>{context_html(c)}</blockquote></details>")
     n = len(citations)
     title = (f"Read from the book: {n} passage{'s' * (n != 1)}" if said
-             else f"The closest passages the book has: {n}")
+             else f"The closest passages the book has: {n}") + answered_by(reader, memory)
     return {"role": "assistant", "content": "\n".join(parts), "metadata": {"title": title, "status": "done"}}
 
 
@@ -125,7 +134,7 @@ def history_messages(turns: list[dict]) -> list[dict]:
     for t in turns:
         out.append({"role": t["role"], "content": t["content"]})
         if t.get("citations"):
-            out.append(citations_message(t["citations"], t.get("said", True)))
+            out.append(citations_message(t["citations"], t.get("said", True), t.get("reader"), t.get("memory", True)))
         if t["retrieved"]:
             out.append(retrieved_message(t["retrieved"]))
     return out
@@ -202,6 +211,9 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
             with gr.Row():
                 bank = gr.Dropdown(label="Book (memory bank)", choices=[], allow_custom_value=True,
                                    elem_id="chat-bank", scale=3)
+                reader = gr.Dropdown(label="Reader (the model that answers)", choices=ws.readers(),
+                                     value=ws.default_reader, elem_id="chat-reader", scale=2,
+                                     info="another model than the bank's reads the passages found, memory off")
                 clear = gr.Button("Clear conversation", scale=1, elem_id="clear-chat")
             loading = gr.HTML(elem_id="chat-loading-panel")
     shared.remember(bank, "bank")
@@ -232,7 +244,10 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         job = ws.loading(name)
         if job is not None and job.active:
             raise ValueError(f"{name} is still loading ({100 * job.fraction:.0f}% read); ask when it is ready")
-        reply = ws.chat(name, q, make_settings(*s))
+        *s, who = s  # the reader comes last: API clients that leave it out get the default reader
+        settings = make_settings(*s)
+        settings.reader = who or None
+        reply = ws.chat(name, q, settings)
         stops.start(key, reply)
         history = list(history or []) + [{"role": "user", "content": q}, {"role": "assistant", "content": ""}]
         try:
@@ -246,7 +261,7 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         if was_stopped:  # an answer cut short is marked, and still shows what it read
             history[-1]["content"] = stopped_mark(history[-1]["content"])
         if reply.citations:
-            history.append(citations_message(reply.citations, reply.said))
+            history.append(citations_message(reply.citations, reply.said, reply.reader, reply.memory))
         if reply.retrieved:
             history.append(retrieved_message(reply.retrieved))
         yield history, "", gr.update(interactive=False)
@@ -271,10 +286,12 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
     gr.Timer(1.0).tick(poll, [bank, loading_now], [loading, loading_now, shared.version], show_progress="hidden",
                        queue=False, api_name="loading")
     for event, api in ((send.click, "chat"), (question.submit, None)):
-        wire(event, ask, [bank, question, chatbot, session, *settings], [chatbot, question, stop], notice,
+        wire(event, ask, [bank, question, chatbot, session, *settings, reader], [chatbot, question, stop], notice,
              show_progress_on=[chatbot], concurrency_id="model", concurrency_limit=1, api_name=api
              ).then(lambda: gr.update(interactive=False), None, [stop], queue=False, api_visibility="private")
     stop.click(stops.stop, [session], None, queue=False, api_visibility="private")
+    shared.version.change(lambda: gr.update(choices=ws.readers()), None, [reader], queue=False,
+                          api_visibility="private")  # a reader fetched in the Model tab is offered at once
     wire(clear.click, do_clear, [bank], [chatbot], notice, api_name="clear_chat")
     wire(chatbot.clear, do_clear, [bank], [chatbot], notice)  # its bin icon clears the stored conversation too
 

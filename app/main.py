@@ -33,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'default' (embedded SmolLM2-135M-Instruct), a local .gguf file or Hugging Face model dir")
     p.add_argument("--checkpoint", default=None, help="SideNet checkpoint directory (default: the shipped one)")
     p.add_argument("--untrained", action="store_true", help="use an untrained SideNet (reproduces the backbone)")
+    p.add_argument("--reader", default="auto",
+                   help="the model Chat answers with unless the tab is told another: 'auto' (the best installed: "
+                        "qwen2.5-coder-1.5b, then qwen2.5-coder-0.5b once fetched, else the embedded 135M; "
+                        "$LONGMEM_READER overrides), 'default' (the embedded SmolLM2-135M), or a name or path as "
+                        "--backbone takes it. Another model than the bank's reads with the bank's memory off")
     p.add_argument("--max-upload-mb", type=int, default=512, help="largest file accepted for upload, in MiB")
     ExtractLimits.add_arguments(p)  # what an upload may expand to: --max-chars, --max-unzipped-mb, ...
     add_runtime_flags(p)
@@ -67,7 +72,8 @@ def make_workspace(args):
         model = LongMemModel.from_config(LongMemConfig(backbone=args.backbone, dtype=args.dtype), device=device,
                                          pretrained=not args.untrained)
     return Workspace(model, BankDirectory(args.banks_dir), max_upload_bytes=args.max_upload_mb * 2**20,
-                     checkpoint=args.checkpoint, limits=ExtractLimits.from_args(args), dtype=args.dtype)
+                     checkpoint=args.checkpoint, limits=ExtractLimits.from_args(args), dtype=args.dtype,
+                     reader=args.reader)
 
 
 def launch(ws, args, block: bool = True):

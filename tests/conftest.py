@@ -4,6 +4,8 @@ checkpoint. Plain helpers are in ``helpers.py``, the tiny models in ``tiny.py``.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from helpers import story
@@ -15,6 +17,14 @@ from longmem.model.longmem import LongMemModel
 from longmem.storage import BankDirectory
 
 __all__ = ["VOCAB", "small_config", "tiny_backbone", "tiny_gpt2", "tiny_llama", "random_ids"]
+
+
+def pytest_configure(config) -> None:
+    """A reader fetched on this machine (``longmem models get``) never answers in a test: "auto" means the embedded
+    135M here, in this process and in the commands it starts (tests that choose a reader name it)."""
+    from longmem.model.readers import READER_ENV
+
+    os.environ[READER_ENV] = "default"
 
 
 @pytest.fixture(params=["llama", "qwen2", "gpt2"])

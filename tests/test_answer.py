@@ -11,7 +11,7 @@ import torch
 from helpers import story
 from tiny import chat_model, small_config, tiny_llama
 
-from longmem.eval.answering import Asked, Haystack, Reader, ReadingSize, says_not_said, scored
+from longmem.eval.answering import Asked, Entrants, Haystack, ReadingSize, says_not_said, scored
 from longmem.eval.datasets.recall import template_wording
 from longmem.ingest.pipeline import ingest
 from longmem.model.baselines import BackboneLM
@@ -376,10 +376,10 @@ def test_the_workspace_the_cli_and_the_eval_give_the_same_answer(saved, capsys, 
 
     with BankDirectory(banks).open("lib") as bank:
         memory = bank.load_memory(model)
-        reader = Reader(model, BackboneLM(model.backbone, model.segment_len), None,
-                        ReadingSize(entrants=["app"], **({} if checks else {"abstain": 0.0})))
+        entrants = Entrants(model, BackboneLM(model.backbone, model.segment_len), None,
+                            ReadingSize(entrants=["app"], **({} if checks else {"abstain": 0.0})))
         hay = Haystack(bank, memory, np.zeros(0, dtype=np.int64))
-        got = reader.answers({"app"}, Asked(question, ("zeppelin",), [], lambda f: False, []), hay, {"lexical": []})
+        got = entrants.answers({"app"}, Asked(question, ("zeppelin",), [], lambda f: False, []), hay, {"lexical": []})
     norm = " ".join
     assert norm(cli.split()) == norm(app.split()) == got["app"]["answer"]
     assert ANSWER_SAMPLING.temperature == 0 == Settings().temperature  # greedy by default everywhere

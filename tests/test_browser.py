@@ -308,3 +308,59 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
     assert not any("Traceback" in line for line in errors), f"errors in {log_path}: {errors}"
     for name in ("1-ingesting.png", "2-ingested.png", "3-streaming.png", "4-answered.png", "6-banks.png"):
         assert (shots / name).stat().st_size > 10_000, name
+
+
+def test_the_chat_tab_names_its_reader_and_answers_with_the_one_switched_to(chromium, tmp_path, monkeypatch):
+    """The app started with another reader than the bank's model (a tiny Qwen2 GGUF, where the 1.5B would be too slow
+    here): Chat names it, its answer's passages block says that it answered with the bank's memory not read; switched
+    to the embedded 135M (the bank's own model), the next answer says so, with the bank's memory."""
+    from tiny_gguf import tiny_gguf
+
+    sync_playwright = ensure_playwright()
+    monkeypatch.setenv("LONGMEM_CACHE_DIR", str(tmp_path / "cache"))  # the tiny reader's copy stays out of the user's
+    reader = tmp_path / "tiny-qwen.gguf"
+    tiny_gguf(reader, "qwen2", seed=3)
+    book = write_book(tmp_path / "gull_point.txt", entries=8)
+    page_errors: list[str] = []
+    with start_app(tmp_path / "app", extra_args=("--reader", str(reader))) as (proc, url, _), sync_playwright() as p:
+        browser = launch_chromium(p, chromium)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.set_default_timeout(60 * MS)
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+            page.goto(url, wait_until="domcontentloaded")
+            picker = page.locator("#chat-reader input[role=combobox]")
+            picker.wait_for()
+            assert picker.input_value() == "tiny-qwen"  # the reader the app was started with, by name
+            upload_file(page, "chat-book", book)
+            page.wait_for_function(
+                "() => { const p = document.querySelector('#chat-loading');"
+                " return p && p.dataset.status === 'done'; }", timeout=600 * MS)
+            wait_idle(page, "chatbot")
+
+            def ask(question: str) -> str:
+                page.locator("#question textarea").fill(question)
+                page.click("#send")
+                page.locator("#chatbot [data-testid=user]", has_text=question).wait_for()
+                page.locator("#chatbot .thought-group", has_text="answered by").nth(asked[0]).wait_for(
+                    timeout=300 * MS)
+                wait_idle(page, "chatbot", timeout_s=120)
+                asked[0] += 1
+                return page.locator("#chatbot .thought-group .title", has_text="answered by").last.inner_text()
+
+            asked = [0]
+            title = ask("Who kept the lighthouse on Gull Point?")
+            assert "answered by tiny-qwen, memory not read" in title, title
+            picker.click()
+            page.get_by_role("option", name="SmolLM2-135M-Instruct").click()
+            page.wait_for_function("() => document.querySelector('#chat-reader input[role=combobox]').value === "
+                                   "'SmolLM2-135M-Instruct'")
+            title = ask("What did the keeper polish every Sunday?")
+            assert "answered by SmolLM2-135M-Instruct, with the bank's memory" in title, title
+            page.screenshot(path=str(_shots_dir(tmp_path) / "reader-switched.png"), full_page=True)
+        finally:
+            browser.close()
+        assert proc.poll() is None, "the app exited during the test"
+    assert not page_errors, f"JavaScript errors in the page: {page_errors}"
+    errors = app_errors(tmp_path / "app" / "app.log")
+    assert not any("Traceback" in line for line in errors), errors

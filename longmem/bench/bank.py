@@ -25,7 +25,11 @@ Scenarios, each in a fresh Python process (``--scenario NAME``):
   memory finder: one pass of the model over the question with the whole memory attached) and answer through the
   app's own function (``tasks.answer``), timing the first piece the reader sees (an answer checked against what it
   read is shown whole, so that is the whole answer) and the whole answer. The first question is reported apart
-  (cold: first use of every path); the median is over the others.
+  (cold: first use of every path); the median is over the others. ``--reader NAME`` (``model.readers``): another
+  model reads the passages, memory off, as the chat does with it; then also the reader's RSS (the process's growth
+  when it loads, against its weights), its prefill rate over the reading prompts (one forward of each, no cache)
+  and its decoding rate (greedy, no stop, after the prompt) are reported: the excerpts' prefill is bound by compute,
+  decoding by memory bandwidth (every weight read once a token).
 
 The parent prints one JSON object (stdout) and a markdown table; progress goes to stderr.
 """
@@ -65,6 +69,8 @@ from longmem.util.files import write_file_atomic
 
 TARGETS = {"ingest_share": 0.8, "ingest_vs_memorize": 0.9, "reopen_s": 3.0, "reopen_peak_vs_kv": 1.5,
            "with_passages_vs_without": 0.9, "passage_search_ms": 200.0, "first_token_s": 3.0}
+READER_TARGETS = {"first_token_s": 6.0, "decode_tok_s": 8.0, "rss_vs_weights": 1.3}  # another reader (a 1.5B)
+DECODE_TOKENS = 32  # tokens decoded to time a reader's decoding
 QUESTIONS = ["Who is the narrator of this story?", "What is the name of Daisy's husband?", "Where does Gatsby live?",
              "What did the green light at the end of the dock mean?", "Who was driving the car that killed Myrtle?",
              "How did Nick know Tom Buchanan from college?", "What colour was the big car?", "When is the party?"]
@@ -245,13 +251,40 @@ def scenario_reopen(args) -> dict:
             "search_16_queries_s": search_s, "found_all": bool(found.mask.all())}
 
 
+def _reader_rates(lm, prompts: list) -> dict:
+    """A reader's prefill rate (tokens of the reading prompts ``prompts``, (1, T) each, over one forward each, no
+    cache) and decoding rate (``DECODE_TOKENS`` greedy tokens after the last prompt, none a stop), tok/s."""
+    from longmem.model.lm import Sampling
+
+    t0, n = time.perf_counter(), 0
+    for ids in prompts:
+        lm.step(ids, None)
+        n += ids.shape[1]
+    prefill_s = time.perf_counter() - t0
+    stamps = []
+    for _ in lm.generate(prompts[-1], None, Sampling(max_new_tokens=DECODE_TOKENS, temperature=0.0)):
+        stamps.append(time.perf_counter())
+    decode = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else float("nan")
+    return {"prefill_tok_s": n / prefill_s, "prefill_tokens": n, "decode_tok_s": decode, "decoded": len(stamps)}
+
+
 def scenario_answer(args) -> dict:
+    from longmem.model.readers import label, load_reader
     from longmem.storage import BankDirectory
     from longmem.tasks.answer import ANSWER_SAMPLING, answer
     from longmem.tasks.chat import Chat
     from longmem.tasks.reading import PassageFinder, Reading, reading_prompt
 
     model = _model(args)
+    reader, facts = model, {}
+    if args.reader:
+        rss0 = status_mb("VmRSS")
+        reader = load_reader(args.reader, model.backbone.dtype, model.backbone.device, model.segment_len)
+        params = list(reader.backbone.model.parameters())
+        weights = sum(p.numel() * p.element_size() for p in params) / 2**20
+        grown = status_mb("VmRSS") - rss0
+        facts = {"reader": label(args.reader), "reader_params": sum(p.numel() for p in params),
+                 "reader_weights_mb": weights, "reader_rss_mb": grown, "reader_rss_vs_weights": grown / weights}
     with BankDirectory(Path(args.work) / "banks").open("big") as bank:
         t0 = time.perf_counter()
         memory = bank.load_memory(model)
@@ -261,9 +294,9 @@ def scenario_answer(args) -> dict:
         finder = PassageFinder(bank, model, memory)
         reading = Reading(topk=args.reading_topk or None,  # as the app's chat reads, unless told
                           search_excerpts=args.search_excerpts == "yes")
-        rows = []
+        rows, prompts = [], []
         for q in QUESTIONS[: args.questions]:
-            chat = Chat(model, memory, ANSWER_SAMPLING)
+            chat = Chat(reader, memory if reader is model else None, ANSWER_SAMPLING)
             t1 = time.perf_counter()
             finder.find(q, reading)  # timed alone: what finding costs
             t2 = time.perf_counter()
@@ -274,12 +307,17 @@ def scenario_answer(args) -> dict:
             t3b = time.perf_counter()
             finder.find(q, Reading(finder="memory"))
             t4 = time.perf_counter()
+            prompts.append(chat.prompt_ids(q, reading_prompt(q, reply.found), history=False))
             rows.append({"question": q, "find_ms": 1000 * (t2 - t1), "first_token_s": t3 - t1,
                          "answer_s": t3b - t1, "said": reply.said, "memory_find_s": t4 - t3b,
-                         "prompt_tokens": int(chat.prompt_ids(q, reading_prompt(q, reply.found),
-                                                              history=False).shape[1])})
+                         "prompt_tokens": int(prompts[-1].shape[1])})
             log(f"{q!r}: first answer piece {t3 - t1:.2f} s (find {1000 * (t2 - t1):.0f} ms), whole answer "
                 f"{t3b - t1:.2f} s, memory finder {t4 - t3b:.2f} s")
+    if args.reader and prompts:
+        with torch.inference_mode():
+            facts |= _reader_rates(reader, [p.to(reader.backbone.device) for p in prompts])
+        log(f"{facts['reader']}: prefill {facts['prefill_tok_s']:.0f} tok/s, decoding {facts['decode_tok_s']:.1f} "
+            f"tok/s, RSS +{facts['reader_rss_mb']:.0f} MiB for {facts['reader_weights_mb']:.0f} MiB of weights")
     warm = rows[1:] or rows
     chunks = reading.chunks(memory, ["read"], model.config.topk)
     return {"tokens": len(memory), "topk": (chunks or model.config.topk // memory.chunk_size) * memory.chunk_size,
@@ -287,7 +325,7 @@ def scenario_answer(args) -> dict:
             "search": f"approximate from {args.approx_from:,} chunks, probes {args.probes or 'default'}"
             if args.approx_from else "exact",
             "searching": "every prompt token" if reading.search_excerpts else "the question",
-            "load_memory_s": load_s, "cold": rows[0],
+            "load_memory_s": load_s, "cold": rows[0], **facts,
             **{k: statistics.median(r[k] for r in warm) for k in ("find_ms", "first_token_s", "answer_s",
                                                                    "memory_find_s", "prompt_tokens")},
             "first_token_max_s": max(r["first_token_s"] for r in warm), "questions": rows}
@@ -314,6 +352,43 @@ def spawn(name: str, args, **extra) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"scenario {name!r} failed (exit {proc.returncode})")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def answer_targets(answer: dict) -> dict:
+    """The answer scenario's targets: the first answer piece (3 s with the bank's model, 6 s with another reader),
+    and for another reader its decoding rate and its RSS against its weights."""
+    if "reader" not in answer:
+        return {"first_token_s": target(answer["first_token_s"], TARGETS["first_token_s"], False,
+                                        tokens=answer["tokens"])}
+    return {"reader_first_token_s": target(answer["first_token_s"], READER_TARGETS["first_token_s"], False,
+                                           tokens=answer["tokens"]),
+            "reader_decode_tok_s": target(answer["decode_tok_s"], READER_TARGETS["decode_tok_s"], True),
+            "reader_rss_vs_weights": target(answer["reader_rss_vs_weights"], READER_TARGETS["rss_vs_weights"], False)}
+
+
+def answer_rows(a: dict, goal) -> list[tuple[str, str, str, str]]:
+    """The answer scenario's rows of the table (``goal(key)``: a target's cells)."""
+    n = len(a["questions"]) - 1
+    if "reader" in a:
+        how = f"{a['reader']} reading, memory off"
+        first = goal("reader_first_token_s")
+    else:
+        how = f"K = {a['topk']}, {a['search']} search, {a.get('searching', 'every prompt token')} searches memory"
+        first = goal("first_token_s")
+    rows = [("answer: load the bank's memory with the model, s", f"{a['load_memory_s']:.1f}", "", ""),
+            (f"answer: first answer piece with reading (BM25 passages, {a['prompt_tokens']:.0f}-token prompt, {how}), "
+             f"s, median of {n} (max {a['first_token_max_s']:.2f}; first question {a['cold']['first_token_s']:.2f})",
+             f"{a['first_token_s']:.2f}", *first),
+            ("answer: the memory finder (the question through the model, memory attached), s",
+             f"{a['memory_find_s']:.2f}", "", "")]
+    if "reader" in a:
+        rows += [(f"answer: {a['reader']}'s prefill of the reading prompts ({a['prefill_tokens']:,} tokens), tok/s",
+                  f"{a['prefill_tok_s']:.0f}", "", ""),
+                 (f"answer: {a['reader']}'s decoding ({a['decoded']} greedy tokens), tok/s", f"{a['decode_tok_s']:.1f}",
+                  *goal("reader_decode_tok_s")),
+                 (f"answer: RSS growth when {a['reader']} loads / its weights ({a['reader_weights_mb']:,.0f} MiB)",
+                  f"{a['reader_rss_vs_weights']:.2f}", *goal("reader_rss_vs_weights"))]
+    return rows
 
 
 def markdown(r: dict) -> str:
@@ -356,15 +431,7 @@ def markdown(r: dict) -> str:
         rows.append(("reopen, cold file cache (OS page cache dropped), s", f"{cold['s']:.2f}", "", ""))
     a = r.get("answer")
     if a is not None:
-        n = len(a["questions"]) - 1
-        rows += [("answer: load the bank's memory with the model, s", f"{a['load_memory_s']:.1f}", "", ""),
-                 (f"answer: first answer token with reading (BM25 passages, {a['prompt_tokens']:.0f}-token prompt, "
-                  f"K = {a['topk']}, {a['search']} search, {a.get('searching', 'every prompt token')} searches "
-                  f"memory), s, median of {n} (max {a['first_token_max_s']:.2f}; "
-                  f"first question {a['cold']['first_token_s']:.2f})", f"{a['first_token_s']:.2f}",
-                  *goal("first_token_s")),
-                 ("answer: the memory finder (the question through the model, memory attached), s",
-                  f"{a['memory_find_s']:.2f}", "", "")]
+        rows += answer_rows(a, goal)
     rows += [(f"reopen peak RSS increment, MiB (K/V {warm['kv_mb']:.0f} MiB, index {warm['index_mb']:.0f} MiB)",
               f"{warm['peak_increment_mb']:.0f}", "", ""),
              ("reopen peak RSS increment / K/V size", f"{warm['peak_increment_vs_kv']:.2f}",
@@ -402,6 +469,9 @@ def parse_args(argv):
                         "the chat's; 0: the model's own K)")
     p.add_argument("--search-excerpts", choices=("yes", "no"), default="yes" if SEARCH_EXCERPTS else "no",
                    help="answer scenario: whether the excerpts' tokens search memory too (default: the chat's)")
+    p.add_argument("--reader", default="", metavar="MODEL",
+                   help="answer scenario: another model reads the passages, memory off, as `longmem chat --reader` "
+                        "(a name or path; default: the bank's own model); its RSS, prefill and decoding rates too")
     p.add_argument("--approx-from", type=int, default=0, metavar="CHUNKS",
                    help="answer scenario: search memory approximately (IVF) once it holds this many chunks (0: exact)")
     p.add_argument("--probes", type=int, default=None, help="IVF lists each query compares (default: a sixteenth)")
@@ -460,8 +530,8 @@ def main(argv: list[str] | None = None) -> dict:
                 "peak_increment_vs_kv": max(w["peak_increment_vs_kv"] for w in warm_runs)}
         log(f"scenario 4/4: ask it {args.questions} questions with the model (fresh process)")
         search = {"approx_from": args.approx_from, "reading_topk": args.reading_topk,
-                  "search_excerpts": args.search_excerpts,
-                  **({"probes": args.probes} if args.probes else {})}
+                  "search_excerpts": args.search_excerpts, **({"probes": args.probes} if args.probes else {}),
+                  **({"reader": args.reader} if args.reader else {})}
         answer = spawn("answer", args, questions=args.questions, **search) if args.questions > 0 else None
     finally:
         if own_work:
@@ -475,8 +545,7 @@ def main(argv: list[str] | None = None) -> dict:
                "passage_search_ms": target(warm["passage_search_ms"], TARGETS["passage_search_ms"], False,
                                            tokens=warm["tokens"])}
     if answer is not None:
-        targets["first_token_s"] = target(answer["first_token_s"], TARGETS["first_token_s"], False,
-                                          tokens=answer["tokens"])
+        targets |= answer_targets(answer)
     results = {"machine": machine_facts(args.dtype, args.threads), "backbone": ingest.get("backbone"),
                "quick": args.quick, "kv_dtype": "bfloat16",
                "ingest": ingest, "build": build, "reopen_warm": warm, "answer": answer, "reopen_all_warm": warm_runs,

@@ -66,6 +66,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "SideNet's is 1,024); part of a resumed unit's signature")
     p.add_argument("--full-context", type=int, default=None,
                    help="context of the full-attention backbone row (default: the backbone's native context)")
+    p.add_argument("--reader", default=None, metavar="MODEL",
+                   help="the model the reading suites' app entrants and RAG baselines read with (natural, bookqa, "
+                        "facts: their reader setting), memory off, over the banks of --backbone: a name as `longmem "
+                        "chat --reader` takes it (auto: the best installed)")
     p.add_argument("--set", action="append", default=[], metavar="SUITE.FIELD=VALUE",
                    help="change one size setting, e.g. icl.seeds=2 or books.books=4 (lists: comma-separated)")
     p.add_argument("--seed", type=int, default=0, help="first seed (demonstrations, test samples, items)")
@@ -256,9 +260,14 @@ def compare_runs(out: Path, against: str | None) -> int:
     return 0
 
 
+READING_SUITES = ("natural", "bookqa", "facts")  # the suites whose entrants answer by reading (``ReadingSize``)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.reader:
+        args.set += [f"{suite}.reader={args.reader}" for suite in READING_SUITES]
     try:
         overrides = parse_overrides(args.set)
     except ValueError as e:

@@ -116,9 +116,10 @@ def _chat_bank(args, model, stack: contextlib.ExitStack, source):
     return None
 
 
-def _questions(args) -> Iterator[str]:
+def _questions(args, echo: bool = True) -> Iterator[str]:
     if args.ask:
-        print(f"> {args.ask}")
+        if echo:
+            print(f"> {args.ask}")
         yield args.ask
         return
     while True:
@@ -133,6 +134,30 @@ def _questions(args) -> Iterator[str]:
             yield question
 
 
+def _chat_reader(args, model):
+    """The chat's reader, its name and whether it is the bank's own model: ``--reader`` (None: the model of
+    ``--backbone`` or ``--checkpoint`` when one is given, else the best installed reader, ``readers.choose``); the
+    bank's own model when that is the reader named, else the named model's frozen backbone, memory off."""
+    from longmem.model import readers
+
+    own = (model, readers.label(model.config.backbone), True)
+    if args.reader is None and (args.checkpoint or args.backbone != "default" or args.untrained):
+        return own
+    name = readers.choose(args.reader)
+    if readers.same_model(name, model.config.backbone):
+        return own
+    return readers.load_reader(name, args.dtype, model.backbone.device), readers.label(name), False
+
+
+def _reply_json(reply, reader: str) -> str:
+    """One answer as ``--json`` prints it: {"answer", "said", "reader", "memory", "passages"}."""
+    import json
+
+    passages = [{"document": c.document, "place": c.place, "text": c.text} for c in reply.citations]
+    return json.dumps({"answer": reply.text, "said": reply.said, "reader": reader, "memory": reply.memory,
+                       "passages": passages}, ensure_ascii=False)
+
+
 def cmd_chat(args) -> int:
     from longmem.ingest.readers import open_source
     from longmem.tasks.answer import answer
@@ -141,6 +166,8 @@ def cmd_chat(args) -> int:
 
     if args.file and args.bank:
         raise ValueError("give --file or --bank, not both (`longmem bank ingest NAME FILE` adds a file to a bank)")
+    if args.json and not args.ask:
+        raise ValueError("--json answers one question: give it with --ask")
     reading = Reading(finder=args.finder, passages=args.passages,  # bad settings fail before the model loads
                       **({} if args.abstain == "yes" else {"abstain": 0.0}))
     with contextlib.ExitStack() as stack:
@@ -148,15 +175,25 @@ def cmd_chat(args) -> int:
         source = stack.enter_context(open_source(args.file)) if args.file else None
         _check_bank(args)
         model = _load_model(args)
+        reader, name, own = _chat_reader(args, model)
         bank = _chat_bank(args, model, stack, source)
         memory = cli_bank.load_memory(bank, model) if bank is not None else model.new_memory(capacity=None)
         finder = PassageFinder(bank, model, memory) if bank is not None and args.finder != "none" else None
-        chat = Chat(model, memory, _sampling(args))
-        for question in _questions(args):
+        chat = Chat(reader, memory if own else None, _sampling(args))
+        if not own and not args.json:
+            print(f"[{name} reads the passages found; the bank's memory is not read]", file=sys.stderr)
+        for question in _questions(args, echo=not args.json):
             try:
-                reply = answer(chat, finder, question, reading)
+                reply = answer(chat, finder, question, reading, reader=name)
             except ValueError as e:  # a question that cannot be asked: say why and go on
                 print(f"error: {e}", file=sys.stderr)
+                if args.json:
+                    return 2
+                continue
+            if args.json:
+                for _ in reply:
+                    pass
+                print(_reply_json(reply, name))
                 continue
             for piece in reply:
                 print(piece, end="", flush=True)
@@ -258,6 +295,16 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--abstain", default="yes", choices=["yes", "no"],
                       help="say that the book does not say when the passages read do not hold the answer's words "
                            "(yes), or show every answer as made (no)")
+    chat.add_argument("--reader", default=None,
+                      help="the model that reads the passages found and answers: 'auto' (the best installed: "
+                           "qwen2.5-coder-1.5b, then qwen2.5-coder-0.5b once fetched with `longmem models get`, else "
+                           "'default', the embedded SmolLM2-135M; $LONGMEM_READER overrides), or a name or path as "
+                           "--backbone takes it. Another model than the bank's reads with the bank's memory off, no "
+                           "re-ingestion needed. Default: the --backbone model when --backbone or --checkpoint is "
+                           "given, else auto")
+    chat.add_argument("--json", action="store_true",
+                      help="with --ask: print one JSON object, {answer, said (false: the book does not say), reader, "
+                           "memory (read or not), passages: [{document, place, text}]}")
     _model_args(chat)
     _sampling_args(chat, ANSWER_SAMPLING.max_new_tokens, ANSWER_SAMPLING.temperature)
 

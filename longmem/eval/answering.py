@@ -62,7 +62,7 @@ from longmem.tasks.reading import (
 from longmem.util.files import write_file_atomic
 
 FINDER_ENTRANTS = {"app": DEFAULT_FINDER, "longmem_memory": "memory", "longmem_fused": "fused"}
-DEFAULT_READER = "app"  # what the app's chat does
+APP_ENTRANT = "app"  # what the app's chat does
 LABELS = {
     "app": f"the app's answer: LongMem reading what {DEFAULT_FINDER} finding finds, with its checks",
     "app_memory_off": "the app's answer with the memory off (the SideNet alone)",
@@ -106,6 +106,9 @@ class ReadingSize:
     sections: bool = Reading.sections  # the app looks in the section a question names, as the chat does (the RAG
     #                                    baselines never: plain BM25)
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
+    reader: str = ""  # the model the app's entrants, the RAG baselines and the backbone's oracle read with ("": the
+    #                   LongMem model's own backbone; a name as ``longmem chat --reader`` takes it: the app then reads
+    #                   with memory off, as the chat does with another reader)
 
 
 @dataclass
@@ -215,7 +218,7 @@ def says_not_said(answer: str) -> float:
 
 def scored(got: str | dict, golds) -> dict:
     """An answer with its scores: contains a gold answer (a question with no gold: says that the book does not say),
-    SQuAD EM and F1; an entrant's reply (``Reader.answers``) also keeps whether it was shown and its draft, and
+    SQuAD EM and F1; an entrant's reply (``Entrants.answers``) also keeps whether it was shown and its draft, and
     whether what its citations quote (``Citation.quote``) holds a gold answer."""
     reply = got if isinstance(got, dict) else {"answer": got}
     text = reply["answer"]
@@ -254,21 +257,29 @@ class FixedFinder:
 
 
 @dataclass
-class Reader:
+class Entrants:
     """How the entrants read: the run's size and the baselines' models (``backbone``: LongMem's window, no memory;
-    ``full``: the backbone's native context)."""
+    ``full``: the backbone's native context). With another reader (``ReadingSize.reader``), ``app`` is that reader:
+    the app's entrants (``FINDER_ENTRANTS``) read with it, memory off, and ``backbone`` (the RAG baselines, the
+    backbone's oracle) is it too, so that the app is measured against RAG with the same reader."""
 
     model: object  # the LongMem model
     backbone: object
     full: object
     size: ReadingSize
     embedder: object = None  # needed by ``rag_embed``
+    app: object = None  # the model the app's entrants read with (None: ``model``, with the bank's memory)
+
+    @property
+    def app_reader(self):
+        return self.app if self.app is not None else self.model
 
     def answers(self, want: set[str], asked: Asked, hay: Haystack, reads: dict) -> dict[str, dict]:
         """The wanted entrants' replies to one question (entrant -> {"answer", and for the app "said" and "draft"});
         appends to ``reads`` (finder -> list) whether each finder read a gold passage."""
         model, q = self.model, asked.question
         finder = PassageFinder(hay.bank, model, hay.memory, hay.places)
+        app, app_memory = self.app_reader, hay.memory if self.app is None else None
         got = {}
 
         def ask(lm, memory, finder, reading: Reading) -> dict:
@@ -276,7 +287,7 @@ class Reader:
             reply = answer(Chat(lm, memory, self.sampling()), finder, q, reading, whole_draft=True)
             text = " ".join("".join(reply).split())
             out = {"answer": text, "found": reply.found}
-            if lm is model and reading.abstain > 0 and finder is not None:
+            if lm is app and reading.abstain > 0 and finder is not None:
                 out |= {"said": reply.said, "draft": " ".join((reply.draft or text).split()),
                         "quoted": [c.quote().removesuffix("…") for c in reply.citations]}  # the scorer keeps "…"
             return out
@@ -287,10 +298,10 @@ class Reader:
             if how not in reads:
                 continue
             if key in want:
-                got[key] = ask(model, hay.memory, finder, self.reading(how))
+                got[key] = ask(app, app_memory, finder, self.reading(how))
                 found = got[key]["found"]
             else:  # only what it finds is recorded
-                found = find_for_chat(finder, Chat(model, hay.memory, self.sampling()), q, self.reading(how))
+                found = find_for_chat(finder, Chat(app, app_memory, self.sampling()), q, self.reading(how))
             reads[how].append(any(map(asked.is_gold, found)))
             if key == "app" and "app_memory_off" in want:
                 got["app_memory_off"] = ask(model, None, finder, self.reading(how))
@@ -344,18 +355,24 @@ class Reader:
         return [Found(refs[p], s, {"embed": i}) for i, (p, s) in enumerate(ranked, 1) if p in refs]
 
 
-def reader_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Reader:
+def entrants_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Entrants:
     """How ``size``'s entrants read, after checking its entrants and ``reading_topk`` (0: the model's own K); the
-    embedder is loaded only when embedding RAG runs."""
+    embedder is loaded only when embedding RAG runs. ``size.reader`` is resolved here ("auto": the best installed,
+    ``model.readers.choose``; the LongMem model's own backbone: ""), so that the run's record names the reader."""
     from longmem.model.baselines import BackboneLM
     from longmem.model.embedder import Embedder
+    from longmem.model.readers import choose, load_reader, same_model
 
     check_entrants(suite, size.entrants)
     if size.reading_topk < 0:
         raise ValueError(f"{suite}.reading_topk must be >= 0 (0: the model's K), got {size.reading_topk}")
     model, bb = ctx.model, ctx.model.backbone
-    return Reader(model, BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions), size,
-                  Embedder.load() if "rag_embed" in size.entrants else None)
+    size.reader = choose(size.reader) if size.reader else ""
+    if size.reader and same_model(size.reader, model.config.backbone):
+        size.reader = ""  # the LongMem model's own backbone: the app reads as it does
+    app = load_reader(size.reader, bb.dtype, bb.device, model.segment_len) if size.reader else None
+    return Entrants(model, app or BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions), size,
+                    Embedder.load() if "rag_embed" in size.entrants else None, app)
 
 
 def summary(rows: list[dict]) -> dict:
@@ -368,7 +385,7 @@ def summary(rows: list[dict]) -> dict:
 def versus_notes(avg: dict[str, float]) -> list[str]:
     """The targets' comparisons on the entrants' average answered %: the app's default reader against its oracle
     (target >= 90%) and against the two RAG baselines."""
-    notes, me = [], DEFAULT_READER
+    notes, me = [], APP_ENTRANT
     if {me, "oracle"} <= avg.keys():
         oracle = avg["oracle"]
         notes.append(f"LongMem reading as the app does ({FINDER_ENTRANTS[me]}) answers {avg[me]:.1f}% on average, "

@@ -32,13 +32,13 @@ from longmem.eval.answering import (
     LABELS,
     QUICK_NEW_TOKENS,
     Asked,
+    Entrants,
     Haystack,
-    Reader,
     ReadingSize,
+    entrants_for,
     finders,
     indexed_haystack,
     label,
-    reader_for,
     scored,
     summary,
     text_bank,
@@ -129,10 +129,10 @@ def run(ctx: EvalContext) -> SuiteResult:
     size: Size = ctx.size("bookqa", QUICK, FULL)
     timer = Timer()
     chosen_blocks("bookqa", size, size.questions)  # a block number the size does not have fails before any work
-    reader = reader_for(ctx, size, "bookqa")
+    entrants = entrants_for(ctx, size, "bookqa")
     qas = items(ctx, size.questions)
     stream, borrowed = filler(ctx, max(size.distances))
-    results, gold_read, seconds, commits = answer_at_distances(ctx, size, "bookqa", qas, stream, reader, timer)
+    results, gold_read, seconds, commits = answer_at_distances(ctx, size, "bookqa", qas, stream, entrants, timer)
     return _result(ctx, size, chosen_items("bookqa", size, qas), results, gold_read, borrowed, seconds, commits)
 
 
@@ -157,7 +157,7 @@ def chosen_items(suite: str, size: SplicedSize, qas: list[QA]) -> list[QA]:
     return [qa for b in chosen_blocks(suite, size, len(qas)) for qa in qas[b:b + size.block]]
 
 
-def answer_at_distances(ctx: EvalContext, size, suite: str, qas: list[QA], stream: np.ndarray, reader: Reader,
+def answer_at_distances(ctx: EvalContext, size, suite: str, qas: list[QA], stream: np.ndarray, entrants: Entrants,
                         timer: Timer) -> tuple[dict, dict, float, list[str]]:
     """Every entrant of ``size.entrants`` answering each of ``qas`` (those of the chosen blocks: ``chosen_blocks``)
     with its passage spliced ``d`` tokens of ``stream`` before it, for each ``d`` of ``size.distances``; blocks of
@@ -173,7 +173,7 @@ def answer_at_distances(ctx: EvalContext, size, suite: str, qas: list[QA], strea
         blocks = [(f"{d}/{b}", block) for b, block in chosen]
         todo = [(key, block) for key, block in blocks if units.get(key) is None]
         if todo:
-            _at_distance(ctx, size, suite, d, todo, stream, reader, timer, units.put)
+            _at_distance(ctx, size, suite, d, todo, stream, entrants, timer, units.put)
         done = [units.get(key) for key, _ in blocks]
         seconds += sum(u["seconds"] for u in done)
         for k in size.entrants:
@@ -185,7 +185,7 @@ def answer_at_distances(ctx: EvalContext, size, suite: str, qas: list[QA], strea
 
 
 def _at_distance(ctx: EvalContext, size, suite: str, d: int, blocks: list[tuple[str, list[QA]]], stream: np.ndarray,
-                 reader: Reader, timer: Timer, put) -> None:
+                 entrants: Entrants, timer: Timer, put) -> None:
     """Every entrant's answer to each block's questions with their paragraph ``d`` tokens before them; each block is
     recorded by ``put(key, unit)`` as it finishes, unit = {"scores": entrant -> per-question scores, "reads": finder ->
     per-question whether the gold paragraph was read, "seconds"}. The filler's bank, memory and embedding index are
@@ -193,7 +193,7 @@ def _at_distance(ctx: EvalContext, size, suite: str, d: int, blocks: list[tuple[
     model, want = ctx.model, set(size.entrants)
     n = sum(len(block) for _, block in blocks)
     with filler_bank(ctx, stream[:d]) as bank:
-        hay = indexed_haystack(bank, bank.load_memory(model), stream[:d], reader.embedder)
+        hay = indexed_haystack(bank, bank.load_memory(model), stream[:d], entrants.embedder)
         i = 0
         for key, block in blocks:
             t0 = time.perf_counter()
@@ -202,7 +202,7 @@ def _at_distance(ctx: EvalContext, size, suite: str, d: int, blocks: list[tuple[
             for qa in block:
                 i += 1
                 with spliced(bank, model, hay.memory, qa) as (doc_id, places):
-                    got = reader.answers(want, _asked(bank, qa, doc_id), _with_paragraph(ctx, hay, qa, places), reads)
+                    got = entrants.answers(want, _asked(bank, qa, doc_id), _with_paragraph(ctx, hay, qa, places), reads)
                 for k in size.entrants:
                     scores[k].append({"id": qa.id, **scored(got[k], qa.answers)})
                 fused = f"fused read the gold paragraph: {reads['fused'][-1]}; " if "fused" in reads else ""

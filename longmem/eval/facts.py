@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from longmem.eval.answering import DEFAULT_READER, FINDER_ENTRANTS, QUICK_NEW_TOKENS, label, reader_for, versus_notes
+from longmem.eval.answering import APP_ENTRANT, FINDER_ENTRANTS, QUICK_NEW_TOKENS, entrants_for, label, versus_notes
 from longmem.eval.bookqa import (
     SplicedSize,
     answer_at_distances,
@@ -69,10 +69,10 @@ def run(ctx: EvalContext) -> SuiteResult:
     size: Size = ctx.size("facts", QUICK, FULL)
     timer = Timer()
     chosen_blocks("facts", size, size.facts)  # a block number the size does not have fails before any work
-    reader = reader_for(ctx, size, "facts")
+    entrants = entrants_for(ctx, size, "facts")
     stream, borrowed = filler(ctx, max(max(size.distances), size.excerpt))
     qas = items(ctx, size, stream)
-    results, gold_read, seconds, commits = answer_at_distances(ctx, size, "facts", qas, stream, reader, timer)
+    results, gold_read, seconds, commits = answer_at_distances(ctx, size, "facts", qas, stream, entrants, timer)
     qas = chosen_items("facts", size, qas)  # those this run reports
     ds = [str(d) for d in size.distances]
     kinds = sorted({q.id.rsplit("-", 1)[1] for q in qas})
@@ -102,7 +102,7 @@ def run(ctx: EvalContext) -> SuiteResult:
 def targets(results: dict, ds: list[str]) -> list[str]:
     """The issue's recall targets for LongMem reading as the app does, at every distance: >= 90% of its oracle's
     recall (the fact inside its window), and >= 85% of numbers recalled."""
-    me = DEFAULT_READER
+    me = APP_ENTRANT
     if not {me, "oracle"} <= results.keys():
         return []
     ratios, numbers = [], []

@@ -31,16 +31,16 @@ from pathlib import Path
 import numpy as np
 
 from longmem.eval.answering import (
-    DEFAULT_READER,
+    APP_ENTRANT,
     QUICK_NEW_TOKENS,
     Asked,
-    Reader,
+    Entrants,
     ReadingSize,
     check_entrants,
+    entrants_for,
     finders,
     indexed_haystack,
     label,
-    reader_for,
     says_not_said,
     scored,
     summary,
@@ -150,7 +150,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     check_entrants("natural", size.entrants)
     paths = {name: set_path(ctx, name) for name in size.sets}
     timer = Timer()
-    reader = reader_for(ctx, size, "natural")
+    entrants = entrants_for(ctx, size, "natural")
     units = ctx.task_log("natural", size, selects=("sets",))  # a unit: one set's questions about one book
     done: dict[str, dict] = {}
     for name, path in paths.items():
@@ -159,14 +159,14 @@ def run(ctx: EvalContext) -> SuiteResult:
             key = f"{name}/{book}"
             done[key] = units.get(key)
             if done[key] is None:
-                done[key] = _book(ctx, size, book, [q for q in questions if q.book == book], reader, timer)
+                done[key] = _book(ctx, size, book, [q for q in questions if q.book == book], entrants, timer)
                 units.put(key, done[key])
     if not any(u["questions"] for u in done.values()):
         raise ValueError("natural: no question's evidence lies within the books as cut (natural.max_tokens)")
     return _result(ctx, size, done, units.commits())
 
 
-def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], reader: Reader, timer: Timer) -> dict:
+def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], entrants: Entrants, timer: Timer) -> dict:
     """Every entrant's answers to ``book``'s questions whose evidence is in the book as cut: {"questions", "scores":
     entrant -> per-question scores, "reads": finder -> per-question gold read (answerable ones), "seconds"}."""
     t0 = time.perf_counter()
@@ -177,7 +177,7 @@ def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], re
         doc = bank.documents()[0]
         stored = bank.document_text(doc.id)
         tokens = np.asarray(ctx.tokenizer(stored, add_special_tokens=False).input_ids)
-        hay = indexed_haystack(bank, bank.load_memory(model), tokens, reader.embedder)
+        hay = indexed_haystack(bank, bank.load_memory(model), tokens, entrants.embedder)
         for q in questions:
             gold = gold_passages(bank, doc.id, stored, q) if q.answers else []
             if gold is None and not size.max_tokens:
@@ -189,7 +189,7 @@ def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], re
             reads = {f: [] for f in out["reads"]}
             asked = Asked(q.question, q.answers, [Found(r, 0.0) for r in refs],
                           lambda f, g=frozenset(gold): f.passage.id in g, [])
-            got = reader.answers(want, asked, hay, reads)
+            got = entrants.answers(want, asked, hay, reads)
             if q.answers:
                 for f, r in reads.items():
                     out["reads"][f] += r
@@ -244,7 +244,8 @@ def _result(ctx: EvalContext, size: Size, done: dict, commits: list[str]) -> Sui
              "(``datasets.recall.template_wording``). The second table: the share of answerable questions with a "
              "gold passage among the passages read, per finder. The third: what a reader gets, in questions: right, "
              "told that the book does not say, or given a wrong answer (an answerable question answered wrongly, or "
-             "an unanswerable one answered at all).", *_targets(done, size, answerable, unanswerable)]
+             "an unanswerable one answered at all).", *_reader_note(ctx, size),
+             *_targets(done, size, answerable, unanswerable)]
     seconds = sum(u["seconds"] for u in done.values())
     notes.append(f"Units run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
     return SuiteResult("natural", "Natural questions about whole books (beyond the paper): the book in memory, a "
@@ -253,6 +254,17 @@ def _result(ctx: EvalContext, size: Size, done: dict, commits: list[str]) -> Sui
                         "models": {k: label(k) for k in results},
                         "questions": {key: u["questions"] for key, u in done.items()}},
                        asdict(size), [_plot(ctx, results, columns)], notes, seconds)
+
+
+def _reader_note(ctx: EvalContext, size: Size) -> list[str]:
+    """Which model read, when another reader than the LongMem model's backbone answered (``Size.reader``)."""
+    if not size.reader:
+        return []
+    from longmem.model.readers import label as reader_label
+
+    return [f"Reader: {reader_label(size.reader)}. The app's entrants read with it, memory off (as the chat does with "
+            f"another reader than the bank's model), and so do BM25-RAG, embedding RAG and the backbone's oracle; the "
+            f"banks, their memory and LongMem's own entrants are {ctx.model.backbone.name}'s."]
 
 
 def _declined(x: dict) -> bool:
@@ -299,7 +311,7 @@ def _paired(a: list[dict], b: list[dict], field_a: str = "contains", field_b: st
 def _targets(done: dict, size: Size, answerable: list[str], unanswerable: list[str]) -> list[str]:
     """The answers issue's targets, read off the run: answered against the oracle backbone and BM25-RAG, abstention
     and what it costs, and the full model against its backbone on the same passages."""
-    me, notes = DEFAULT_READER, []
+    me, notes = APP_ENTRANT, []
     if me not in size.entrants:
         return notes
     mine = _rows(done, answerable, me, answerable=True)

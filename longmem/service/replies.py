@@ -29,6 +29,7 @@ class Settings:
     passages: int = PASSAGES_READ  # passages read at most (within what the window leaves for them)
     backbone_stops: bool = ANSWER_SAMPLING.backbone_stops  # an answer also ends where the frozen backbone would
     abstain: bool = True  # an answer the passages read do not support says that the book does not say
+    reader: str | None = None  # the model that reads and answers (``model.readers``; None: the workspace's default)
 
     def reading_config(self) -> Reading:
         """How a chat answer reads its bank under these settings (``tasks.reading.Reading``)."""
@@ -70,6 +71,8 @@ class Reply:
         self.retrieved: list[ChunkHit] = []  # the chunks memory retrieved most while answering
         self.citations: list[Citation] = []  # the passages the answer read, numbered as in its prompt
         self.said = True  # False: the reply says that the book does not say (the citations are the closest passages)
+        self.reader = ""  # a chat answer's reader (``model.readers.label``), known before its first piece
+        self.memory = False  # whether that reader read the bank's memory (the bank's own model does)
         self.notes: list[str] = []  # facts about the request worth telling the reader (e.g. a prompt was cut)
         self.done = threading.Event()
         self._queue: queue.Queue = queue.Queue()

