@@ -109,9 +109,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         ws = make_workspace(args)
+        reader = ws.load_reader()  # before the page opens, not at the first question
     except (BackboneError, CheckpointError, DeviceError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    logging.getLogger("longmem.app").info("Chat answers with %s unless told another", reader)
     demo = launch(ws, args, block=False)
     print(f"LongMem is ready at http://{args.host}:{args.port} ({time.perf_counter() - t0:.1f} s after start; "
           "Ctrl-C to stop)", flush=True)

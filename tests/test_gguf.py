@@ -10,7 +10,7 @@ from tiny import small_config
 from tiny_gguf import tiny_gguf
 
 from longmem.cli.main import main
-from longmem.model.backbone import BackboneError, gguf_backbone_dir, load_backbone
+from longmem.model.backbone import BackboneError, gguf_backbone_dir, known_backbones, load_backbone
 from longmem.model.longmem import LongMemModel
 
 
@@ -99,3 +99,18 @@ def test_the_workspace_loads_a_gguf_lists_it_and_answers_from_a_bank_built_with_
         assert "".join(reply) and reply.citations and "lighthouse" in reply.citations[0].text
     finally:
         ws.close()
+
+
+def test_a_bfloat16_run_converts_a_bfloat16_copy_with_the_float32_copys_weights(tmp_path, cache):
+    """A model run in bfloat16 reads a bfloat16 copy of its GGUF file (half the memory to convert and load): its
+    weights are the float32 copy's rounded to bfloat16, bit for bit, so both dtypes answer as before."""
+    path = tmp_path / "tiny-qwen2.gguf"
+    tiny_gguf(path, "qwen2")
+    half, full = load_backbone(str(path), "bfloat16"), load_backbone(str(path), "float32")
+    assert gguf_backbone_dir(path, dtype=torch.bfloat16).name.endswith("-bfloat16")
+    assert gguf_backbone_dir(path, dtype=torch.float32) != gguf_backbone_dir(path, dtype=torch.bfloat16)
+    want = {k: t.to(torch.bfloat16) for k, t in full.model.state_dict().items()}
+    got = half.model.state_dict()
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert half.fingerprint() == full.fingerprint()  # one backbone, whatever dtype it was loaded in
+    assert known_backbones().count(str(path)) == 1  # one model, offered once

@@ -117,7 +117,7 @@ def test_a_bank_answers_through_another_reader_without_reingesting(tmp_path, qwe
 def test_the_workspace_offers_its_default_reader_and_the_installed_ones(tmp_path, cache, qwen_gguf):
     ws = Workspace(chat_model(), BankDirectory(tmp_path / "banks"), reader=qwen_gguf)
     try:
-        assert ws.default_reader == qwen_gguf and ws.model_info()["reader"] == qwen_gguf
+        assert ws.default_reader == qwen_gguf and ws.model_info()["reader"] == "tiny-qwen"
         assert ws.readers() == [(DEFAULT_NAME, "default"), ("tiny-qwen", qwen_gguf)]
         assert [r["name"] for r in ws.fetchable_readers()] == ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
         assert not any(r["fetched"] for r in ws.fetchable_readers())
@@ -179,3 +179,56 @@ def test_a_135m_bank_answers_through_a_tiny_qwen2_gguf(tmp_path, qwen_gguf, caps
     code = main(["chat", "--file", str(book), "--ask", QUESTION, "--json", "--max-new-tokens", "8"])
     got = reply_of(capsys.readouterr().out)
     assert code == 0 and got["reader"] == DEFAULT_NAME and got["memory"] is True  # auto: the embedded 135M here
+
+
+def test_the_check_is_calibrated_on_recorded_drafts_without_asking_the_reader():
+    from longmem.eval.calibrate import checked, choose, outcomes
+    from longmem.tasks.answer import NOT_SAID
+
+    passage = "The harbour lay still that morning. A grey zeppelin drifted over the harbour at dawn. Gulls cried."
+    rows = [  # right; an invention after a right sentence; an unanswerable question answered; one left unsaid
+        {"question": QUESTION, "golds": ("zeppelin",), "draft": "A grey zeppelin drifted over it.",
+         "passages": [passage], "answer": "A grey zeppelin drifted over it.", "least": 0.5},
+        {"question": QUESTION, "golds": ("zeppelin",), "draft": "A purple balloon from Paris.",
+         "passages": [passage], "answer": NOT_SAID, "least": 0.5},
+        {"question": "Who owned the zeppelin?", "golds": (), "draft": "Count Oskar von Brandt owned it.",
+         "passages": [passage], "answer": NOT_SAID, "least": 0.5},
+    ]
+    assert checked(rows[1]["draft"], QUESTION, [passage], 0.5) == NOT_SAID
+    assert checked(rows[1]["draft"], QUESTION, [passage], 0.0) == rows[1]["draft"]  # 0: every draft shown
+    at = {t: outcomes(rows, t) for t in (0.0, 0.5)}
+    assert (at[0.5]["right"], at[0.5]["declined"], at[0.5]["wrong"], at[0.5]["not_said"]) == (1, 1, 0, 1)
+    assert at[0.5]["agrees"] == 3 and at[0.0]["agrees"] == 0  # the run's own threshold gives back its replies
+    assert (at[0.0]["wrong"], at[0.0]["invented"]) == (1, 1) and round(at[0.0]["wrong_pct"]) == 67
+    assert choose(list(at.values()))["least"] == 0.5 and choose([at[0.0]], wrong_at_most=50) is None
+
+
+def test_the_answer_benchmark_times_a_readers_prefill_and_decoding(qwen_gguf):
+    from longmem.bench.bank import DECODE_TOKENS, _reader_rates, answer_rows, answer_targets
+
+    reader = readers.load_reader(qwen_gguf, torch.float32, "cpu", 256)
+    ids = torch.randint(3, 200, (1, 40))
+    with torch.inference_mode():
+        rates = _reader_rates(reader, [ids, ids[:, :20]])
+    assert rates["prefill_tokens"] == 60 and rates["prefill_tok_s"] > 0 and rates["decoded"] <= DECODE_TOKENS
+    answer = {"reader": "tiny-qwen", "tokens": 1000, "first_token_s": 7.0, "reader_rss_vs_weights": 1.1,
+              "reader_weights_mb": 10.0, "load_memory_s": 0.5, "prompt_tokens": 40, "first_token_max_s": 8.0,
+              "memory_find_s": 0.2, "questions": [{}, {}], "cold": {"first_token_s": 9.0}, **rates}
+    targets = answer_targets(answer)
+    assert set(targets) == {"reader_first_token_s", "reader_decode_tok_s", "reader_rss_vs_weights"}
+    assert not targets["reader_first_token_s"]["met"] and targets["reader_rss_vs_weights"]["met"]  # 7 > 6 s; 1.1
+
+    def goal(key):
+        return str(targets[key]["target"]), "yes" if targets[key]["met"] else "**no**"
+    cells = [row[0] for row in answer_rows(answer, goal)]
+    assert any("tiny-qwen reading, memory off" in c for c in cells) and any("decoding" in c for c in cells)
+
+
+def test_the_chat_tab_names_who_answered_and_whether_memory_was_read():
+    from app.chat_tab import answered_by, citations_message
+
+    assert answered_by("qwen2.5-coder-1.5b", memory=False) == " · answered by qwen2.5-coder-1.5b, memory not read"
+    assert answered_by(DEFAULT_NAME) == f" · answered by {DEFAULT_NAME}, with the bank's memory"
+    assert answered_by(None) == ""  # a turn stored before readers could be chosen
+    title = citations_message([], said=False, reader="tiny-qwen", memory=False)["metadata"]["title"]
+    assert title == "The closest passages the book has: 0 · answered by tiny-qwen, memory not read"

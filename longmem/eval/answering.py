@@ -230,7 +230,8 @@ def scored(got: str | dict, golds) -> dict:
     if reply.get("draft") is not None:
         draft = reply["draft"]
         row |= {"said": reply["said"], "draft": draft,
-                "draft_contains": contains(draft, golds) if golds else says_not_said(draft)}
+                "draft_contains": contains(draft, golds) if golds else says_not_said(draft),
+                **({"read": reply["read"]} if "read" in reply else {})}
     if reply.get("quoted") is not None and golds:
         row["quoted_contains"] = float(any(contains(q, golds) for q in reply["quoted"]))
     return row
@@ -289,6 +290,7 @@ class Entrants:
             out = {"answer": text, "found": reply.found}
             if lm is app and reading.abstain > 0 and finder is not None:
                 out |= {"said": reply.said, "draft": " ".join((reply.draft or text).split()),
+                        "read": [f.passage.id for f in reply.found],  # what the check read (``eval.calibrate``)
                         "quoted": [c.quote().removesuffix("…") for c in reply.citations]}  # the scorer keeps "…"
             return out
 

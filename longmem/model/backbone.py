@@ -44,6 +44,7 @@ _CACHE_FORMAT = 1  # bump when the layout of the cached safetensors copy changes
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 DTYPE_VARIABLE = "LONGMEM_DTYPE"  # environment: what "auto" means for every command ("bfloat16", "float32", ...)
 
 
@@ -408,16 +409,18 @@ def default_gguf() -> Path:
     return files[0]
 
 
-def _materialise(gguf: Path, target: Path, name: str, source: dict) -> None:
-    """Convert ``gguf`` to a float32 safetensors model directory at ``target`` (atomic: temp dir + rename), with
-    ``source`` (what it was made from) written beside it as ``longmem_source.json``."""
+def _materialise(gguf: Path, target: Path, name: str, source: dict, dtype: torch.dtype = torch.float32) -> None:
+    """Convert ``gguf`` to a safetensors model directory at ``target`` (atomic: temp dir + rename) with weights in
+    ``dtype``, with ``source`` (what it was made from) written beside it as ``longmem_source.json``. Each tensor is
+    dequantized to float32 and cast to ``dtype`` at once, so a bfloat16 copy holds exactly the weights a float32 copy
+    loaded in bfloat16 would, and converting peaks at about its own size, not a float32 model's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils.quantization_config import GgufConfig
 
     log.warning("first use: converting %s to safetensors in %s (about a minute, once)", gguf.name, target)
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype,
                                                      quantization_config=GgufConfig(dequantize=True))
     except Exception as e:  # a damaged or unsupported file fails in many ways inside gguf and transformers
         raise BackboneError(f"{gguf.name} could not be read as a GGUF causal language model: {e}") from e
@@ -449,10 +452,17 @@ def default_backbone_dir() -> Path:
 GGUF_MAGIC = b"GGUF"
 
 
-def gguf_backbone_dir(gguf: Path, sha256: str | None = None) -> Path:
-    """The cached safetensors copy of a local GGUF file, converted on first use and keyed by the file's size and
-    SHA-256 (a changed file is converted again; the copy is shared by every path to the same file). ``sha256``: the
-    hash the file must have (a model fetched on request), else it is refused."""
+def copy_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the converted copy a model run in ``dtype`` reads: bfloat16 or float16 as it is (the same
+    weights, half the bytes of a float32 copy to convert, store and load), float32 for anything else."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def gguf_backbone_dir(gguf: Path, sha256: str | None = None, dtype: torch.dtype = torch.float32) -> Path:
+    """The cached safetensors copy of a local GGUF file for a model run in ``dtype`` (its weights in
+    ``copy_dtype(dtype)``), converted on first use and keyed by the file's size and SHA-256 (a changed file is
+    converted again; the copy is shared by every path to the same file). ``sha256``: the hash the file must have (a
+    model fetched on request), else it is refused."""
     gguf = Path(gguf)
     if not gguf.is_file():
         raise BackboneError(f"{str(gguf)!r}: no such GGUF file")
@@ -463,11 +473,14 @@ def gguf_backbone_dir(gguf: Path, sha256: str | None = None) -> Path:
     if sha256 is not None and digest != sha256:
         raise BackboneError(f"{gguf.name} has changed since it was fetched (SHA-256 {digest[:16]}…, not "
                             f"{sha256[:16]}…); delete it and fetch it again")
-    target = cache_root() / "backbones" / f"{gguf.stem.lower()}-{digest[:12]}"
+    weights = copy_dtype(dtype)
+    kind = "" if weights == torch.float32 else "-" + DTYPE_NAMES[weights]  # a float32 copy keeps its old name
+    target = cache_root() / "backbones" / f"{gguf.stem.lower()}-{digest[:12]}{kind}"
     src = _source(target)
     if not (src and src.get("format") == _CACHE_FORMAT and src.get("gguf_sha256") == digest):
         _materialise(gguf, target, gguf.stem, {"gguf": gguf.name, "gguf_bytes": size, "gguf_sha256": digest,
-                                               "name": gguf.stem, "gguf_path": str(gguf.resolve())})
+                                               "name": gguf.stem, "gguf_path": str(gguf.resolve()),
+                                               "dtype": DTYPE_NAMES[weights]}, weights)
     return target
 
 
@@ -487,7 +500,7 @@ def known_backbones() -> list[str]:
             continue  # the default's copy, a fetched model's, or not ours
         original = Path(src.get("gguf_path", ""))
         out.append(str(original) if original.name and original.is_file() else str(d))
-    return out
+    return list(dict.fromkeys(out))  # a file converted in two dtypes is one model
 
 
 def load_backbone(name_or_path: str = DEFAULT_BACKBONE, dtype: torch.dtype | str = "auto",
@@ -508,9 +521,9 @@ def load_backbone(name_or_path: str = DEFAULT_BACKBONE, dtype: torch.dtype | str
     if name_or_path == DEFAULT_BACKBONE:
         path, name = default_backbone_dir(), DEFAULT_NAME
     elif fetched is not None:
-        path, name = gguf_backbone_dir(fetched, DOWNLOADS[name_or_path].sha256), fetched.stem
+        path, name = gguf_backbone_dir(fetched, DOWNLOADS[name_or_path].sha256, dtype), fetched.stem
     elif str(name_or_path).lower().endswith(".gguf"):
-        path, name = gguf_backbone_dir(Path(name_or_path)), Path(name_or_path).stem
+        path, name = gguf_backbone_dir(Path(name_or_path), dtype=dtype), Path(name_or_path).stem
     else:
         path = Path(name_or_path)
         if not (path / "config.json").exists():

@@ -87,6 +87,7 @@ class Workspace:
         import psutil
 
         from longmem.model.backbone import dtype_choice
+        from longmem.model.readers import label as reader_label
 
         m, bb = self.model, self.model.backbone
         spec = bb.spec
@@ -104,7 +105,7 @@ class Workspace:
             "provenance": m.provenance,
             "memory_layer": m.config.memory_layer, "cached_layer": m.cached_layer, "chunk_size": m.chunk_size,
             "topk": m.config.topk, "segment_len": m.segment_len,
-            "reader": self.sessions.default_reader,
+            "reader": reader_label(self.sessions.default_reader),
             "loaded_banks": self.sessions.names(), "bank_memory_bytes": self.sessions.memory_bytes(),
             "process_rss_bytes": psutil.Process().memory_info().rss,
         }
@@ -131,6 +132,13 @@ class Workspace:
         from longmem.model.downloads import fetch
 
         return str(fetch(name, progress))
+
+    def load_reader(self, name: str | None = None) -> str:
+        """Load reader ``name`` (None: the default reader) now rather than at the first answer that needs it (a 1.5B
+        reader takes tens of seconds to load, minutes on its first use while its GGUF file is converted); returns
+        its label. The bank's own model is loaded already."""
+        with self.sessions.lock:
+            return self.sessions.reader(name)[1]
 
     @property
     def default_reader(self) -> str:

@@ -1,0 +1,158 @@
+"""The app's check (``tasks.evidence.Checker``), calibrated for a reader on the drafts a natural run recorded: what
+a user would have been shown at each threshold of ``Reading.abstain``, without asking the reader again.
+
+    longmem eval natural --reader qwen2.5-coder-1.5b --out runs/tune --set natural.sets=natural-tune,...
+    python -m longmem.eval.calibrate runs/tune                      # outcomes per threshold (markdown + JSON)
+    python -m longmem.eval.calibrate runs/tune --thresholds 0.3,0.5
+
+The natural suite makes the app's draft whole (``answer(..., whole_draft=True)``), so the draft does not depend on
+the threshold: only what the check shows of it does. For each answerable or unanswerable question the run recorded
+(its ``natural.tasks.jsonl``: the app's draft and the ids of the passages it read), the draft is checked again
+against those passages (read back from the run's banks) at each threshold; the reply is what the check shows, or
+"the book does not say" when it shows nothing. At the run's own threshold this gives back the recorded replies
+(``agrees``: how many of them; a draft whose spacing the record normalised may split into sentences otherwise).
+Calibrate on tuning sets only: a threshold chosen on the dev sets fits them and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from longmem.eval.answering import contains, says_not_said
+from longmem.eval.core import table
+from longmem.eval.natural import package_set_path, read_questions
+from longmem.storage import BankDirectory
+from longmem.tasks.answer import NOT_SAID
+from longmem.tasks.evidence import Checker
+from longmem.util.data import data_dir
+
+THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
+WRONG_AT_MOST = 26.0  # % of all questions asked that may get a wrong answer (the 135M app's share on the dev sets)
+
+
+def checked(draft: str, question: str, passages: list[str], least: float) -> str:
+    """What the check at ``least`` shows of ``draft`` (``NOT_SAID`` when nothing); 0: the draft as it is."""
+    if least <= 0:
+        return draft.strip()
+    checker = Checker(question, passages, least)
+    checker.feed(draft)
+    checker.finish()
+    return checker.shown or NOT_SAID
+
+
+def _golds(names: set[str], data: Path) -> dict[str, tuple[str, ...]]:
+    """"book:question" -> accepted answers, over the question sets ``names`` (the package's or the shared data's)."""
+    out = {}
+    for name in names:
+        path = package_set_path(name) or data / "bookqa" / f"{name}.jsonl"
+        for q in read_questions(path):
+            out[f"{q.book}:{q.question}"] = q.answers
+    return out
+
+
+def _bank_dir(run: Path, book: str) -> tuple[BankDirectory, str]:
+    root = run / "natural-banks"
+    found = sorted(p.name for p in root.glob(f"{Path(book).stem}-*") if p.is_dir())
+    if len(found) != 1:
+        raise ValueError(f"{root}: {len(found)} banks for {book} (expected one: the run's)")
+    return BankDirectory(root), found[0]
+
+
+def drafts(run: Path, data: Path | None = None) -> list[dict]:
+    """The app's recorded drafts of run folder ``run`` with what they read: {"id", "question", "golds", "draft",
+    "passages", "answer" (the recorded reply), "least" (the run's threshold)}, in record order (the last record of a
+    unit wins, as a resumed run reads it)."""
+    path = run / "natural.tasks.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{run}: no natural.tasks.jsonl (run `longmem eval natural --out {run}` first)")
+    units: dict[str, dict] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            units[row["key"]] = row
+    golds = _golds({key.split("/")[0] for key in units}, data or data_dir())
+    out = []
+    for key, row in units.items():
+        book, least = key.split("/", 1)[1], row["signature"]["size"]["abstain"]
+        apps = row["value"]["scores"].get("app", [])
+        if not any("read" in x for x in apps):
+            raise ValueError(f"{path}, unit {key}: the app's replies have no passage ids (a run before "
+                             "eval.calibrate existed): run it again")
+        directory, name = _bank_dir(run, book)
+        with directory.open(name) as bank:
+            for x in apps:
+                refs = {p.id: p.text for p in bank.passages(x["read"])}
+                out.append({"id": x["id"], "question": x["id"].split(":", 1)[1], "golds": golds[x["id"]],
+                            "draft": x["draft"], "passages": [refs[i] for i in x["read"] if i in refs],
+                            "answer": x["answer"], "least": least})
+    return out
+
+
+def outcomes(rows: list[dict], least: float) -> dict:
+    """What the check at ``least`` gives a user over ``rows`` (``drafts``): answerable right / the book does not say /
+    wrong, unanswerable said / invented, wrong answers of all asked (%), and how many replies equal the recorded ones
+    (at the run's threshold)."""
+    o = {"least": least, "right": 0, "declined": 0, "wrong": 0, "not_said": 0, "invented": 0, "agrees": 0}
+    for r in rows:
+        shown = checked(r["draft"], r["question"], r["passages"], least)
+        said = shown != NOT_SAID
+        if r["golds"]:
+            key = "right" if contains(shown, r["golds"]) else "wrong" if said and not says_not_said(shown) \
+                else "declined"
+        else:
+            key = "not_said" if not said or says_not_said(shown) else "invented"
+        o[key] += 1
+        o["agrees"] += least == r["least"] and " ".join(shown.split()) == " ".join(r["answer"].split())
+    asked = len(rows)
+    o["answerable"], o["unanswerable"] = o["right"] + o["declined"] + o["wrong"], o["not_said"] + o["invented"]
+    o["wrong_pct"] = 100 * (o["wrong"] + o["invented"]) / asked if asked else 0.0
+    return o
+
+
+def markdown(results: list[dict], run: Path) -> str:
+    rows = [[f"{o['least']:g}", str(o["right"]), str(o["declined"]), str(o["wrong"]), str(o["not_said"]),
+             str(o["invented"]), f"{o['wrong_pct']:.0f}%"] for o in results]
+    head = (f"The app's check on {run}'s drafts ({results[0]['answerable']} answerable, "
+            f"{results[0]['unanswerable']} unanswerable questions), per threshold (0: every draft shown):")
+    return "\n\n".join([head, table(["threshold", "right", "says the book does not say", "wrong",
+                                     "unanswerable: says so", "invents", "wrong answers, of all asked"], rows)])
+
+
+def choose(results: list[dict], wrong_at_most: float = WRONG_AT_MOST) -> dict | None:
+    """The threshold that answers most questions right with wrong answers at most ``wrong_at_most`` % of all asked
+    (ties: the lower wrong share, then the higher threshold); None when none keeps to it."""
+    ok = [o for o in results if o["wrong_pct"] <= wrong_at_most]
+    return max(ok, key=lambda o: (o["right"], -o["wrong_pct"], o["least"])) if ok else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m longmem.eval.calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("run", help="a natural run's --out folder (its natural.tasks.jsonl and natural-banks/)")
+    p.add_argument("--thresholds", default=",".join(f"{t:g}" for t in THRESHOLDS),
+                   help="comma-separated thresholds of Reading.abstain to check the drafts at")
+    p.add_argument("--wrong-at-most", type=float, default=WRONG_AT_MOST,
+                   help=f"%% of all questions that may be answered wrongly (default {WRONG_AT_MOST:g})")
+    p.add_argument("--data-dir", default=None, help="the shared data folder (default: $LONGMEM_DATA_DIR, else "
+                                                    "../shared/data)")
+    args = p.parse_args(argv)
+    try:
+        thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
+        rows = drafts(Path(args.run), Path(args.data_dir) if args.data_dir else None)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = [outcomes(rows, t) for t in thresholds]
+    best = choose(results, args.wrong_at_most)
+    print(json.dumps({"run": args.run, "questions": len(rows), "results": results,
+                      "chosen": best["least"] if best else None}))
+    print(markdown(results, Path(args.run)))
+    print(f"\nChosen (most right with wrong answers <= {args.wrong_at_most:g}% of all asked): "
+          + (f"{best['least']:g}" if best else "none keeps to it"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
