@@ -33,11 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'default' (embedded SmolLM2-135M-Instruct), a local .gguf file or Hugging Face model dir")
     p.add_argument("--checkpoint", default=None, help="SideNet checkpoint directory (default: the shipped one)")
     p.add_argument("--untrained", action="store_true", help="use an untrained SideNet (reproduces the backbone)")
-    p.add_argument("--reader", default="auto",
+    p.add_argument("--reader", default=None,
                    help="the model Chat answers with unless the tab is told another: 'auto' (the best installed: "
                         "qwen2.5-coder-1.5b, then qwen2.5-coder-0.5b once fetched, else the embedded 135M; "
                         "$LONGMEM_READER overrides), 'default' (the embedded SmolLM2-135M), or a name or path as "
-                        "--backbone takes it. Another model than the bank's reads with the bank's memory off")
+                        "--backbone takes it. Another model than the bank's reads with the bank's memory off. "
+                        "Default: the --backbone model when one is given, else auto")
     p.add_argument("--max-upload-mb", type=int, default=512, help="largest file accepted for upload, in MiB")
     ExtractLimits.add_arguments(p)  # what an upload may expand to: --max-chars, --max-unzipped-mb, ...
     add_runtime_flags(p)

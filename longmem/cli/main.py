@@ -141,9 +141,9 @@ def _chat_reader(args, model):
     from longmem.model import readers
 
     own = (model, readers.label(model.config.backbone), True)
-    if args.reader is None and (args.checkpoint or args.backbone != "default" or args.untrained):
+    if args.reader is None and (args.checkpoint or args.untrained):
         return own
-    name = readers.choose(args.reader)
+    name = readers.default_for(model.config.backbone, args.reader)
     if readers.same_model(name, model.config.backbone):
         return own
     return readers.load_reader(name, args.dtype, model.backbone.device), readers.label(name), False

@@ -79,8 +79,23 @@ LEGACY_LABELS = {"longmem_lexical": "LongMem reading what BM25 finds (the app be
 TEXT_PROMPT = "Answer the question from this text.\n\n{text}\n\nQuestion: {question}"
 
 
-def label(key: str) -> str:
-    """An entrant's label, for this code's entrants and those of older records."""
+READER_LABELS = {  # the entrants that read with another reader (``ReadingSize.reader``), as they are then
+    "app": "the app's answer: {reader} reading what lexical finding finds, memory off, with its checks",
+    "longmem_memory": "{reader} reading what LongMem's memory retrieval finds, memory off",
+    "longmem_fused": "{reader} reading what memory retrieval and BM25 find, fused, memory off",
+    "rag_bm25": "BM25-RAG: {reader} reading what BM25 finds",
+    "rag_embed": "embedding RAG: {reader} reading what all-MiniLM-L6-v2 finds",
+    "oracle_backbone": "oracle: {reader} reading the gold passage",
+}
+
+
+def label(key: str, reader: str = "") -> str:
+    """An entrant's label, for this code's entrants and those of older records; ``reader``: the reader its run's
+    app entrants and baselines read with (``ReadingSize.reader``; "": the LongMem model's backbone)."""
+    if reader and key in READER_LABELS:
+        from longmem.model.readers import label as reader_label
+
+        return READER_LABELS[key].format(reader=reader_label(reader))
     return LABELS.get(key) or LEGACY_LABELS.get(key, key)
 
 

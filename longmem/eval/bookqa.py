@@ -229,7 +229,7 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
     header = (["model"] + [f"{distance_label(int(d))}: answered / EM / F1" for d in ds] + ["average answered"])
     rows = []
     for k in results:
-        r, name = results[k], label(k)
+        r, name = results[k], label(k, size.reader)
         cells = [f"{r[d]['contains']:.0f} ± {r[d]['contains_ci95']:.0f} / {r[d]['em']:.0f} / {r[d]['f1']:.1f}"
                  for d in ds]
         rows.append([name, *cells, f"{np.mean([r[d]['contains'] for d in ds]):.1f}"])
@@ -241,10 +241,11 @@ def _result(ctx, size, qas, results, gold_read, borrowed, seconds: float, commit
              "per finder.", *versus_notes(avg)]
     notes += run_notes("bookqa", results, borrowed, commits, seconds)
     plot = plot_distances(ctx, size.distances, results, "bookqa.png", "tokens between the paragraph and the question",
-                          "answers containing a gold answer, %")
+                          "answers containing a gold answer, %", size.reader)
+    models = {k: label(k, size.reader) for k in results}
     return SuiteResult("bookqa", "Questions about a long text (beyond the paper): a SQuAD paragraph D tokens before "
                        "its question", [table(header, rows), reads],
-                       {"results": results, "gold_read": gold_read, "models": {k: label(k) for k in results},
+                       {"results": results, "gold_read": gold_read, "models": models,
                         "questions": [q.id for q in qas], "borrowed_train_tokens": borrowed},
                        asdict(size), [plot], notes, seconds)
 
@@ -264,12 +265,14 @@ def run_notes(suite: str, results: dict, borrowed: int, commits: list[str], seco
     return notes + [f"Distances run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all."]
 
 
-def plot_distances(ctx: EvalContext, distances: list[int], results: dict, name: str, xlabel: str, ylabel: str) -> str:
-    """Each entrant's headline score by distance (the baselines dashed), saved as ``name`` in the output folder."""
+def plot_distances(ctx: EvalContext, distances: list[int], results: dict, name: str, xlabel: str, ylabel: str,
+                   reader: str = "") -> str:
+    """Each entrant's headline score by distance (the baselines dashed), saved as ``name`` in the output folder;
+    ``reader``: the run's other reader, as the entrants' labels name it."""
     fig = figure(6.4, 4.2)
     ax = fig.add_subplot()
     for k in results:
-        ax.plot(distances, [results[k][str(d)]["contains"] for d in distances], marker="o", label=label(k),
+        ax.plot(distances, [results[k][str(d)]["contains"] for d in distances], marker="o", label=label(k, reader),
                 ls="--" if k.startswith(("oracle", "rag", "backbone")) else "-")
     ax.set_xscale("log", base=2)
     ax.set_xticks(distances, [distance_label(d) for d in distances])

@@ -82,7 +82,7 @@ def run(ctx: EvalContext) -> SuiteResult:
               f"{sum(x['id'].endswith(k) for x in r['items'])}" for k in kinds]
         return f"{r['contains']:.0f}% ± {r['contains_ci95']:.0f} ({', '.join(by)})"
 
-    rows = [[label(k)] + [cell(results[k][d]) for d in ds] for k in results]
+    rows = [[label(k, size.reader)] + [cell(results[k][d]) for d in ds] for k in results]
     reads = reads_table(gold_read, ds)
     avg = {k: float(np.mean([results[k][d]["contains"] for d in ds])) for k in results}
     notes = [f"{len(qas)} facts at each distance, the same ones; a cell: % of answers containing the value (± a 95% "
@@ -90,10 +90,11 @@ def run(ctx: EvalContext) -> SuiteResult:
              "among the passages read, per finder.", *targets(results, ds), *versus_notes(avg)]
     notes += run_notes("facts", results, borrowed, commits, seconds)
     plot = plot_distances(ctx, size.distances, results, "facts.png", "tokens between the fact and the question",
-                          "answers containing the value, %")
+                          "answers containing the value, %", size.reader)
+    models = {k: label(k, size.reader) for k in results}
     return SuiteResult("facts", "Facts at a distance, asked as a reader asks (beyond the paper): recall through "
                        "reading, to 1M tokens", [table(["model"] + [distance_label(int(d)) for d in ds], rows), reads],
-                       {"results": results, "gold_read": gold_read, "models": {k: label(k) for k in results},
+                       {"results": results, "gold_read": gold_read, "models": models,
                         "facts": [{"id": q.id, "question": q.question, "answer": q.answers[0]} for q in qas],
                         "borrowed_train_tokens": borrowed},
                        asdict(size), [plot], notes, seconds)

@@ -231,7 +231,7 @@ def _result(ctx: EvalContext, size: Size, done: dict, commits: list[str]) -> Sui
     for k, r in results.items():
         cells = [f"{r[n]['contains']:.0f} ± {r[n]['contains_ci95']:.0f}" if n in r else "" for n in columns]
         written = sum(template_wording(x["answer"]) is not None for x in _rows(done, names, k))
-        rows.append([label(k), *cells, str(written)])
+        rows.append([label(k, size.reader), *cells, str(written)])
     gold_read = {f: float(np.mean([x for u in done.values() for x in u["reads"][f]] or [np.nan]))
                  for f in finders(size.entrants)}
     reads = table(["finder", "gold passage read (answerable questions)"],
@@ -249,11 +249,11 @@ def _result(ctx: EvalContext, size: Size, done: dict, commits: list[str]) -> Sui
     seconds = sum(u["seconds"] for u in done.values())
     notes.append(f"Units run at {', '.join(commits)}; {seconds / 60:.1f} min of work in all.")
     return SuiteResult("natural", "Natural questions about whole books (beyond the paper): the book in memory, a "
-                       "reader's question", [table(header, rows), reads, outcome_table(outcomes)],
+                       "reader's question", [table(header, rows), reads, outcome_table(outcomes, size.reader)],
                        {"results": results, "gold_read": gold_read, "outcomes": outcomes,
-                        "models": {k: label(k) for k in results},
+                        "models": {k: label(k, size.reader) for k in results},
                         "questions": {key: u["questions"] for key, u in done.items()}},
-                       asdict(size), [_plot(ctx, results, columns)], notes, seconds)
+                       asdict(size), [_plot(ctx, results, columns, size.reader)], notes, seconds)
 
 
 def _reader_note(ctx: EvalContext, size: Size) -> list[str]:
@@ -288,11 +288,11 @@ def reader_outcomes(done: dict, answerable: list[str], unanswerable: list[str], 
             "unanswerable": len(none), "not_said": honest, "invented": len(none) - honest}
 
 
-def outcome_table(outcomes: dict) -> str:
+def outcome_table(outcomes: dict, reader: str = "") -> str:
     rows = []
     for k, o in outcomes.items():
         n, wrong = o["answerable"] + o["unanswerable"], o["wrong"] + o["invented"]
-        rows.append([label(k), str(o["right"]), str(o["declined"]), str(o["wrong"]),
+        rows.append([label(k, reader), str(o["right"]), str(o["declined"]), str(o["wrong"]),
                      *([str(o["not_said"]), str(o["invented"])] if o["unanswerable"] else ["", ""]),
                      f"{wrong} of {n} ({100 * wrong / n:.0f}%)" if n else ""])
     return table(["entrant", "answerable: right", "says the book does not say", "wrong",
@@ -352,7 +352,7 @@ def _targets(done: dict, size: Size, answerable: list[str], unanswerable: list[s
     return notes
 
 
-def _plot(ctx: EvalContext, results: dict, columns: list[str]) -> str:
+def _plot(ctx: EvalContext, results: dict, columns: list[str], reader: str = "") -> str:
     keys = list(results)
     fig = figure(7.2, 0.5 * len(keys) * max(1, len(columns)) / 2 + 1.6)
     ax = fig.add_subplot()
@@ -362,7 +362,7 @@ def _plot(ctx: EvalContext, results: dict, columns: list[str]) -> str:
         vals = [results[k][n]["contains"] if n in results[k] else 0 for k in keys]
         errs = [results[k][n]["contains_ci95"] if n in results[k] else 0 for k in keys]
         ax.barh(y + (len(columns) / 2 - i - 0.5) * height, vals, height, xerr=errs, capsize=2, label=n)
-    ax.set_yticks(y, [label(k) for k in keys], fontsize=7)
+    ax.set_yticks(y, [label(k, reader) for k in keys], fontsize=7)
     ax.set_xlabel("answers containing an accepted answer (unanswerable: saying the book does not say), %")
     ax.set_xlim(0, 100)
     legend_below(ax, ncol=2, gap=0.16)  # inside, it hid a strong reader's bars (Qwen2.5-Coder-0.5B's oracle)

@@ -48,6 +48,15 @@ def choose(name: str | None = AUTO) -> str:
     return installed()[0] if name == AUTO else name
 
 
+def default_for(backbone: str, reader: str | None = None) -> str:
+    """The reader a chat over the banks of a LongMem model of ``backbone`` (``LongMemConfig.backbone``) answers with
+    when told ``reader`` (``choose``), or when told none (None): that model's own backbone when it is not the
+    embedded default (whoever loads another model asks it to answer), else the best installed (``choose("auto")``)."""
+    if reader is None and backbone != DEFAULT_BACKBONE:
+        return backbone
+    return choose(reader)
+
+
 def label(name: str) -> str:
     """What a reader is called where people read it: its model's name, or a file's or folder's own name."""
     if name == DEFAULT_BACKBONE:

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from longmem.memory.memory import Memory, MemoryView
-from longmem.model.readers import choose, label, load_reader, same_model
+from longmem.model.readers import choose, default_for, label, load_reader, same_model
 from longmem.service.replies import CONTINUE, ChunkHit, Reply, Settings
 from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
@@ -81,7 +81,8 @@ class Sessions:
         self.directory = directory
         self.lock = threading.RLock()  # one model call at a time; guards the sessions
         self._sessions: OrderedDict[str, Session] = OrderedDict()
-        self.default_reader = choose(reader)  # the reader an answer reads with unless its settings name another
+        # the reader an answer reads with unless its settings name another (``readers.default_for``)
+        self.default_reader = default_for(model.config.backbone, reader)
         self._readers: OrderedDict[str, object] = OrderedDict()  # readers other than ``model``, loaded
 
     def reader(self, name: str | None = None) -> tuple[object, str, bool]:

@@ -64,7 +64,7 @@ class Workspace:
                  checkpoint: str | None = None, work_dir: str | os.PathLike | None = None,
                  limits: ExtractLimits | None = None, dtype: str = "auto", reader: str | None = None):
         # the app's model only answers: eval mode (LoRA projections merged); the sessions hold it. ``reader``: the
-        # model chat answers read with unless told (``model.readers.choose``: None or "auto", the best installed)
+        # model chat answers read with unless told (None: ``model.readers.default_for`` the model)
         self.sessions = Sessions(model.eval(), directory, reader)  # each bank's memory and conversation; chat, continue
         self.limits = limits or ExtractLimits()  # what one uploaded file may expand to while its text is read
         self.dtype = dtype  # the dtype asked for ("auto" or a name); ``load_model`` uses it unless told another
