@@ -232,3 +232,13 @@ def test_the_chat_tab_names_who_answered_and_whether_memory_was_read():
     assert answered_by(None) == ""  # a turn stored before readers could be chosen
     title = citations_message([], said=False, reader="tiny-qwen", memory=False)["metadata"]["title"]
     assert title == "The closest passages the book has: 0 · answered by tiny-qwen, memory not read"
+
+
+def test_a_reader_that_can_tell_is_asked_to_say_when_the_excerpts_do_not_answer():
+    from longmem.tasks.reading import INSTRUCTION, PROMPTS, Reading, reading_prompt
+
+    assert Reading().prompt == "book" and PROMPTS["book"] == INSTRUCTION  # the 135M's prompt stays as measured
+    assert PROMPTS["book-or-not"].startswith(INSTRUCTION) and "The book does not say." in PROMPTS["book-or-not"]
+    with pytest.raises(ValueError, match="prompt must be one of"):
+        Reading(prompt="be brief")
+    assert reading_prompt(QUESTION, []) == QUESTION  # nothing found: the question alone, whatever the prompt

@@ -121,6 +121,8 @@ class ReadingSize:
     sections: bool = Reading.sections  # the app looks in the section a question names, as the chat does (the RAG
     #                                    baselines never: plain BM25)
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
+    prompt: str = Reading.prompt  # the app's reading prompt (``tasks.reading.PROMPTS``); the baselines read with
+    #                               the plain one ("book") always
     reader: str = ""  # the model the app's entrants, the RAG baselines and the backbone's oracle read with ("": the
     #                   LongMem model's own backbone; a name as ``longmem chat --reader`` takes it: the app then reads
     #                   with memory off, as the chat does with another reader)
@@ -356,7 +358,7 @@ class Entrants:
         return Reading(finder=finder, passages=size.passages, budget=size.budget, best_last=size.best_last,
                        topk=size.reading_topk or None, search_excerpts=size.search_excerpts,
                        side_weight=size.side_weight, abstain=size.abstain if app else 0.0,
-                       sections=size.sections and app)
+                       sections=size.sections and app, prompt=size.prompt if app else Reading.prompt)
 
     def embedded(self, asked: Asked, hay: Haystack) -> list[Found]:
         """The passages closest to the question under the embedder, best first: the indexed ones and the item's

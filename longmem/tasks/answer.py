@@ -31,7 +31,16 @@ from longmem.memory.memory import MemoryView
 from longmem.model.lm import Sampling
 from longmem.tasks.chat import Chat
 from longmem.tasks.evidence import Checker, grounding, support
-from longmem.tasks.reading import Citation, Found, PassageFinder, Reading, citations, fit_for_chat, reading_prompt
+from longmem.tasks.reading import (
+    PROMPTS,
+    Citation,
+    Found,
+    PassageFinder,
+    Reading,
+    citations,
+    fit_for_chat,
+    reading_prompt,
+)
 
 ANSWER_TOKENS = 64  # tokens an answer says at most: a book question's answer is a sentence or two
 NO_REPEAT = 4  # an answer never repeats a 4-gram of its own: the 135M reader's greedy loops end
@@ -141,7 +150,8 @@ def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None
     checker = Checker(question, [f.passage.text for f in found], reading.abstain) if checks else None
     made, completed = [], False
     try:
-        pieces = chat.ask(question, reading_prompt(question, found) if found else None, reading.search_excerpts)
+        excerpts = reading_prompt(question, found, PROMPTS[reading.prompt]) if found else None
+        pieces = chat.ask(question, excerpts, reading.search_excerpts)
         try:
             for piece in pieces:
                 if reply.stop is not None and reply.stop():

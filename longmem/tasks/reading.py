@@ -57,6 +57,10 @@ ENDING_PASSAGES = 4  # a section's last passages read for a question about how i
 ABSTAIN = 0.5  # an answer sentence whose added words no stretch of what it read holds this share of is not shown;
 #               an answer with none shown says the book does not say (``tasks.evidence``; measured: docs/design.md)
 INSTRUCTION = "Answer the question from these excerpts of the book."
+PROMPTS = {  # the reading prompt's instruction, by name (``Reading.prompt``)
+    "book": INSTRUCTION,  # the 135M's: it cannot tell whether excerpts answer, the check does (docs/design.md)
+    "book-or-not": f"{INSTRUCTION} If they do not answer it, say: The book does not say.",  # a reader that can tell
+}
 
 
 @dataclass
@@ -79,6 +83,8 @@ class Reading:
     #                           says the book does not say (0: every answer is shown as made)
     sections: bool = True  # a question naming a section by its title is looked for in it; asked how it ends, its
     #                        last passages are read (lexical finding; docs/design.md)
+    prompt: str = "book"  # the reading prompt's instruction (``PROMPTS``): "book", or "book-or-not" (told to say
+    #                       that the book does not say when the excerpts do not answer)
 
     def __post_init__(self):
         if self.finder not in FINDERS:
@@ -89,6 +95,8 @@ class Reading:
             raise ValueError(f"topk must be >= 1 or None (the model's K), got {self.topk}")
         if not 0.0 <= self.side_weight <= 1.0 or not 0.0 <= self.abstain <= 1.0:
             raise ValueError(f"side_weight and abstain must be in [0, 1], got {self.side_weight}, {self.abstain}")
+        if self.prompt not in PROMPTS:
+            raise ValueError(f"prompt must be one of {', '.join(PROMPTS)}, got {self.prompt!r}")
 
     def chunks(self, memory, found: list, model_topk: int) -> int | None:
         """Memory chunks each query token reads while answering: ``topk`` tokens' worth of ``memory``'s chunks (at
@@ -255,13 +263,13 @@ def fit(found: list[Found], tokenizer, budget: int) -> list[Found]:
     return out
 
 
-def reading_prompt(question: str, found: list[Found]) -> str:
-    """The user's turn when reading: numbered excerpts with their places, then the question (no excerpts: the
-    question alone)."""
+def reading_prompt(question: str, found: list[Found], instruction: str = INSTRUCTION) -> str:
+    """The user's turn when reading: ``instruction`` (``PROMPTS``), numbered excerpts with their places, then the
+    question (no excerpts: the question alone)."""
     if not found:
         return question
     excerpts = "\n\n".join(f"[{i}] ({f.passage.prompt_place()})\n{f.passage.text}" for i, f in enumerate(found, 1))
-    return f"{INSTRUCTION}\n\n{excerpts}\n\nQuestion: {question}"
+    return f"{instruction}\n\n{excerpts}\n\nQuestion: {question}"
 
 
 def citations(bank: Bank, found: list[Found], question: str = "", context_chars: int = 600) -> list[Citation]:
