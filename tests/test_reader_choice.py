@@ -242,3 +242,38 @@ def test_a_reader_that_can_tell_is_asked_to_say_when_the_excerpts_do_not_answer(
     with pytest.raises(ValueError, match="prompt must be one of"):
         Reading(prompt="be brief")
     assert reading_prompt(QUESTION, []) == QUESTION  # nothing found: the question alone, whatever the prompt
+
+
+def test_another_reader_reads_as_it_was_tuned_but_for_what_the_asker_turns_off(monkeypatch):
+    from longmem.tasks import reading as reading_module
+    from longmem.tasks.reading import Reading, reading_for
+
+    monkeypatch.setitem(reading_module.READER_READING, "r", {"prompt": "book-or-not", "abstain": 0.7})
+    tuned = reading_for("r", Reading(passages=3))
+    assert (tuned.prompt, tuned.abstain, tuned.passages) == ("book-or-not", 0.7, 3)
+    off = reading_for("r", Reading(abstain=0.0), {"abstain"})  # the check turned off stays off
+    assert (off.prompt, off.abstain) == ("book-or-not", 0.0)
+    assert reading_for("other", Reading()) == Reading()
+
+
+def test_the_workspace_reads_with_the_readers_tuned_settings(tmp_path, qwen_gguf, monkeypatch):
+    from longmem.service import sessions
+    from longmem.tasks import reading as reading_module
+
+    monkeypatch.setitem(reading_module.READER_READING, qwen_gguf, {"prompt": "book-or-not", "abstain": 0.7})
+    seen = []
+    real = sessions.answer
+    monkeypatch.setattr(sessions, "answer", lambda chat, finder, q, reading, *a, **k:
+                        seen.append(reading) or real(chat, finder, q, reading, *a, **k))
+    ws = Workspace(chat_model(segment_len=512), BankDirectory(tmp_path / "banks"))
+    try:
+        book = tmp_path / "story.txt"
+        book.write_text(story())
+        assert ws.jobs.wait(ws.ingest("b", [book], create=True), timeout=JOB_TIMEOUT).status == "done"
+        for settings in (Settings(max_new_tokens=4, reader=qwen_gguf), Settings(max_new_tokens=4, abstain=False,
+                                                                                 reader=qwen_gguf),
+                         Settings(max_new_tokens=4, reader="default")):
+            "".join(ws.chat("b", QUESTION, settings))
+    finally:
+        ws.close()
+    assert [(r.prompt, r.abstain) for r in seen] == [("book-or-not", 0.7), ("book-or-not", 0.0), ("book", 0.5)]

@@ -269,11 +269,11 @@ def _reader_rates(lm, prompts: list) -> dict:
 
 
 def scenario_answer(args) -> dict:
-    from longmem.model.readers import label, load_reader
+    from longmem.model.readers import choose, label, load_reader
     from longmem.storage import BankDirectory
     from longmem.tasks.answer import ANSWER_SAMPLING, answer
     from longmem.tasks.chat import Chat
-    from longmem.tasks.reading import PassageFinder, Reading, reading_prompt
+    from longmem.tasks.reading import PROMPTS, PassageFinder, Reading, reading_for, reading_prompt
 
     model = _model(args)
     reader, facts = model, {}
@@ -294,6 +294,8 @@ def scenario_answer(args) -> dict:
         finder = PassageFinder(bank, model, memory)
         reading = Reading(topk=args.reading_topk or None,  # as the app's chat reads, unless told
                           search_excerpts=args.search_excerpts == "yes")
+        if args.reader:  # another reader reads as it was tuned to (``tasks.reading.reading_for``)
+            reading = reading_for(choose(args.reader), reading)
         rows, prompts = [], []
         for q in QUESTIONS[: args.questions]:
             chat = Chat(reader, memory if reader is model else None, ANSWER_SAMPLING)
@@ -307,7 +309,7 @@ def scenario_answer(args) -> dict:
             t3b = time.perf_counter()
             finder.find(q, Reading(finder="memory"))
             t4 = time.perf_counter()
-            prompts.append(chat.prompt_ids(q, reading_prompt(q, reply.found), history=False))
+            prompts.append(chat.prompt_ids(q, reading_prompt(q, reply.found, PROMPTS[reading.prompt]), history=False))
             rows.append({"question": q, "find_ms": 1000 * (t2 - t1), "first_token_s": t3 - t1,
                          "answer_s": t3b - t1, "said": reply.said, "memory_find_s": t4 - t3b,
                          "prompt_tokens": int(prompts[-1].shape[1])})

@@ -135,18 +135,19 @@ def _questions(args, echo: bool = True) -> Iterator[str]:
 
 
 def _chat_reader(args, model):
-    """The chat's reader, its name and whether it is the bank's own model: ``--reader`` (None: the model of
-    ``--backbone`` or ``--checkpoint`` when one is given, else the best installed reader, ``readers.choose``); the
-    bank's own model when that is the reader named, else the named model's frozen backbone, memory off."""
+    """The chat's reader, its name (``readers.choose``'s) and whether it is the bank's own model: ``--reader``
+    (None: the model loaded when ``--checkpoint``, ``--untrained`` or another ``--backbone`` is given, else the best
+    installed reader: ``readers.default_for``); the bank's own model when that is the reader named, else the named
+    model's frozen backbone, memory off."""
     from longmem.model import readers
 
-    own = (model, readers.label(model.config.backbone), True)
+    own = (model, model.config.backbone, True)
     if args.reader is None and (args.checkpoint or args.untrained):
         return own
     name = readers.default_for(model.config.backbone, args.reader)
     if readers.same_model(name, model.config.backbone):
         return own
-    return readers.load_reader(name, args.dtype, model.backbone.device), readers.label(name), False
+    return readers.load_reader(name, args.dtype, model.backbone.device), name, False
 
 
 def _reply_json(reply, reader: str) -> str:
@@ -160,9 +161,10 @@ def _reply_json(reply, reader: str) -> str:
 
 def cmd_chat(args) -> int:
     from longmem.ingest.readers import open_source
+    from longmem.model.readers import label
     from longmem.tasks.answer import answer
     from longmem.tasks.chat import Chat
-    from longmem.tasks.reading import PassageFinder, Reading
+    from longmem.tasks.reading import PassageFinder, Reading, reading_for
 
     if args.file and args.bank:
         raise ValueError("give --file or --bank, not both (`longmem bank ingest NAME FILE` adds a file to a bank)")
@@ -175,7 +177,10 @@ def cmd_chat(args) -> int:
         source = stack.enter_context(open_source(args.file)) if args.file else None
         _check_bank(args)
         model = _load_model(args)
-        reader, name, own = _chat_reader(args, model)
+        reader, chosen, own = _chat_reader(args, model)
+        name = label(chosen)
+        if not own:  # another reader reads as it was tuned to, but for what the flags turn off
+            reading = reading_for(chosen, reading, set() if args.abstain == "yes" else {"abstain"})
         bank = _chat_bank(args, model, stack, source)
         memory = cli_bank.load_memory(bank, model) if bank is not None else model.new_memory(capacity=None)
         finder = PassageFinder(bank, model, memory) if bank is not None and args.finder != "none" else None

@@ -58,6 +58,7 @@ from longmem.tasks.reading import (
     PassageFinder,
     Reading,
     find_for_chat,
+    reading_for,
 )
 from longmem.util.files import write_file_atomic
 
@@ -389,6 +390,10 @@ def entrants_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Entrants:
     size.reader = choose(size.reader) if size.reader else ""
     if size.reader and same_model(size.reader, model.config.backbone):
         size.reader = ""  # the LongMem model's own backbone: the app reads as it does
+    if size.reader:  # it reads as it was tuned to (``tasks.reading.reading_for``), but for what the run sets
+        told = set(ctx.overrides.get(suite, {}))
+        tuned = reading_for(size.reader, Reading(prompt=size.prompt, abstain=size.abstain), told)
+        size.prompt, size.abstain = tuned.prompt, tuned.abstain
     app = load_reader(size.reader, bb.dtype, bb.device, model.segment_len) if size.reader else None
     return Entrants(model, app or BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions), size,
                     Embedder.load() if "rag_embed" in size.entrants else None, app)

@@ -32,7 +32,7 @@ from longmem.storage.bank import Bank
 from longmem.storage.records import BankError
 from longmem.tasks.answer import answer
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import Citation, PassageFinder
+from longmem.tasks.reading import Citation, PassageFinder, reading_for
 from longmem.text.io import InputError, stream_text
 
 log = logging.getLogger(__name__)
@@ -86,11 +86,12 @@ class Sessions:
         self._readers: OrderedDict[str, object] = OrderedDict()  # readers other than ``model``, loaded
 
     def reader(self, name: str | None = None) -> tuple[object, str, bool]:
-        """The reader ``name`` stands for (None: ``default_reader``): ``(model, label, own)``, ``own`` when it is the
-        bank's model (then it reads the bank's memory). Another is loaded on first use (call under the lock)."""
+        """The reader ``name`` stands for (None: ``default_reader``): ``(model, name, own)``, ``name`` resolved
+        (``readers.choose``), ``own`` when it is the bank's model (then it reads the bank's memory). Another is
+        loaded on first use (call under the lock)."""
         name = choose(name or self.default_reader)
         if same_model(name, self.model.config.backbone):
-            return self.model, label(name), True
+            return self.model, name, True
         lm = self._readers.get(name)
         if lm is None:
             device = self.model.backbone.device
@@ -99,7 +100,7 @@ class Sessions:
             while len(self._readers) > LOADED_READERS:
                 self._readers.popitem(last=False)
         self._readers.move_to_end(name)
-        return lm, label(name), False
+        return lm, name, False
 
     def names(self) -> list[str]:
         """The banks whose memory is loaded, least recently used first."""
@@ -205,8 +206,11 @@ class Sessions:
             chat.sampling = settings.sampling(chat.sampling.stop_ids)
             if settings.finder != "none" and s.finder is None:
                 s.finder = PassageFinder(s.bank, self.model, s.memory)
-            made = answer(chat, s.finder, question, settings.reading_config(), settings.chunks,
-                          stop=lambda: reply.cancelled, reader=reader)
+            reading = settings.reading_config()
+            if not own:  # another reader reads as it was tuned to, but for what the settings turn off
+                reading = reading_for(reader, reading, set() if settings.abstain else {"abstain"})
+            made = answer(chat, s.finder, question, reading, settings.chunks, stop=lambda: reply.cancelled,
+                          reader=label(reader))
             reply.citations, reply.reader, reply.memory = made.citations, made.reader, made.memory
             try:
                 for piece in made:

@@ -137,8 +137,10 @@ class Workspace:
         """Load reader ``name`` (None: the default reader) now rather than at the first answer that needs it (a 1.5B
         reader takes tens of seconds to load, minutes on its first use while its GGUF file is converted); returns
         its label. The bank's own model is loaded already."""
+        from longmem.model.readers import label
+
         with self.sessions.lock:
-            return self.sessions.reader(name)[1]
+            return label(self.sessions.reader(name)[1])
 
     @property
     def default_reader(self) -> str:

@@ -33,7 +33,7 @@ Cite. What was read is returned with the answer (``Citation``): text, place, and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -105,6 +105,20 @@ class Reading:
         if not found or self.topk is None:
             return None
         return max(1, min(self.topk, model_topk) // memory.chunk_size)
+
+
+# How another reader than the bank's own model reads unless told (``reading_for``): the fields of ``Reading`` it was
+# tuned with on the project's tuning sets (docs/design.md, "How a larger reader reads"); a reader not named here
+# reads as the bank's model does
+READER_READING: dict[str, dict] = {}
+
+
+def reading_for(reader: str, reading: Reading, told: frozenset[str] | set[str] = frozenset()) -> Reading:
+    """``reading`` as reader ``reader`` (a name as ``model.readers`` takes it) reads it: its own settings
+    (``READER_READING``) in place of those the asker did not choose (``told``: field names, e.g. {"abstain"} when the
+    check was turned off)."""
+    own = {k: v for k, v in READER_READING.get(reader, {}).items() if k not in told}
+    return replace(reading, **own) if own else reading
 
 
 @dataclass(frozen=True)
