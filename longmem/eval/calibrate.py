@@ -31,6 +31,7 @@ from longmem.util.data import data_dir
 
 THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
 WRONG_AT_MOST = 26.0  # % of all questions asked that may get a wrong answer (the 135M app's share on the dev sets)
+SAID_AT_LEAST = 70.0  # % of the unanswerable questions that must get "the book does not say" (the issue's target)
 
 
 def checked(draft: str, question: str, passages: list[str], least: float) -> str:
@@ -121,10 +122,13 @@ def markdown(results: list[dict], run: Path) -> str:
                                      "unanswerable: says so", "invents", "wrong answers, of all asked"], rows)])
 
 
-def choose(results: list[dict], wrong_at_most: float = WRONG_AT_MOST) -> dict | None:
-    """The threshold that answers most questions right with wrong answers at most ``wrong_at_most`` % of all asked
-    (ties: the lower wrong share, then the higher threshold); None when none keeps to it."""
-    ok = [o for o in results if o["wrong_pct"] <= wrong_at_most]
+def choose(results: list[dict], wrong_at_most: float = WRONG_AT_MOST,
+           said_at_least: float = SAID_AT_LEAST) -> dict | None:
+    """The threshold that answers most questions right with wrong answers at most ``wrong_at_most`` % of all asked and
+    "the book does not say" for at least ``said_at_least`` % of the unanswerable questions (ties: the lower wrong
+    share, then the higher threshold); None when none keeps to both."""
+    ok = [o for o in results if o["wrong_pct"] <= wrong_at_most
+          and 100 * o["not_said"] >= said_at_least * max(1, o["unanswerable"])]
     return max(ok, key=lambda o: (o["right"], -o["wrong_pct"], o["least"])) if ok else None
 
 
@@ -135,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated thresholds of Reading.abstain to check the drafts at")
     p.add_argument("--wrong-at-most", type=float, default=WRONG_AT_MOST,
                    help=f"%% of all questions that may be answered wrongly (default {WRONG_AT_MOST:g})")
+    p.add_argument("--said-at-least", type=float, default=SAID_AT_LEAST,
+                   help=f"%% of unanswerable questions that must be told the book does not say (default "
+                        f"{SAID_AT_LEAST:g})")
     p.add_argument("--data-dir", default=None, help="the shared data folder (default: $LONGMEM_DATA_DIR, else "
                                                     "../shared/data)")
     args = p.parse_args(argv)
@@ -145,11 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     results = [outcomes(rows, t) for t in thresholds]
-    best = choose(results, args.wrong_at_most)
+    best = choose(results, args.wrong_at_most, args.said_at_least)
     print(json.dumps({"run": args.run, "questions": len(rows), "results": results,
                       "chosen": best["least"] if best else None}))
     print(markdown(results, Path(args.run)))
-    print(f"\nChosen (most right with wrong answers <= {args.wrong_at_most:g}% of all asked): "
+    print(f"\nChosen (most right with wrong answers <= {args.wrong_at_most:g}% of all asked and the book said not to "
+          f"say for >= {args.said_at_least:g}% of the unanswerable): "
           + (f"{best['least']:g}" if best else "none keeps to it"))
     return 0
 
