@@ -110,7 +110,12 @@ class Reading:
 # How another reader than the bank's own model reads unless told (``reading_for``): the fields of ``Reading`` it was
 # tuned with on the project's tuning sets (docs/design.md, "How a larger reader reads"); a reader not named here
 # reads as the bank's model does
-READER_READING: dict[str, dict] = {}
+READER_READING: dict[str, dict] = {
+    # told to say that the book does not say: on the tuning sets (128 answerable, 48 unanswerable), 43 right, 10% of
+    # all asked answered wrongly and 83% of the unanswerable said so, where the book prompt gave 44 right of the first
+    # 80 but 35% wrong and 50% said (no threshold of the check kept both to the targets); the check's 0.5 stays
+    "qwen2.5-coder-1.5b": {"prompt": "book-or-not"},
+}
 
 
 def reading_for(reader: str, reading: Reading, told: frozenset[str] | set[str] = frozenset()) -> Reading:
