@@ -98,7 +98,10 @@ class Sessions:
             lm = load_reader(name, self.model.backbone.dtype, device, self.model.segment_len)
             self._readers[name] = lm
             while len(self._readers) > LOADED_READERS:
-                self._readers.popitem(last=False)
+                _, gone = self._readers.popitem(last=False)
+                for s in self._sessions.values():  # a conversation it read is read again by whoever comes next
+                    if s.chat is not None and s.chat.model is gone:
+                        s.chat = None
         self._readers.move_to_end(name)
         return lm, name, False
 
