@@ -123,6 +123,15 @@ def chromium() -> str:
     return path
 
 
+def open_page(browser, url: str, errors: list[str]):
+    """A page of the app at ``url`` (60 s waits), its JavaScript errors appended to ``errors``."""
+    page = browser.new_page(viewport=VIEWPORT)
+    page.set_default_timeout(60 * MS)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url, wait_until="domcontentloaded")
+    return page
+
+
 def _shots_dir(tmp_path: Path) -> Path:
     out = Path(os.environ.get("LONGMEM_SCREENSHOTS") or tmp_path / "screenshots")
     out.mkdir(parents=True, exist_ok=True)
@@ -160,10 +169,7 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
         timings["app ready"] = ready_s
         browser = launch_chromium(p, chromium)
         try:
-            page = browser.new_page(viewport=VIEWPORT)
-            page.set_default_timeout(60 * MS)
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
-            page.goto(url, wait_until="domcontentloaded")
+            page = open_page(browser, url, page_errors)
 
             # -- a first click on another tab, as soon as the tabs are drawn, stays there: Gradio reports the first tab
             #    selected as the tabs mount, and that report, remembered for a reload, must not throw the reader back
@@ -325,10 +331,7 @@ def test_the_chat_tab_names_its_reader_and_answers_with_the_one_switched_to(chro
     with start_app(tmp_path / "app", extra_args=("--reader", str(reader))) as (proc, url, _), sync_playwright() as p:
         browser = launch_chromium(p, chromium)
         try:
-            page = browser.new_page(viewport=VIEWPORT)
-            page.set_default_timeout(60 * MS)
-            page.on("pageerror", lambda e: page_errors.append(str(e)))
-            page.goto(url, wait_until="domcontentloaded")
+            page = open_page(browser, url, page_errors)
             picker = page.locator("#chat-reader input[role=combobox]")
             picker.wait_for()
             assert picker.input_value() == "tiny-qwen"  # the reader the app was started with, by name

@@ -27,9 +27,9 @@ Scenarios, each in a fresh Python process (``--scenario NAME``):
   read is shown whole, so that is the whole answer) and the whole answer. The first question is reported apart
   (cold: first use of every path); the median is over the others. ``--reader NAME`` (``model.readers``): another
   model reads the passages, memory off, as the chat does with it; then also the reader's RSS (the process's growth
-  when it loads, against its weights), its prefill rate over the reading prompts (one forward of each, no cache)
-  and its decoding rate (greedy, no stop, after the prompt) are reported: the excerpts' prefill is bound by compute,
-  decoding by memory bandwidth (every weight read once a token).
+  from loading it to the end of its answers, against its weights), its prefill rate over the reading prompts (one
+  forward of each, no cache) and its decoding rate (greedy, no stop, after the prompt) are reported: the excerpts'
+  prefill is bound by compute, decoding by memory bandwidth (every weight read once a token).
 
 The parent prints one JSON object (stdout) and a markdown table; progress goes to stderr.
 """
@@ -277,18 +277,16 @@ def scenario_answer(args) -> dict:
 
     model = _model(args)
     reader, facts = model, {}
-    if args.reader:
-        rss0 = status_mb("VmRSS")
-        reader = load_reader(args.reader, model.backbone.dtype, model.backbone.device, model.segment_len)
-        params = list(reader.backbone.model.parameters())
-        weights = sum(p.numel() * p.element_size() for p in params) / 2**20
-        grown = status_mb("VmRSS") - rss0
-        facts = {"reader": label(args.reader), "reader_params": sum(p.numel() for p in params),
-                 "reader_weights_mb": weights, "reader_rss_mb": grown, "reader_rss_vs_weights": grown / weights}
     with BankDirectory(Path(args.work) / "banks").open("big") as bank:
         t0 = time.perf_counter()
         memory = bank.load_memory(model)
         load_s = time.perf_counter() - t0
+        rss0 = status_mb("VmRSS")  # the model and the bank's memory: what the process holds without the reader
+        if args.reader:
+            reader = load_reader(args.reader, model.backbone.dtype, model.backbone.device, model.segment_len)
+            params = list(reader.backbone.model.parameters())
+            facts = {"reader": label(args.reader), "reader_params": sum(p.numel() for p in params),
+                     "reader_weights_mb": sum(p.numel() * p.element_size() for p in params) / 2**20}
         if args.approx_from:  # the IVF copies are built at the first search: the first question pays for them
             memory.approximate(args.approx_from, args.probes)
         finder = PassageFinder(bank, model, memory)
@@ -318,6 +316,8 @@ def scenario_answer(args) -> dict:
     if args.reader and prompts:
         with torch.inference_mode():
             facts |= _reader_rates(reader, [p.to(reader.backbone.device) for p in prompts])
+        grown = status_mb("VmRSS") - rss0  # after every answer: its weights read (mapped or not), its caches
+        facts |= {"reader_rss_mb": grown, "reader_rss_vs_weights": grown / facts["reader_weights_mb"]}
         log(f"{facts['reader']}: prefill {facts['prefill_tok_s']:.0f} tok/s, decoding {facts['decode_tok_s']:.1f} "
             f"tok/s, RSS +{facts['reader_rss_mb']:.0f} MiB for {facts['reader_weights_mb']:.0f} MiB of weights")
     warm = rows[1:] or rows
