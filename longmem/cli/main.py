@@ -147,7 +147,7 @@ def _chat_reader(args, model):
     name = readers.default_for(model.config.backbone, args.reader)
     if readers.same_model(name, model.config.backbone):
         return own
-    return readers.load_reader(name, args.dtype, model.backbone.device), name, False
+    return readers.load_reader(name, model.backbone.dtype, model.backbone.device, model.segment_len), name, False
 
 
 def _reply_json(reply, reader: str) -> str:

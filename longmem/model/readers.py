@@ -26,11 +26,12 @@ import torch
 from longmem.model.backbone import DEFAULT_BACKBONE, DEFAULT_NAME, BackboneError, load_backbone, resolve_dtype
 from longmem.model.baselines import BackboneLM
 from longmem.model.downloads import DOWNLOADS, READERS, fetched
+from longmem.model.longmem import LongMemConfig
 
 AUTO = "auto"  # the best installed reader (or $LONGMEM_READER)
 READER_ENV = "LONGMEM_READER"  # the reader "auto" means, when set (a name as ``--reader`` takes it)
-READER_WINDOW = 1024  # tokens a reader's window holds: the prompt (passages, question) and the answer, as the
-#                       bank's own model reads (``LongMemConfig.segment_len``); bounded by the model's context
+READER_WINDOW = LongMemConfig.segment_len  # tokens a reader's window holds unless told (callers pass the bank
+#                                           model's own window): the prompt and the answer, bounded by its context
 
 
 def installed() -> list[str]:
