@@ -204,7 +204,7 @@ def test_a_supported_answer_marks_its_sentence_in_the_passage(loaded, monkeypatc
     model, bank, memory = loaded
     finder = PassageFinder(bank, model, memory)
     chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
-    def said(self, q, reading=None, search=True):
+    def said(self, q, reading=None, search=True, trace=None):
         yield "A silver zeppelin."
         self.history += [{"role": "user", "content": q}, {"role": "assistant", "content": "A silver zeppelin."}]
 
@@ -224,7 +224,7 @@ def test_a_whole_draft_is_written_past_the_check_unshown(loaded, monkeypatch):
               "for a horse."]
     asked = []
 
-    def said(self, q, reading=None, search=True):
+    def said(self, q, reading=None, search=True, trace=None):
         for p in pieces:
             asked.append(p)
             yield p
@@ -243,6 +243,58 @@ def test_a_whole_draft_is_written_past_the_check_unshown(loaded, monkeypatch):
     assert turns[0][-1]["content"] == "A silver zeppelin."
     assert "horse" not in drafts[0] and "Patagonia" in drafts[0]  # generation stopped after the sentence refused
     assert drafts[1] == "".join(pieces) == "".join(asked)  # the whole draft, past the check
+
+
+def test_a_reader_says_the_book_does_not_say_only_when_sure_of_it(loaded):
+    """``Reading.decline`` with the book-or-not prompt: the reader's probability of "The book does not say." is read
+    once the prompt is; below the threshold it answers otherwise, above it the reply is that the book does not say,
+    and the check still judges what it answers."""
+    model, bank, memory = loaded
+    finder = PassageFinder(bank, model, memory)
+
+    def asked(decline: float):
+        chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
+        reply = answer(chat, finder, QUESTION, Reading(prompt="book-or-not", decline=decline, abstain=0.0))
+        return "".join(reply), reply
+
+    text, unsure = asked(1.0)
+    assert unsure.said and 0.0 < unsure.trace.decline < 1.0 and not unsure.trace.declined
+    assert len(unsure.trace.probs) == len(model.backbone.tokenizer(text, add_special_tokens=False).input_ids)
+    text, sure = asked(unsure.trace.decline / 2)
+    assert sure.trace.declined and text == NOT_SAID and not sure.said
+    assert sure.trace.decline == pytest.approx(unsure.trace.decline, rel=1e-3)
+    plain = answer(Chat(model, memory, Sampling(max_new_tokens=8, temperature=0)), finder, QUESTION,
+                   Reading(prompt="book", decline=0.5))
+    "".join(plain)
+    assert plain.trace.decline is None  # the book prompt names no decline: nothing weighed
+
+
+def test_an_answer_is_shown_only_when_the_reader_was_sure_how_it_begins(loaded):
+    """``Reading.sure``: the least probability of the answer's first ``SURE_TOKENS`` tokens; below the threshold the
+    reply says that the book does not say (the whole draft still written for records), above it the answer is as
+    without the threshold."""
+    from longmem.tasks.reading import SURE_TOKENS
+
+    model, bank, memory = loaded
+    finder = PassageFinder(bank, model, memory)
+
+    def asked(sure: float, whole: bool = False):
+        chat = Chat(model, memory, Sampling(max_new_tokens=8, temperature=0))
+        reply = answer(chat, finder, QUESTION, Reading(abstain=0.0, sure=sure), whole_draft=whole)
+        return "".join(reply), reply, chat
+
+    plain, free, _ = asked(0.0)
+    assert free.sure is None and len(free.trace.probs) == 8
+    least = min(free.trace.probs[:SURE_TOKENS])
+    text, kept, _ = asked(least / 2)
+    assert text == plain and kept.said and kept.sure == pytest.approx(least)
+    text, doubted, chat = asked(min(1.0, least * 1.01), whole=True)
+    assert text == NOT_SAID and not doubted.said and doubted.draft == plain
+    assert chat.history[-1] == {"role": "assistant", "content": NOT_SAID, "said": False}
+    text, cut, _ = asked(min(1.0, least * 1.01))
+    assert text == NOT_SAID and len(cut.trace.probs) == SURE_TOKENS  # no need to write on once unsure
+    with pytest.raises(ValueError, match="sure"):
+        Reading(sure=-0.1)
 
 
 def test_a_question_with_no_word_of_the_book_reads_what_memory_retrieves(loaded):

@@ -201,6 +201,14 @@ def test_the_check_is_calibrated_on_recorded_drafts_without_asking_the_reader():
     assert at[0.5]["agrees"] == 3 and at[0.0]["agrees"] == 0  # the run's own threshold gives back its replies
     assert (at[0.0]["wrong"], at[0.0]["invented"]) == (1, 1) and round(at[0.0]["wrong_pct"]) == 67
     assert choose(list(at.values()))["least"] == 0.5 and choose([at[0.0]], wrong_at_most=50) is None
+    # a run that never declined (decline 1): each draft with the reader's probability of "The book does not say."
+    never = [r | {"declines_at": 1.0, "decline": p} for r, p in zip(rows, (0.2, 0.9, 0.7))]
+    swept = {d: outcomes(never, 0.5, d) for d in (0.5, 0.8, 1.0)}
+    assert [(o["right"], o["declined"], o["not_said"]) for o in swept.values()] == [(1, 1, 1), (1, 1, 1), (1, 1, 1)]
+    assert outcomes(never, 0.0, 0.5)["invented"] == 0 and outcomes(never, 0.0, 0.8)["invented"] == 1
+    assert outcomes(never, 0.0, 0.1)["right"] == 0  # sure of declining everywhere: even the right draft goes
+    with pytest.raises(ValueError, match="never declined"):
+        outcomes([r | {"declines_at": 0.5, "decline": 0.2} for r in rows], 0.5, 0.8)
 
 
 def test_the_answer_benchmark_times_a_readers_prefill_and_decoding(qwen_gguf):

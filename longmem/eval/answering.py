@@ -124,6 +124,10 @@ class ReadingSize:
     entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
     prompt: str = Reading.prompt  # the app's reading prompt (``tasks.reading.PROMPTS``); the baselines read with
     #                               the plain one ("book") always
+    decline: float = Reading.decline  # with the book-or-not prompt, the least probability of "The book does not say."
+    #                                   for the app's reader to say it (``Reading.decline``; 0: greedy)
+    sure: float = Reading.sure  # the least probability of each of the app's answer's first tokens for it to be shown
+    #                             (``Reading.sure``; 0: off)
     reader: str = ""  # the model the app's entrants, the RAG baselines and the backbone's oracle read with ("": the
     #                   LongMem model's own backbone; a name as ``longmem chat --reader`` takes it: the app then reads
     #                   with memory off, as the chat does with another reader)
@@ -249,7 +253,7 @@ def scored(got: str | dict, golds) -> dict:
         draft = reply["draft"]
         row |= {"said": reply["said"], "draft": draft,
                 "draft_contains": contains(draft, golds) if golds else says_not_said(draft),
-                **({"read": reply["read"]} if "read" in reply else {})}
+                **{k: reply[k] for k in ("read", "decline", "probs") if k in reply}}
     if reply.get("quoted") is not None and golds:
         row["quoted_contains"] = float(any(contains(q, golds) for q in reply["quoted"]))
     return row
@@ -309,6 +313,8 @@ class Entrants:
             if lm is app and reading.abstain > 0 and finder is not None:
                 out |= {"said": reply.said, "draft": " ".join((reply.draft or text).split()),
                         "read": [f.passage.id for f in reply.found],  # what the check read (``eval.calibrate``)
+                        **({"decline": round(reply.trace.decline, 4)} if reply.trace.decline is not None else {}),
+                        "probs": [round(p, 3) for p in reply.trace.probs],  # each draft token's probability
                         "quoted": [c.quote().removesuffix("…") for c in reply.citations]}  # the scorer keeps "…"
             return out
 
@@ -359,7 +365,8 @@ class Entrants:
         return Reading(finder=finder, passages=size.passages, budget=size.budget, best_last=size.best_last,
                        topk=size.reading_topk or None, search_excerpts=size.search_excerpts,
                        side_weight=size.side_weight, abstain=size.abstain if app else 0.0,
-                       sections=size.sections and app, prompt=size.prompt if app else Reading.prompt)
+                       sections=size.sections and app, prompt=size.prompt if app else Reading.prompt,
+                       decline=size.decline if app else 0.0, sure=size.sure if app else 0.0)
 
     def embedded(self, asked: Asked, hay: Haystack) -> list[Found]:
         """The passages closest to the question under the embedder, best first: the indexed ones and the item's
@@ -392,8 +399,9 @@ def entrants_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Entrants:
         size.reader = ""  # the LongMem model's own backbone: the app reads as it does
     if size.reader:  # it reads as it was tuned to (``tasks.reading.reading_for``), but for what the run sets
         told = set(ctx.overrides.get(suite, {}))
-        tuned = reading_for(size.reader, Reading(prompt=size.prompt, abstain=size.abstain), told)
-        size.prompt, size.abstain = tuned.prompt, tuned.abstain
+        asked = Reading(prompt=size.prompt, abstain=size.abstain, decline=size.decline, sure=size.sure)
+        tuned = reading_for(size.reader, asked, told)
+        size.prompt, size.abstain, size.decline, size.sure = tuned.prompt, tuned.abstain, tuned.decline, tuned.sure
     app = load_reader(size.reader, bb.dtype, bb.device, model.segment_len) if size.reader else None
     return Entrants(model, app or BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions), size,
                     Embedder.load() if "rag_embed" in size.entrants else None, app)

@@ -12,6 +12,17 @@ against those passages (read back from the run's banks) at each threshold; the r
 "the book does not say" when it shows nothing. At the run's own threshold this gives back the recorded replies
 (``agrees``: how many of them; a draft whose spacing the record normalised may split into sentences otherwise).
 Calibrate on tuning sets only: a threshold chosen on the dev sets fits them and nothing else.
+
+A reader held to its decline (``Reading.decline``, the book-or-not prompt) is calibrated the same way from a run at
+``--set natural.decline=1`` (the reader never declines, and the record keeps each draft with its probability of
+"The book does not say."): at a decline threshold d the reply is that the book does not say where that probability
+is above d, else the draft checked at the threshold of the check (``--declines``: the two are swept together).
+
+    longmem eval natural --reader qwen2.5-coder-1.5b --out runs/tune --set natural.decline=1 --set ...
+    python -m longmem.eval.calibrate runs/tune --declines 0.5,0.7,0.9
+
+And ``Reading.sure`` (an answer shown only when each of its first tokens had at least that probability) is read off
+any run's record, which keeps each draft token's probability (``--sure``: swept with the others).
 """
 
 from __future__ import annotations
@@ -27,9 +38,12 @@ from longmem.eval.natural import package_set_path, read_questions
 from longmem.storage import BankDirectory
 from longmem.tasks.answer import NOT_SAID
 from longmem.tasks.evidence import Checker
+from longmem.tasks.reading import SURE_TOKENS
 from longmem.util.data import data_dir
 
 THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
+SURES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)  # thresholds of ``Reading.sure`` swept with ``--sure``
+DECLINES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)  # decline thresholds swept with ``--declines`` and no list
 WRONG_AT_MOST = 26.0  # % of all questions asked that may get a wrong answer (the 135M app's share on the dev sets)
 SAID_AT_LEAST = 70.0  # % of the unanswerable questions that must get "the book does not say" (the issue's target)
 
@@ -64,8 +78,9 @@ def _bank_dir(run: Path, book: str) -> tuple[BankDirectory, str]:
 
 def drafts(run: Path, data: Path | None = None) -> list[dict]:
     """The app's recorded drafts of run folder ``run`` with what they read: {"id", "question", "golds", "draft",
-    "passages", "answer" (the recorded reply), "least" (the run's threshold)}, in record order (the last record of a
-    unit wins, as a resumed run reads it)."""
+    "passages", "answer" (the recorded reply), "least" (the run's threshold), "decline" (the reader's probability of
+    declining, None where not read), "declines_at" (the run's decline threshold, 0: none)}, in record order (the last
+    record of a unit wins, as a resumed run reads it)."""
     path = run / "natural.tasks.jsonl"
     if not path.is_file():
         raise ValueError(f"{run}: no natural.tasks.jsonl (run `longmem eval natural --out {run}` first)")
@@ -78,6 +93,7 @@ def drafts(run: Path, data: Path | None = None) -> list[dict]:
     out = []
     for key, row in units.items():
         book, least = key.split("/", 1)[1], row["signature"]["size"]["abstain"]
+        declines_at = row["signature"]["size"].get("decline", 0.0)
         apps = row["value"]["scores"].get("app", [])
         if not any("read" in x for x in apps):
             raise ValueError(f"{path}, unit {key}: the app's replies have no passage ids (a run before "
@@ -88,17 +104,29 @@ def drafts(run: Path, data: Path | None = None) -> list[dict]:
                 refs = {p.id: p.text for p in bank.passages(x["read"])}
                 out.append({"id": x["id"], "question": x["id"].split(":", 1)[1], "golds": golds[x["id"]],
                             "draft": x["draft"], "passages": [refs[i] for i in x["read"] if i in refs],
-                            "answer": x["answer"], "least": least})
+                            "answer": x["answer"], "least": least, "decline": x.get("decline"),
+                            "declines_at": declines_at, "probs": x.get("probs")})
     return out
 
 
-def outcomes(rows: list[dict], least: float) -> dict:
-    """What the check at ``least`` gives a user over ``rows`` (``drafts``): answerable right / the book does not say /
-    wrong, unanswerable said / invented, wrong answers of all asked (%), and how many replies equal the recorded ones
-    (at the run's threshold)."""
-    o = {"least": least, "right": 0, "declined": 0, "wrong": 0, "not_said": 0, "invented": 0, "agrees": 0}
+def outcomes(rows: list[dict], least: float, decline: float | None = None, sure: float | None = None) -> dict:
+    """What the check at ``least`` gives a user over ``rows`` (``drafts``), the reader declining where its
+    probability of it is above ``decline`` (None: as recorded) and saying that the book does not say where its least
+    sure first token was below ``sure`` (None: as recorded, 0: never): answerable right / the book does not say / wrong,
+    unanswerable said / invented, wrong answers of all asked (%), and how many replies equal the recorded ones (at the
+    run's thresholds)."""
+    if decline is not None and any(r.get("declines_at", 0.0) < 1.0 for r in rows):
+        raise ValueError("a decline threshold is read off a run that never declined (--set natural.decline=1); "
+                         "this run's reader declined where sure, and its answer there was not made")
+    if sure is not None and any(r.get("probs") is None for r in rows):
+        raise ValueError("a threshold of sure is read off a run whose record keeps the draft tokens' probabilities "
+                         "(run it again)")
+    o = {"least": least, "decline": decline, "sure": sure, "right": 0, "declined": 0, "wrong": 0, "not_said": 0,
+         "invented": 0, "agrees": 0}
     for r in rows:
-        shown = checked(r["draft"], r["question"], r["passages"], least)
+        declined = decline is not None and r.get("decline") is not None and r["decline"] > decline
+        unsure = sure is not None and min(r["probs"][:SURE_TOKENS], default=0.0) < sure
+        shown = NOT_SAID if declined or unsure else checked(r["draft"], r["question"], r["passages"], least)
         said = shown != NOT_SAID
         if r["golds"]:
             key = "right" if contains(shown, r["golds"]) else "wrong" if said and not says_not_said(shown) \
@@ -106,7 +134,8 @@ def outcomes(rows: list[dict], least: float) -> dict:
         else:
             key = "not_said" if not said or says_not_said(shown) else "invented"
         o[key] += 1
-        o["agrees"] += least == r["least"] and " ".join(shown.split()) == " ".join(r["answer"].split())
+        o["agrees"] += (least == r["least"] and (decline is None or decline == r["declines_at"]) and sure is None
+                        and " ".join(shown.split()) == " ".join(r["answer"].split()))
     asked = len(rows)
     o["answerable"], o["unanswerable"] = o["right"] + o["declined"] + o["wrong"], o["not_said"] + o["invented"]
     o["wrong_pct"] = 100 * (o["wrong"] + o["invented"]) / asked if asked else 0.0
@@ -114,22 +143,28 @@ def outcomes(rows: list[dict], least: float) -> dict:
 
 
 def markdown(results: list[dict], run: Path) -> str:
-    rows = [[f"{o['least']:g}", str(o["right"]), str(o["declined"]), str(o["wrong"]), str(o["not_said"]),
-             str(o["invented"]), f"{o['wrong_pct']:.0f}%"] for o in results]
+    swept = [k for k in ("decline", "sure") if any(o.get(k) is not None for o in results)]
+    rows = [[f"{o[k]:g}" for k in swept] + [
+        f"{o['least']:g}", str(o["right"]), str(o["declined"]), str(o["wrong"]), str(o["not_said"]),
+        str(o["invented"]), f"{o['wrong_pct']:.0f}%"] for o in results]
     head = (f"The app's check on {run}'s drafts ({results[0]['answerable']} answerable, "
-            f"{results[0]['unanswerable']} unanswerable questions), per threshold (0: every draft shown):")
-    return "\n\n".join([head, table(["threshold", "right", "says the book does not say", "wrong",
-                                     "unanswerable: says so", "invents", "wrong answers, of all asked"], rows)])
+            f"{results[0]['unanswerable']} unanswerable questions), per threshold (0: every draft shown)"
+            + "".join(f", per threshold of {k}" for k in swept) + ":")
+    return "\n\n".join([head, table(swept + [
+        "threshold", "right", "says the book does not say", "wrong", "unanswerable: says so", "invents",
+        "wrong answers, of all asked"], rows)])
 
 
 def choose(results: list[dict], wrong_at_most: float = WRONG_AT_MOST,
            said_at_least: float = SAID_AT_LEAST) -> dict | None:
     """The threshold that answers most questions right with wrong answers at most ``wrong_at_most`` % of all asked and
     "the book does not say" for at least ``said_at_least`` % of the unanswerable questions (ties: the lower wrong
-    share, then the higher threshold); None when none keeps to both."""
+    share, then the higher threshold, the lower decline threshold (declining early, without writing an answer that
+    would not be shown), the lower sure); None when none keeps to both."""
     ok = [o for o in results if o["wrong_pct"] <= wrong_at_most
           and 100 * o["not_said"] >= said_at_least * max(1, o["unanswerable"])]
-    return max(ok, key=lambda o: (o["right"], -o["wrong_pct"], o["least"])) if ok else None
+    return max(ok, key=lambda o: (o["right"], -o["wrong_pct"], o["least"], -(o.get("decline") or 0.0),
+                                  -(o.get("sure") or 0.0))) if ok else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run", help="a natural run's --out folder (its natural.tasks.jsonl and natural-banks/)")
     p.add_argument("--thresholds", default=",".join(f"{t:g}" for t in THRESHOLDS),
                    help="comma-separated thresholds of Reading.abstain to check the drafts at")
+    p.add_argument("--declines", nargs="?", const=",".join(f"{t:g}" for t in DECLINES), default=None,
+                   help="comma-separated thresholds of Reading.decline, swept with --thresholds, on a run at "
+                        "--set natural.decline=1 (no list: "
+                        f"{','.join(f'{t:g}' for t in DECLINES)}); default: the run's replies as recorded")
+    p.add_argument("--sure", nargs="?", const=",".join(f"{t:g}" for t in SURES), default=None,
+                   help="comma-separated thresholds of Reading.sure, swept with the others (no list: "
+                        f"{','.join(f'{t:g}' for t in SURES)}); default: the run's replies as recorded")
     p.add_argument("--wrong-at-most", type=float, default=WRONG_AT_MOST,
                    help=f"%% of all questions that may be answered wrongly (default {WRONG_AT_MOST:g})")
     p.add_argument("--said-at-least", type=float, default=SAID_AT_LEAST,
@@ -147,18 +189,22 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
+        declines = [float(t) for t in args.declines.split(",") if t.strip()] if args.declines else [None]
+        sures = [float(t) for t in args.sure.split(",") if t.strip()] if args.sure else [None]
         rows = drafts(Path(args.run), Path(args.data_dir) if args.data_dir else None)
+        results = [outcomes(rows, t, d, u) for d in declines for u in sures for t in thresholds]
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    results = [outcomes(rows, t) for t in thresholds]
     best = choose(results, args.wrong_at_most, args.said_at_least)
     print(json.dumps({"run": args.run, "questions": len(rows), "results": results,
-                      "chosen": best["least"] if best else None}))
+                      "chosen": best["least"] if best else None, "chosen_decline": best["decline"] if best else None,
+                      "chosen_sure": best["sure"] if best else None}))
     print(markdown(results, Path(args.run)))
     print(f"\nChosen (most right with wrong answers <= {args.wrong_at_most:g}% of all asked and the book said not to "
           f"say for >= {args.said_at_least:g}% of the unanswerable): "
-          + (f"{best['least']:g}" if best else "none keeps to it"))
+          + (f"{best['least']:g}" + "".join(f", {k} {best[k]:g}" for k in ("decline", "sure") if best[k] is not None)
+             if best else "none keeps to it"))
     return 0
 
 

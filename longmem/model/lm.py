@@ -13,6 +13,7 @@ evaluations compare like with like.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -111,6 +112,12 @@ class Sampling:
     #                           model's own, 0: the backbone's; LongMem; a no-op elsewhere)
     no_repeat: int = 0  # n > 0: never choose a token that would repeat an n-gram the generation already holds (its
     #                     own tokens, not the prompt's), which ends greedy loops; 0: off
+    decline: tuple[int, ...] = ()  # a reply the model may give instead of an answer ("The book does not say.", as
+    #                                token ids): given only when the model's probability of the whole of it, right
+    #                                after the prompt, is above ``decline_above``; otherwise the model answers with its
+    #                                likeliest reply that does not begin with it (its second token is banned after its
+    #                                first); (): no such reply, every token as sampled
+    decline_above: float = 0.5  # the probability the decline must have to be given (``decline``)
     draft: int = 6  # greedy decoding with the backbone's logits in the mix (side_weight < 1): the frozen backbone
     #                 drafts up to this many tokens ahead, and the model reads them in one pass and keeps those it would
     #                 have chosen itself: the tokens of one step at a time (up to rounding, as the drafts are read as
@@ -123,6 +130,19 @@ class Sampling:
             raise ValueError(f"no_repeat must be >= 0, got {self.no_repeat}")
         if self.draft < 0:
             raise ValueError(f"draft must be >= 0, got {self.draft}")
+        if not 0.0 <= self.decline_above <= 1.0:
+            raise ValueError(f"decline_above must be in [0, 1], got {self.decline_above}")
+
+
+@dataclass
+class Trace:
+    """What a generation saw, for who asked (``SegmentLM.generate(..., trace=)``): filled as it runs."""
+
+    decline: float | None = None  # the model's probability of ``Sampling.decline`` right after the prompt (None: not
+    #                               asked, or the model's cache cannot be cut back to the prompt to ask it)
+    declined: bool = False  # whether the generation was the decline
+    probs: list[float] = field(default_factory=list)  # each emitted token's probability under the distribution it
+    #                                                   was chosen from (temperature 1, before bans)
 
 
 def as_ids(x, device) -> torch.Tensor:
@@ -273,12 +293,15 @@ class SegmentLM(nn.Module):
 
     @torch.no_grad()
     def generate(self, prompt, memory: Memory | None = None, sampling: Sampling | None = None,
-                 search_from: int = 0) -> Iterator[int]:
+                 search_from: int = 0, trace: Trace | None = None) -> Iterator[int]:
         """Stream new token ids after ``prompt`` (a single sequence). Tokens that leave the local window, from the
         prompt or from the generation, move into memory (when the model has one) as the paper's update rule says:
         when the window is full, its older half is appended to memory and the rest is re-encoded.
         ``search_from``: the prompt's tokens before this position read the window alone (they search no memory, as
-        if it were empty); the later ones and every generated token search ``memory``."""
+        if it were empty); the later ones and every generated token search ``memory``. With ``sampling.decline``, the
+        model's probability of the decline is read right after the prompt (its tokens read in one pass, then cut
+        from the window, and from ``memory``'s counts when it is a ``MemoryView``), and the generation is the decline
+        when it is above ``sampling.decline_above``; ``trace`` (optional) is filled with what the generation saw."""
         sampling = sampling or Sampling()
         if search_from < 0:
             raise ValueError(f"search_from must be >= 0, got {search_from}")
@@ -297,6 +320,7 @@ class SegmentLM(nn.Module):
             search_from = max(0, search_from - head)
         window = Window()
         stops = sampling.backbone_stops and bool(sampling.stop_ids)
+        decline, avoid = list(sampling.decline), False  # avoid: the decline's second token is banned after its first
 
         def mixed(hidden: torch.Tensor, reference: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
             """Next-token logits (T, V) from last states (1, T, E), and the frozen backbone's own (T, V) when they
@@ -321,17 +345,45 @@ class SegmentLM(nn.Module):
                 ends = int(own.argmax())
                 if ends in sampling.stop_ids:
                     return ends
-            return _sample(logits, sampling, gen, repeats(before, sampling.no_repeat))
+            banned = repeats(before, sampling.no_repeat)
+            if avoid and len(decline) > 1 and before == decline[:1]:
+                banned = banned + [decline[1]]
+            return _sample(logits, sampling, gen, banned)
 
-        def last(step: Step, before: list[int]) -> int:
+        def prob(logits: torch.Tensor, tok: int) -> float:
+            """``tok``'s probability under ``logits`` (V,), when a trace wants it."""
+            return float(torch.softmax(logits.float(), dim=-1)[tok]) if trace is not None else 0.0
+
+        def last(step: Step, before: list[int]) -> tuple[int, float]:
             logits, own = mixed(step.hidden[:, -1:], None if step.reference is None else step.reference[:, -1:])
-            return choose(logits[-1], None if own is None else own[-1], before)
+            tok = choose(logits[-1], None if own is None else own[-1], before)
+            return tok, prob(logits[-1], tok)
 
-        def read_ahead(tok: int, before: list[int]) -> list[int]:
+        def decline_probs(step: Step) -> list[float] | None:
+            """The probability of each token of the decline after the prompt, whose last state ``step`` holds, and
+            those before it (None where the window cannot take the decline and be cut back after)."""
+            if window.length + len(decline) > self.segment_len or not self.backbone.cache_can_drop(window.past):
+                return None
+            logits, _ = mixed(step.hidden[:, -1:], None if step.reference is None else step.reference[:, -1:])
+            logp = [torch.log_softmax(logits[-1].float(), dim=-1)[decline[0]]]
+            if len(decline) > 1:
+                start = window.length
+                ahead = self.step(torch.tensor([decline[:-1]], device=ids.device), memory, window)
+                logits, _ = mixed(ahead.hidden, ahead.reference)  # (n - 1, V): the tokens after each decline token
+                targets = torch.tensor(decline[1:], device=logits.device)[:, None]
+                logp += list(torch.log_softmax(logits.float(), dim=-1).gather(-1, targets)[:, 0])
+                window.crop(start)
+                if isinstance(memory, MemoryView):
+                    for found in ahead.chunk_ids:  # (B, H, n - 1, k) per memory layer
+                        memory.forget(found)
+            return [math.exp(float(x)) for x in logp]
+
+        def read_ahead(tok: int, before: list[int]) -> list[tuple[int, float]]:
             """Read ``tok`` (chosen, not yet read; ``before`` ends with it) and decode ahead: the frozen backbone drafts
             up to ``sampling.draft`` tokens greedily, the model reads them in one pass and keeps the drafts it
             chooses itself. Returns the tokens after ``tok``: the drafts kept, then the model's own choice where it
-            first differs from a draft (or the last draft); every token but the last is read."""
+            first differs from a draft (or the last draft), each with its probability; every token but the last is
+            read."""
             start, passes, drafted, n_layers = window.length, [], [], self.backbone.spec.n_layers
             while True:
                 new = torch.tensor([[drafted[-1] if drafted else tok]], device=ids.device)
@@ -344,8 +396,10 @@ class SegmentLM(nn.Module):
             step = self.read_passes(passes, memory, window)
             logits, own = mixed(step.hidden, step.reference)  # (T, V) each, T = len(passes)
             kept: list[int] = []
+            probs: list[float] = []
             for i in range(len(passes)):  # position i reads token i of [tok] + drafted and chooses the one after it
                 kept.append(choose(logits[i], own[i], before + kept))
+                probs.append(prob(logits[i], kept[-1]))
                 if kept[-1] != drafted[i] or kept[-1] in sampling.stop_ids:
                     break
             if len(kept) < len(passes):  # the drafts after the first differing one go, and what reading them found
@@ -353,17 +407,31 @@ class SegmentLM(nn.Module):
                 if isinstance(memory, MemoryView):
                     for found in step.chunk_ids:  # (B, H, T, n) per memory layer
                         memory.forget(found[:, :, len(kept):])
-            return kept
+            return list(zip(kept, probs))
 
         split = min(search_from, ids.shape[1]) if memory is not None else 0
         unsearched = self.step(ids[:, :split], None, window) if split else None
         made: list[int] = []
-        pending = [last(self.step(ids[:, split:], memory, window) if split < ids.shape[1] else unsearched, made)]
+        first = self.step(ids[:, split:], memory, window) if split < ids.shape[1] else unsearched
+        if decline:
+            each = decline_probs(first)
+            sure = None if each is None else math.prod(each)
+            if trace is not None:
+                trace.decline = sure
+            if sure is not None and sure > sampling.decline_above:  # sure enough: the reply is the decline
+                if trace is not None:
+                    trace.declined, trace.probs = True, each
+                yield from decline
+                return
+            avoid = sure is not None
+        pending = [last(first, made)]
         draft = (self.drafts and sampling.draft > 0 and sampling.temperature <= 0 and sampling.side_weight < 1
                  and self.backbone.cache_can_drop(window.past))  # the same kind of cache after an overflow
-        while pending:  # tokens chosen, each read except the last
-            tok = pending.pop(0)
+        while pending:  # tokens chosen (with their probabilities), each read except the last
+            tok, tok_p = pending.pop(0)
             made.append(tok)
+            if trace is not None:
+                trace.probs.append(tok_p)
             yield tok
             if tok in sampling.stop_ids or len(made) >= sampling.max_new_tokens:
                 return

@@ -14,7 +14,9 @@ with the frozen backbone's (``Reading.side_weight``). With ``Reading.abstain`` >
 made, sentence by sentence (``tasks.evidence.Checker``): a sentence is shown once enough of the words it adds to the
 question are found together in one stretch of the passages read, and the first that is not ends the answer. When no
 sentence is, the reply is ``NOT_SAID`` and the passages read are still cited, as the closest the book has. Without
-the check, pieces stream as they are made.
+the check, pieces stream as they are made. A reader told to say that the book does not say (the "book-or-not"
+prompt) may be held to it only when sure (``Reading.decline``): its probability of saying so is read once it has read
+the prompt, and below the threshold it answers with its likeliest other reply, which the check then judges.
 
 Who reads. The chat's model is the reader: the bank's own LongMem model with the bank's memory attached (the full
 path above), or any other model (``model.readers``: the frozen backbone alone, ``Chat(reader, None)``) reading the
@@ -28,11 +30,13 @@ from dataclasses import replace
 from typing import Callable, Iterator
 
 from longmem.memory.memory import MemoryView
-from longmem.model.lm import Sampling
+from longmem.model.lm import Sampling, Trace
 from longmem.tasks.chat import Chat
 from longmem.tasks.evidence import Checker, grounding, support
 from longmem.tasks.reading import (
+    DECLINE,
     PROMPTS,
+    SURE_TOKENS,
     Citation,
     Found,
     PassageFinder,
@@ -73,6 +77,10 @@ class Answer:
         self.pieces: list[str] = []
         self.said = True  # False when the reply is NOT_SAID
         self.grounding: float | None = None  # share of the answer's added words in the passages read
+        self.trace = Trace()  # what the generation saw: the reader's probability of declining (``Reading.decline``),
+        #                       each answer token's probability
+        self.sure: float | None = None  # the least probability of the answer's first tokens (``Reading.sure``;
+        #                                 None: not judged)
         self.draft: str | None = None  # what the model answered, when the reply shows less of it (cut at a sentence
         #                                the passages do not support, or NOT_SAID)
         self.complete = False
@@ -147,34 +155,60 @@ def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None
     chat.memory = view
     if found:
         chat.sampling = replace(sampling, side_weight=reading.side_weight)
+        if reading.declines:
+            tok = chat.model.backbone.tokenizer
+            chat.sampling = replace(chat.sampling, decline=tuple(tok(DECLINE, add_special_tokens=False).input_ids),
+                                    decline_above=reading.decline)
     checker = Checker(question, [f.passage.text for f in found], reading.abstain) if checks else None
     made, completed = [], False
+    held, judged, doubted = "", not (found and reading.sure > 0), False  # text held until the first tokens are judged
+    probs = reply.trace.probs
+
+    def judge() -> bool:
+        """Whether the reader was unsure how its answer begins (``Reading.sure``): judged once, on its first
+        ``SURE_TOKENS`` tokens (all of them, when it made fewer)."""
+        reply.sure = min(probs[:SURE_TOKENS], default=0.0)
+        return reply.sure < reading.sure
     try:
         excerpts = reading_prompt(question, found, PROMPTS[reading.prompt]) if found else None
-        pieces = chat.ask(question, excerpts, reading.search_excerpts)
+        pieces = chat.ask(question, excerpts, reading.search_excerpts, reply.trace)
         try:
             for piece in pieces:
                 if reply.stop is not None and reply.stop():
                     return  # stopped by the reader: unfinished, not recorded
                 made.append(piece)
+                if reply.trace.declined or doubted:  # the reader was sure the book does not say, or unsure of what
+                    continue                         # it answers: the reply says that the book does not say
                 shown = piece if checker is None else checker.feed(piece)
-                if shown:
-                    yield shown
+                if not judged and len(probs) >= SURE_TOKENS:
+                    judged, doubted = True, judge()
+                if doubted:
+                    if whole_draft:
+                        continue
+                    break
+                held += shown
+                if judged and held:
+                    yield held
+                    held = ""
                 if checker is not None and checker.stopped and not whole_draft:
                     break
             else:
                 completed = True
-                if checker is not None and (shown := checker.finish()):
-                    yield shown
+                if checker is not None and not (reply.trace.declined or doubted):
+                    held += checker.finish()
         finally:
             pieces.close()
     finally:
         chat.memory, chat.sampling = memory, sampling
+    if not judged and not reply.trace.declined:  # fewer than SURE_TOKENS tokens made, or the check ended it first
+        doubted = judge()
+    if held and not (doubted or reply.trace.declined):
+        yield held
     draft = "".join(made)
-    text = draft if checker is None else checker.shown
+    text = "" if doubted else draft if checker is None else checker.shown
     if found:
         reply.grounding = grounding(draft, question, [f.passage.text for f in found])
-    if checker is not None and not text:
+    if reply.trace.declined or doubted or (checker is not None and not text):
         reply.said, text = False, NOT_SAID
         yield text
     if text != draft.strip():

@@ -11,7 +11,7 @@ from typing import Iterator
 import torch
 
 from longmem.memory.memory import Memory
-from longmem.model.lm import Sampling, SegmentLM
+from longmem.model.lm import Sampling, SegmentLM, Trace
 from longmem.text.io import stream_text
 
 
@@ -67,14 +67,15 @@ class Chat:
         earlier = _read(self.history) if history else []
         return self._encode(earlier + [{"role": "user", "content": excerpts or question}], True)
 
-    def ask(self, question: str, excerpts: str | None = None, search_excerpts: bool = True) -> Iterator[str]:
+    def ask(self, question: str, excerpts: str | None = None, search_excerpts: bool = True,
+            trace: Trace | None = None) -> Iterator[str]:
         """Stream the answer to ``question`` as text pieces; the turn is recorded once the answer is complete (an
         answer left unfinished leaves the conversation as it was, but for turns moved into memory to make room).
         ``excerpts``: what the model reads in the question's place this once (excerpts of the book, then the
         question: ``longmem.tasks.reading.reading_prompt``); the conversation keeps the question alone, so the excerpts
         of earlier turns do not crowd the window. ``search_excerpts=False``: the prompt up to the question (the
         earlier turns and the excerpts) reads the window alone; the question, the rest of the template and the answer
-        search memory."""
+        search memory. ``trace``: filled with what the generation saw (``SegmentLM.generate``)."""
         if not question.strip():
             raise ValueError("the question is empty")
         self.history.append({"role": "user", "content": question})
@@ -83,7 +84,7 @@ class Chat:
         ids = self._encode(self._turns(last), True)
         start = 0 if search_excerpts or not excerpts else self._question_start(last)
         pieces, complete = [], False
-        answer = self.model.generate(ids, self.memory, self.sampling, search_from=start)
+        answer = self.model.generate(ids, self.memory, self.sampling, search_from=start, trace=trace)
         try:
             for piece in stream_text(self.model.backbone.tokenizer, answer):
                 pieces.append(piece)

@@ -56,10 +56,13 @@ SIDE_WEIGHT = 0.25  # LongMem's share of an answer's next-token logits beside it
 ENDING_PASSAGES = 4  # a section's last passages read for a question about how it turns out (docs/design.md)
 ABSTAIN = 0.5  # an answer sentence whose added words no stretch of what it read holds this share of is not shown;
 #               an answer with none shown says the book does not say (``tasks.evidence``; measured: docs/design.md)
+SURE_TOKENS = 4  # the answer's first tokens whose probabilities ``Reading.sure`` judges (docs/design.md)
 INSTRUCTION = "Answer the question from these excerpts of the book."
+DECLINE = "The book does not say."  # what the book-or-not prompt tells a reader to say when the excerpts do not
+#                                     answer
 PROMPTS = {  # the reading prompt's instruction, by name (``Reading.prompt``)
     "book": INSTRUCTION,  # the 135M's: it cannot tell whether excerpts answer, the check does (docs/design.md)
-    "book-or-not": f"{INSTRUCTION} If they do not answer it, say: The book does not say.",  # a reader that can tell
+    "book-or-not": f"{INSTRUCTION} If they do not answer it, say: {DECLINE}",  # a reader that can tell
 }
 
 
@@ -85,6 +88,13 @@ class Reading:
     #                        last passages are read (lexical finding; docs/design.md)
     prompt: str = "book"  # the reading prompt's instruction (``PROMPTS``): "book", or "book-or-not" (told to say
     #                       that the book does not say when the excerpts do not answer)
+    decline: float = 0.0  # > 0, with the book-or-not prompt: the reader says that the book does not say (``DECLINE``)
+    #                       only when its probability of saying so, right after the prompt, is above this; below, it
+    #                       answers with its likeliest other reply, checked as any (``Sampling.decline``); 0: as it
+    #                       generates (greedy); no effect with the book prompt
+    sure: float = 0.0  # > 0, when excerpts are read: an answer is shown only when each of its first ``SURE_TOKENS``
+    #                    tokens had at least this probability as the reader chose it (sure how its answer begins);
+    #                    else the reply says that the book does not say; 0: off
 
     def __post_init__(self):
         if self.finder not in FINDERS:
@@ -93,10 +103,17 @@ class Reading:
             raise ValueError("passages and budget must be >= 0 and depth >= 1")
         if self.topk is not None and self.topk < 1:
             raise ValueError(f"topk must be >= 1 or None (the model's K), got {self.topk}")
-        if not 0.0 <= self.side_weight <= 1.0 or not 0.0 <= self.abstain <= 1.0:
-            raise ValueError(f"side_weight and abstain must be in [0, 1], got {self.side_weight}, {self.abstain}")
+        shares = (self.side_weight, self.abstain, self.decline, self.sure)
+        if not all(0.0 <= x <= 1.0 for x in shares):
+            raise ValueError("side_weight, abstain, decline and sure must be in [0, 1], got "
+                             + ", ".join(f"{x:g}" for x in shares))
         if self.prompt not in PROMPTS:
             raise ValueError(f"prompt must be one of {', '.join(PROMPTS)}, got {self.prompt!r}")
+
+    @property
+    def declines(self) -> bool:
+        """Whether the reader's decline is weighed (``decline``): a threshold, with the prompt that names it."""
+        return self.decline > 0 and DECLINE in PROMPTS[self.prompt]
 
     def chunks(self, memory, found: list, model_topk: int) -> int | None:
         """Memory chunks each query token reads while answering: ``topk`` tokens' worth of ``memory``'s chunks (at
@@ -111,10 +128,11 @@ class Reading:
 # tuned with on the project's tuning sets (docs/design.md, "How a larger reader reads"); a reader not named here
 # reads as the bank's model does
 READER_READING: dict[str, dict] = {
-    # told to say that the book does not say: on the tuning sets (128 answerable, 48 unanswerable), 43 right, 10% of
-    # all asked answered wrongly and 83% of the unanswerable said so, where the book prompt gave 44 right of the first
-    # 80 but 35% wrong and 50% said (no threshold of the check kept both to the targets); the check's 0.5 stays
-    "qwen2.5-coder-1.5b": {"prompt": "book-or-not"},
+    # told to say that the book does not say, held to it only when >= 70% sure of it (else its likeliest other
+    # answer), an answer shown only when each of its first 4 tokens had >= 10% probability, the check at 0.5: on the
+    # tuning sets (128 answerable, 48 unanswerable), 60 right, 19% of all asked answered wrongly, 75% of the
+    # unanswerable said so; greedy book-or-not gave 43, 10%, 83%; the book prompt 44 of the first 80 at 35% wrong
+    "qwen2.5-coder-1.5b": {"prompt": "book-or-not", "decline": 0.7, "sure": 0.1},
 }
 
 
