@@ -264,6 +264,18 @@ def test_another_reader_reads_as_it_was_tuned_but_for_what_the_asker_turns_off(m
     assert reading_for("other", Reading()) == Reading()
 
 
+def test_every_tuned_setting_of_a_reader_is_a_field_the_reading_and_the_eval_both_have():
+    """The eval sets a reader's own settings on its ``ReadingSize`` by name (``entrants_for``), the chat on its
+    ``Reading``: a setting either lacks would be dropped or invented silently."""
+    from dataclasses import fields
+
+    from longmem.eval.answering import ReadingSize
+    from longmem.tasks.reading import READER_READING, Reading
+
+    names = {f.name for f in fields(Reading)} & {f.name for f in fields(ReadingSize)}
+    assert READER_READING and all(set(own) <= names for own in READER_READING.values())
+
+
 def test_the_workspace_reads_with_the_readers_tuned_settings(tmp_path, qwen_gguf, monkeypatch):
     from longmem.service import sessions
     from longmem.tasks import reading as reading_module

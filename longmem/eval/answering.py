@@ -58,7 +58,7 @@ from longmem.tasks.reading import (
     PassageFinder,
     Reading,
     find_for_chat,
-    reading_for,
+    reader_settings,
 )
 from longmem.util.files import write_file_atomic
 
@@ -397,11 +397,10 @@ def entrants_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Entrants:
     size.reader = choose(size.reader) if size.reader else ""
     if size.reader and same_model(size.reader, model.config.backbone):
         size.reader = ""  # the LongMem model's own backbone: the app reads as it does
-    if size.reader:  # it reads as it was tuned to (``tasks.reading.reading_for``), but for what the run sets
+    if size.reader:  # it reads as it was tuned to (``tasks.reading.reader_settings``), but for what the run sets
         told = set(ctx.overrides.get(suite, {}))
-        asked = Reading(prompt=size.prompt, abstain=size.abstain, decline=size.decline, sure=size.sure)
-        tuned = reading_for(size.reader, asked, told)
-        size.prompt, size.abstain, size.decline, size.sure = tuned.prompt, tuned.abstain, tuned.decline, tuned.sure
+        for key, value in reader_settings(size.reader, told).items():  # each a field of ReadingSize too
+            setattr(size, key, value)
     app = load_reader(size.reader, bb.dtype, bb.device, model.segment_len) if size.reader else None
     return Entrants(model, app or BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions), size,
                     Embedder.load() if "rag_embed" in size.entrants else None, app)

@@ -354,18 +354,24 @@ class SegmentLM(nn.Module):
             """``tok``'s probability under ``logits`` (V,), when a trace wants it."""
             return float(torch.softmax(logits.float(), dim=-1)[tok]) if trace is not None else 0.0
 
-        def last(step: Step, before: list[int]) -> tuple[int, float]:
+        def ends(step: Step) -> tuple[torch.Tensor, torch.Tensor | None]:
+            """The next-token logits (V,) after ``step``'s last token, and the backbone's own (``mixed``)."""
             logits, own = mixed(step.hidden[:, -1:], None if step.reference is None else step.reference[:, -1:])
-            tok = choose(logits[-1], None if own is None else own[-1], before)
-            return tok, prob(logits[-1], tok)
+            return logits[-1], None if own is None else own[-1]
 
-        def decline_probs(step: Step) -> list[float] | None:
-            """The probability of each token of the decline after the prompt, whose last state ``step`` holds, and
+        def pick(end: tuple[torch.Tensor, torch.Tensor | None], before: list[int]) -> tuple[int, float]:
+            tok = choose(end[0], end[1], before)
+            return tok, prob(end[0], tok)
+
+        def last(step: Step, before: list[int]) -> tuple[int, float]:
+            return pick(ends(step), before)
+
+        def decline_probs(first: torch.Tensor) -> list[float] | None:
+            """The probability of each token of the decline after the prompt, ``first`` (V,) the logits after it, and
             those before it (None where the window cannot take the decline and be cut back after)."""
             if window.length + len(decline) > self.segment_len or not self.backbone.cache_can_drop(window.past):
                 return None
-            logits, _ = mixed(step.hidden[:, -1:], None if step.reference is None else step.reference[:, -1:])
-            logp = [torch.log_softmax(logits[-1].float(), dim=-1)[decline[0]]]
+            logp = [torch.log_softmax(first.float(), dim=-1)[decline[0]]]
             if len(decline) > 1:
                 start = window.length
                 ahead = self.step(torch.tensor([decline[:-1]], device=ids.device), memory, window)
@@ -412,9 +418,9 @@ class SegmentLM(nn.Module):
         split = min(search_from, ids.shape[1]) if memory is not None else 0
         unsearched = self.step(ids[:, :split], None, window) if split else None
         made: list[int] = []
-        first = self.step(ids[:, split:], memory, window) if split < ids.shape[1] else unsearched
+        first = ends(self.step(ids[:, split:], memory, window) if split < ids.shape[1] else unsearched)
         if decline:
-            each = decline_probs(first)
+            each = decline_probs(first[0])
             sure = None if each is None else math.prod(each)
             if trace is not None:
                 trace.decline = sure
@@ -424,7 +430,7 @@ class SegmentLM(nn.Module):
                 yield from decline
                 return
             avoid = sure is not None
-        pending = [last(first, made)]
+        pending = [pick(first, made)]
         draft = (self.drafts and sampling.draft > 0 and sampling.temperature <= 0 and sampling.side_weight < 1
                  and self.backbone.cache_can_drop(window.past))  # the same kind of cache after an overflow
         while pending:  # tokens chosen (with their probabilities), each read except the last

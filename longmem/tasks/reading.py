@@ -136,11 +136,16 @@ READER_READING: dict[str, dict] = {
 }
 
 
+def reader_settings(reader: str, told: frozenset[str] | set[str] = frozenset()) -> dict:
+    """Reader ``reader``'s own ``Reading`` fields (``READER_READING``; a name as ``model.readers`` takes it) but those
+    the asker chose (``told``: field names, e.g. {"abstain"} when the check was turned off)."""
+    return {k: v for k, v in READER_READING.get(reader, {}).items() if k not in told}
+
+
 def reading_for(reader: str, reading: Reading, told: frozenset[str] | set[str] = frozenset()) -> Reading:
-    """``reading`` as reader ``reader`` (a name as ``model.readers`` takes it) reads it: its own settings
-    (``READER_READING``) in place of those the asker did not choose (``told``: field names, e.g. {"abstain"} when the
-    check was turned off)."""
-    own = {k: v for k, v in READER_READING.get(reader, {}).items() if k not in told}
+    """``reading`` as reader ``reader`` reads it: its own settings in place of those the asker did not choose
+    (``reader_settings``)."""
+    own = reader_settings(reader, told)
     return replace(reading, **own) if own else reading
 
 
