@@ -239,6 +239,21 @@ def test_a_unit_recorded_before_best_last_existed_counts_as_best_first_whatever_
     assert ctx.task_log("bookqa", first, selects).get("4096/0") == 1
 
 
+def test_a_unit_made_before_4bit_decoding_belongs_to_runs_that_decode_bfloat16_weights(tmp_path):
+    """Units recorded before ``int4`` joined the signature decoded with bfloat16 weights: a run that still does
+    (float32, or ``LONGMEM_INT4=0``) reuses them; one whose 4-bit models decode 4 bits does not."""
+    def ctx(machine: dict) -> EvalContext:
+        return EvalContext(None, [], tmp_path, tmp_path, resume=True, log=lambda m: None,
+                           provenance={"commit": "abc", "machine": machine})
+
+    log = ctx({"dtype": "bfloat16", "int4": False}).task_log("icl", icl.QUICK)
+    old = json.loads(json.dumps(log.signature))
+    del old["int4"]  # as units were written then
+    (tmp_path / "icl.tasks.jsonl").write_text(json.dumps({"signature": old, "key": "SST-2/0", "value": 1}) + "\n")
+    assert ctx({"dtype": "bfloat16", "int4": False}).task_log("icl", icl.QUICK).get("SST-2/0") == 1
+    assert ctx({"dtype": "bfloat16", "int4": True}).task_log("icl", icl.QUICK).get("SST-2/0") is None
+
+
 def test_a_run_asking_for_fewer_or_more_units_reuses_those_it_shares(tmp_path):
     ctx = EvalContext(None, [], tmp_path, tmp_path, resume=True, log=lambda m: None, provenance={"commit": "abc"})
     selects = ("sets", "seeds")

@@ -39,15 +39,19 @@ def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def tiny_gguf(path: Path, family: str = "llama", seed: int = 0, layers: int = 2) -> torch.nn.Module:
-    """Write a tiny random ``family`` ("llama" or "qwen2") model to ``path`` as GGUF (float32 tensors); returns the
-    Hugging Face model it was made from."""
+def tiny_gguf(path: Path, family: str = "llama", seed: int = 0, layers: int = 2, quant: str | None = None,
+              hidden: int = 48) -> torch.nn.Module:
+    """Write a tiny random ``family`` ("llama" or "qwen2") model to ``path`` as GGUF (float32 tensors; with
+    ``quant``, e.g. "Q4_1", the projections whose inputs are a whole number of 32-weight blocks in that type, as
+    llama.cpp's quantizer does); returns the Hugging Face model it was made from (float32 weights: a quantized file
+    reads back as its dequantized weights, not these)."""
     import gguf
 
     torch.manual_seed(seed)
     tokens = vocabulary()
-    shape = dict(vocab_size=len(tokens), hidden_size=48, intermediate_size=96, num_hidden_layers=layers,
-                 num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,
+    qtype = getattr(gguf.GGMLQuantizationType, quant) if quant else None
+    shape = dict(vocab_size=len(tokens), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                 num_attention_heads=hidden // 8, num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,
                  rms_norm_eps=1e-5, rope_theta=10000.0)
     if family == "llama":
         model = LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=True))
@@ -65,10 +69,10 @@ def tiny_gguf(path: Path, family: str = "llama", seed: int = 0, layers: int = 2)
     w = gguf.GGUFWriter(str(path), family)
     w.add_name(f"tiny-{family}")
     w.add_context_length(2048)
-    w.add_embedding_length(48)
+    w.add_embedding_length(hidden)
     w.add_block_count(layers)
-    w.add_feed_forward_length(96)
-    w.add_head_count(6)
+    w.add_feed_forward_length(2 * hidden)
+    w.add_head_count(hidden // 8)
     w.add_head_count_kv(2)
     w.add_rope_dimension_count(8)
     w.add_layer_norm_rms_eps(1e-5)
@@ -84,13 +88,17 @@ def tiny_gguf(path: Path, family: str = "llama", seed: int = 0, layers: int = 2)
     w.add_chat_template(CHAT_TEMPLATE)
 
     def put(name: str, t: torch.Tensor) -> None:
-        w.add_tensor(name, t.numpy().astype(np.float32))
+        data = t.numpy().astype(np.float32)
+        if qtype is not None and data.ndim == 2 and data.shape[1] % 32 == 0 and name.startswith("blk."):
+            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, data)
 
     put("token_embd.weight", sd["model.embed_tokens.weight"])
     put("output_norm.weight", sd["model.norm.weight"])
     if family == "qwen2":
         put("output.weight", sd["lm_head.weight"])
-    heads = {"q": 6, "k": 2}
+    heads = {"q": hidden // 8, "k": 2}
     for i in range(layers):
         p = f"model.layers.{i}."
         put(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"])

@@ -38,7 +38,7 @@ import transformers
 from tqdm import tqdm
 
 from longmem.memory.memory import Memory
-from longmem.model.backbone import Backbone, dtype_choice, load_backbone
+from longmem.model.backbone import Backbone, dtype_choice, int4_wanted, load_backbone
 from longmem.model.baselines import BackboneLM
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.model.lm import Sampling, SegmentLM
@@ -105,7 +105,8 @@ def machine_facts(dtype: str, threads: int) -> dict:
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__, "faiss": faiss.__version__,
             "dtype_requested": dtype, "dtype": str(chosen).removeprefix("torch."), "dtype_reason": why,
-            "cpu_bf16": ", ".join(cpu_bf16_features()) or "none"}
+            "cpu_bf16": ", ".join(cpu_bf16_features()) or "none",
+            "int4": int4_wanted() and chosen == torch.bfloat16}  # 4-bit models decode 4 bits (``model.int4``)
 
 
 def report(results: dict, table: str, out: str | None) -> None:

@@ -149,7 +149,8 @@ class EvalContext:
         same = {k: self.provenance.get(k) for k in SAME_RUN}
         machine = self.provenance.get("machine", {})
         made = {k: v for k, v in asdict(size).items() if k not in selects}
-        signature = json.loads(json.dumps({"size": made, "seed": self.seed, "dtype": machine.get("dtype"), **same}))
+        signature = json.loads(json.dumps({"size": made, "seed": self.seed, "dtype": machine.get("dtype"),
+                                           "int4": bool(machine.get("int4", False)), **same}))
         defaults = {k: v for k, v in asdict(type(size)()).items() if k not in selects}  # the size class's defaults
         defaults.update({k: v for k, v in SIZE_ADDED_LATER.items() if k in defaults})
         defaults = json.loads(json.dumps({"size": defaults, **ADDED_LATER}))
@@ -161,7 +162,7 @@ class EvalContext:
 # what a resumed unit shares with the run, beside its size, seed and dtype
 SAME_RUN = ("backbone", "sidenet_sha256", "topk", "chunk_size", "segment_len", "memtrm")  # the SideNet by its weights
 # signature keys added after units were recorded without them, and the value every such unit was made with
-ADDED_LATER = {"segment_len": 1024}
+ADDED_LATER = {"segment_len": 1024, "int4": False}  # int4: 4-bit models decoded 4 bits (``model.int4``)
 # the same for size fields whose default changed since they were added (others: a unit without the field was made
 # at the size class's default)
 SIZE_ADDED_LATER = {"best_last": False, "reading_topk": 0, "search_excerpts": True, "backbone_stops": False}

@@ -450,6 +450,7 @@ def default_backbone_dir() -> Path:
 
 
 GGUF_MAGIC = b"GGUF"
+INT4_VARIABLE = "LONGMEM_INT4"  # "0": decode with the bfloat16 weights only (``load_backbone``'s ``int4``)
 
 
 def copy_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -503,11 +504,21 @@ def known_backbones() -> list[str]:
     return list(dict.fromkeys(out))  # a file converted in two dtypes is one model
 
 
+def int4_wanted() -> bool:
+    """Whether a 4-bit model run in bfloat16 on the CPU decodes through its 4-bit forms unless told (``load_backbone``
+    ``int4=None``): yes, unless ``$LONGMEM_INT4`` is "0"."""
+    return os.environ.get(INT4_VARIABLE, "1") != "0"
+
+
 def load_backbone(name_or_path: str = DEFAULT_BACKBONE, dtype: torch.dtype | str = "auto",
-                  device: str | torch.device = "cpu") -> Backbone:
+                  device: str | torch.device = "cpu", int4: bool | None = None) -> Backbone:
     """Load a frozen causal LM: ``"default"`` (the embedded SmolLM2-135M-Instruct), a model fetched on request by its
     name (``downloads``: "qwen2.5-coder-0.5b"), a local ``.gguf`` file (converted once to safetensors in the cache,
-    ``gguf_backbone_dir``) or a local Hugging Face model directory."""
+    ``gguf_backbone_dir``) or a local Hugging Face model directory.
+
+    ``int4``: a GGUF model run in bfloat16 on the CPU decodes with the 4-bit forms of its exactly 4-bit projections
+    (``longmem.model.int4``; found once per converted copy); False reads only the bfloat16 weights; None (the
+    default): True unless ``$LONGMEM_INT4`` is "0" (how a benchmark or an evaluation compares the two)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from longmem.model.downloads import DOWNLOADS, DownloadError, resolve
@@ -532,4 +543,12 @@ def load_backbone(name_or_path: str = DEFAULT_BACKBONE, dtype: torch.dtype | str
         name = path.name
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     tok = AutoTokenizer.from_pretrained(path)
-    return Backbone(model, tok, name=name)
+    backbone = Backbone(model, tok, name=name)
+    if int4 is None:
+        int4 = int4_wanted()
+    source = _source(path)
+    if int4 and source is not None and dtype == torch.bfloat16 and torch.device(device).type == "cpu":
+        from longmem.model.int4 import use_int4
+
+        use_int4(backbone.model, path, source)  # a GGUF's copy: ours, in the cache
+    return backbone
