@@ -87,7 +87,8 @@ def test_the_kernel_gives_the_product_with_the_weight_the_form_stands_for(rows):
     w = grid_weight(64, 256)
     form = int4.find_grid(w)
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
-    torch.testing.assert_close(form.packed().matmul(x).float(), x.float() @ form.dequantize().t(), atol=0.05, rtol=0.02)
+    got, want = form.for_kernel().matmul(x).float(), x.float() @ form.dequantize().t()
+    torch.testing.assert_close(got, want, atol=0.05, rtol=0.02)
 
 
 @pytest.fixture
@@ -111,7 +112,7 @@ def _row_linear(bias: bool, dtype: torch.dtype = torch.bfloat16) -> RowLinear:
         if bias:
             plain.bias.normal_()
     row = RowLinear.sharing(plain.to(dtype))
-    row.give_int4(int4.find_grid(row.weight).packed())
+    row.give_int4(int4.find_grid(row.weight).for_kernel())
     return row
 
 

@@ -58,7 +58,7 @@ class Int4Weight:
         scale, zero = self.scales_zeros.float().permute(1, 0, 2).unbind(-1)  # (N, K/G) each
         return ((q - 8) * scale[..., None] + zero[..., None]).view(n, k)
 
-    def packed(self) -> PackedInt4:
+    def for_kernel(self) -> PackedInt4:
         """The same weight laid out for torch's CPU int4 kernel (what a projection keeps: the levels are not)."""
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpack_levels(self.levels), 1)
         return PackedInt4(packed, self.scales_zeros, self.shape)
@@ -218,7 +218,7 @@ def attach(model: nn.Module, forms: dict[str, Int4Weight]) -> int:
     for name, linear in projections(model).items():
         form, give = forms.get(name), getattr(linear, "give_int4", None)
         if form is not None and give is not None and form.shape == tuple(linear.weight.shape):
-            give(form.packed())
+            give(form.for_kernel())
             n += 1
     return n
 
