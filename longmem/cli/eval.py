@@ -76,7 +76,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true",
                    help="go on from the work units an earlier run into the same --out finished (same sizes, seed, "
                         "dtype and models, the SideNet by its weights; icl records one unit per set and seed, bookqa "
-                        "and facts one per block of questions at one distance, natural one per book)")
+                        "and facts one per block of questions at one distance, natural and finding one per set and "
+                        "book)")
     add_runtime_flags(p)
     add_device_flag(p)
     return p.parse_args(argv)

@@ -14,4 +14,5 @@ SUITES = {  # name -> module (imported when the suite runs)
     "bookqa": "longmem.eval.bookqa",  # 8. questions about a long text, read and cited (beyond the paper)
     "natural": "longmem.eval.natural",  # 9. natural questions about whole books (beyond the paper)
     "facts": "longmem.eval.facts",  # 10. facts at a distance, asked as a reader asks, to 1M tokens (beyond the paper)
+    "finding": "longmem.eval.finding",  # 11. where each finder ranks the gold passage (beyond the paper)
 }

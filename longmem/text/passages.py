@@ -96,10 +96,10 @@ class PassageCutter:
         when the tail cannot end one yet."""
         text = self.tail
         lead = len(text) - len(text.lstrip())
-        cuts = [(m.start(), m.group().strip() == "" and "\n" in m.group()) for m in _BOUNDARY.finditer(text, lead)]
+        # read lazily: the loop stops within a passage's length, so a whole book in the tail is cut in linear time
+        cuts = ((m.start(), m.group().strip() == "" and "\n" in m.group()) for m in _BOUNDARY.finditer(text, lead))
         if self.demonstrations:
-            para = [c for c, is_para in cuts if is_para and text[lead:c].strip()]
-            return para[0] if para else None
+            return next((c for c, is_para in cuts if is_para and text[lead:c].strip()), None)
         best = None
         for pos, is_para in cuts:
             n = self._tokens(pos - lead)
