@@ -98,7 +98,7 @@ class Rankers:
         from longmem.tasks.reading import PassageFinder, Reading, fuse
 
         want = set(self.size.finders)
-        memory = bank.load_memory(self.ctx.model) if want & {"app", "memory"} else None
+        memory = bank.load_memory(self.ctx.model) if want & {"app", "memory", "fused"} else None
         finder = PassageFinder(bank, self.ctx.model, memory) if memory is not None else None
         ids = vectors = None
         if self.embedder is not None:
