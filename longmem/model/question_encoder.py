@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from longmem.model.embedder import Embedder, default_model_dir
-from longmem.model.lora import LoRA, add_lora
+from longmem.model.lora import add_lora
 
 CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "finder-minilm"  # the shipped encoder
 ADAPTER_FILE = "adapter.safetensors"
@@ -123,8 +123,3 @@ class QuestionEncoder:
         questions.model.load_state_dict(got, strict=False)
         questions.model.eval()
         return cls(questions, config)
-
-
-def lora_modules(model: torch.nn.Module) -> list[LoRA]:
-    """The LoRA wrappers under ``model`` (the trained part)."""
-    return [m for m in model.modules() if isinstance(m, LoRA)]
