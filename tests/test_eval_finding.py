@@ -28,6 +28,7 @@ def test_the_first_gold_passage_is_ranked_and_recall_counts_within_k():
 @pytest.mark.parametrize("setting, message", [({"finders": "app,nobody"}, "unknown: \\['nobody'\\]"),
                                               ({"finders": "app,app"}, "give each once"),
                                               ({"max_tokens": "-1"}, "must be >= 0"),
+                                              ({"rerank_depth": "0"}, "rerank_depth must be in 1..50"),
                                               ({"sets": "no-such-set"}, "finding.sets: no question set 'no-such-set'")])
 def test_bad_finding_settings_are_refused_before_any_work(tmp_path, setting, message):
     ctx = EvalContext(None, [], tmp_path, tmp_path, overrides={"finding": setting})  # no model: nothing may load
@@ -45,9 +46,14 @@ def test_a_run_ranks_the_gold_passage_per_finder_and_resumes(tmp_path):
     encoder = tmp_path / "encoder"  # untrained factors: the stock embedder's ranking
     QuestionEncoder(with_factors(Embedder.load(), 2), {"rank": 2, "base_sha256": weights_sha256(
         default_model_dir())}).save(encoder)
+    from longmem.model.reranker import Reranker
+
+    reranker = tmp_path / "reranker"  # untrained: a random head's order of the app's best two
+    Reranker.new(Embedder.load(), 2, max_length=64).save(reranker)
     data, out = data_folder(tmp_path), tmp_path / "out"
     logs: list[str] = []
-    setting = {"sets": "natural-dev", "finders": "app,bm25,embed,trained,fused,memory", "encoder": str(encoder)}
+    setting = {"sets": "natural-dev", "finders": "app,bm25,embed,trained,fused,rerank,memory", "encoder": str(encoder),
+               "reranker": str(reranker), "rerank_depth": "2"}
     ctx = EvalContext(chat_model(segment_len=256), [], data, out, overrides={"finding": setting}, resume=True,
                       log=logs.append)
     result = run(ctx)
@@ -58,6 +64,8 @@ def test_a_run_ranks_the_gold_passage_per_finder_and_resumes(tmp_path):
     assert ranks["bm25"][1] == 0 < ranks["app"][1]  # no word of the second in the book: the app reads what memory
     #                                                 finds, BM25 finds nothing
     assert ranks["trained"] == ranks["embed"]  # untrained factors rank as the stock embedder
+    for app, rerank in zip(ranks["app"], ranks["rerank"]):  # the reranker orders the app's best two, no others
+        assert (0 < rerank <= 2) if 0 < app <= 2 else rerank == app
     assert all(len(r) == 2 and all(x >= 0 for x in r) for r in ranks.values())
     cells = result.data["results"]["natural-dev"]
     assert set(cells) == set(setting["finders"].split(",")) and set(cells["app"]) == {"1", "2", "4", "8"}

@@ -11,6 +11,8 @@ of every finder and records where the first gold passage (one that overlaps the 
 - ``embed``: all-MiniLM-L6-v2 as it ships, question and passages alike (the embedding-RAG baseline's finder);
 - ``trained``: the trained question encoder (``model.question_encoder``) against the stock passage vectors;
 - ``fused``: ``app`` and ``trained`` by reciprocal rank fusion (``tasks.reading.fuse``);
+- ``rerank``: ``app``'s best ``rerank_depth`` passages ordered again by the trained reranker (``model.reranker``),
+  the rest in ``app``'s order;
 - ``memory``: LongMem's own retrieval, chunks voting for passages (a model pass per question; not in the default set).
 
 Recall at k (k = 1, 2, 4, 8) is the share of questions whose gold passage ranks k or better, with a 95% Wilson
@@ -31,7 +33,7 @@ from longmem.eval.compare import sign_test
 from longmem.eval.core import EvalContext, SuiteResult, figure, legend_below, table
 from longmem.eval.natural import book_text, gold_passages, read_questions, set_path
 
-FINDERS = ["app", "bm25", "embed", "trained", "fused", "memory"]
+FINDERS = ["app", "bm25", "embed", "trained", "fused", "rerank", "memory"]
 DEFAULT_FINDERS = ["app", "bm25", "embed", "trained", "fused"]
 KS = (1, 2, 4, 8)
 DEPTH = 50  # passages each finder ranks; a gold passage below is recorded as not found (rank 0)
@@ -47,6 +49,8 @@ class Size:
     max_tokens: int = 0  # each book cut to its first tokens (0: whole); questions whose evidence is cut are left out
     finders: list[str] = field(default_factory=lambda: list(DEFAULT_FINDERS))  # which finders rank (``FINDERS``)
     encoder: str = ""  # the trained question encoder's checkpoint folder ("": the shipped one)
+    reranker: str = ""  # the reranker's checkpoint folder ("": the shipped one)
+    rerank_depth: int = 16  # the app's best passages the reranker orders again
 
 
 QUICK = Size(sets=["natural-dev"], questions=2, max_tokens=2048, finders=["app", "bm25"])
@@ -83,7 +87,11 @@ class Rankers:
         check_finders(size.finders)
         self.ctx, self.size = ctx, size
         want = set(size.finders)
-        self.embedder = self.encoder = None
+        self.embedder = self.encoder = self.reranker = None
+        if "rerank" in want:
+            from longmem.model.reranker import Reranker
+
+            self.reranker = Reranker.load(size.reranker or None)
         if want & {"embed", "trained", "fused"}:
             from longmem.model.embedder import Embedder
 
@@ -98,7 +106,7 @@ class Rankers:
         from longmem.tasks.reading import PassageFinder, Reading, fuse
 
         want = set(self.size.finders)
-        memory = bank.load_memory(self.ctx.model) if want & {"app", "memory", "fused"} else None
+        memory = bank.load_memory(self.ctx.model) if want & {"app", "memory", "fused", "rerank"} else None
         finder = PassageFinder(bank, self.ctx.model, memory) if memory is not None else None
         ids = vectors = None
         if self.embedder is not None:
@@ -110,8 +118,14 @@ class Rankers:
         out = []
         for i, q in enumerate(questions):
             r: dict[str, list[int]] = {}
-            if "app" in want:
-                r["app"] = [f.passage.id for f in finder.find(q, Reading(passages=DEPTH, depth=DEPTH))]
+            if want & {"app", "rerank"}:
+                found = finder.find(q, Reading(passages=DEPTH, depth=DEPTH))
+                r["app"] = [f.passage.id for f in found]
+                if self.reranker is not None:
+                    pool = found[: self.size.rerank_depth]
+                    scores = self.reranker.score(q, [f.passage.text for f in pool])
+                    best = [pool[j].passage.id for j in np.argsort(-scores, kind="stable")]
+                    r["rerank"] = best + r["app"][len(pool):]
             if "bm25" in want:
                 r["bm25"] = [p for p, _ in bank.search_passages(q, DEPTH)]
             if "memory" in want:
@@ -133,6 +147,8 @@ def run(ctx: EvalContext) -> SuiteResult:
     size: Size = ctx.size("finding", QUICK, FULL)
     if size.questions < 0 or size.max_tokens < 0:
         raise ValueError("finding.questions and finding.max_tokens must be >= 0 (0: all, whole books)")
+    if not 1 <= size.rerank_depth <= DEPTH:
+        raise ValueError(f"finding.rerank_depth must be in 1..{DEPTH}, got {size.rerank_depth}")
     if not size.sets or len(set(size.sets)) < len(size.sets):
         raise ValueError(f"finding.sets: give each set once, at least one (got {size.sets})")
     check_finders(size.finders)
