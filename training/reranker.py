@@ -59,7 +59,8 @@ def _book_index(text: str):
 
 def examples_of(finder_records, team: dict[str, list], data_dir: Path, hard: int) -> list[Example]:
     """Examples of the kept finder questions (gold: their passage) and of the team's answerable questions by set name
-    (gold: the passages overlapping their evidence). A question whose gold passage is not found raises ValueError."""
+    (gold: the passages overlapping their evidence). A question whose gold passage is not found raises ValueError; one
+    for which BM25 finds no other passage (no word of it elsewhere in the book) is left out: it has no near miss."""
     by_book: dict[str, list] = {}
     for r in finder_records:
         if r.kept:

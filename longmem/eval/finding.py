@@ -49,7 +49,8 @@ class Size:
     max_tokens: int = 0  # each book cut to its first tokens (0: whole); questions whose evidence is cut are left out
     finders: list[str] = field(default_factory=lambda: list(DEFAULT_FINDERS))  # which finders rank (``FINDERS``)
     encoder: str = ""  # the trained question encoder's checkpoint folder ("": the shipped one)
-    reranker: str = ""  # the reranker's checkpoint folder ("": the shipped one)
+    reranker: str = ""  # the reranker's checkpoint folder ("": the shipped one, ``model.reranker.CHECKPOINT``; none
+    #                     is shipped yet); it scores in float32
     rerank_depth: int = 16  # the app's best passages the reranker orders again
 
 
