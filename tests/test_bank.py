@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from longmem.ingest.pipeline import cut_segments, ingest
 from longmem.ingest.readers import Block
 from longmem.model.longmem import LongMemModel
 from longmem.storage import BankBusy, BankCorrupt, BankDirectory, BankError, BankExists, BankMismatch, UnknownBank
+from longmem.storage.records import tensor_bytes
 from longmem.text.io import InputError
 
 TESTS = Path(__file__).parent
@@ -75,9 +77,34 @@ def search_all(memory, q):
     return r.keys, r.values, r.mask, r.chunk_ids
 
 
-def table(bank, sql="SELECT s.seq, s.n_tokens, s.tokens, s.text, s.chunk_chars, kv.k, kv.v FROM segments s "
-                    "JOIN kv ON kv.segment_id = s.id ORDER BY s.id"):
-    return bank.db.execute(sql).fetchall()
+def table(bank, sql: str | None = None):
+    """The rows of ``sql``; by default each segment's (seq, n_tokens, tokens, text, chunk_chars, keys' bytes, values'
+    bytes), its keys/values wherever the bank keeps them."""
+    if sql is not None:
+        return bank.db.execute(sql).fetchall()
+    rows = bank.db.execute("SELECT id, seq, n_tokens, tokens, text, chunk_chars FROM segments ORDER BY id").fetchall()
+    return [(*r[1:], *(tensor_bytes(t) for t in bank.segment_kv(r[0]))) for r in rows]
+
+
+def segment_row(bank, sid: int) -> int:
+    """The first row of segment ``sid`` in the bank's K/V files."""
+    return bank.db.execute("SELECT coalesce(sum(n_chunks), 0) FROM segments WHERE id < ?", [sid]).fetchone()[0]
+
+
+def as_made_before_kv_files(directory, name: str) -> None:
+    """Turn bank ``name`` into what a LongMem before the K/V files wrote (schema 5): each segment's keys/values as a
+    SQLite ``kv`` row of (Hkv, n_chunks * C, d) blobs, no ``kv_crc32`` column, no K/V files."""
+    with directory.open(name) as bank:
+        rows = [(sid, *(tensor_bytes(t) for t in bank.segment_kv(sid)))
+                for (sid,) in bank.db.execute("SELECT id FROM segments ORDER BY id").fetchall()]
+        paths = bank.kv_files().paths
+    with sqlite3.connect(directory.path(name) / "bank.db") as conn:
+        conn.executemany("INSERT INTO kv (segment_id, k, v, crc32) VALUES (?, ?, ?, ?)",
+                         [(sid, k, v, zlib.crc32(v, zlib.crc32(k))) for sid, k, v in rows])
+        conn.execute("ALTER TABLE segments DROP COLUMN kv_crc32")
+        conn.execute("DELETE FROM migrations WHERE id >= 6")
+    for path in paths:
+        path.unlink()
 
 
 def passage_table(bank):
@@ -366,6 +393,7 @@ def test_schemas_migrate_forward_and_a_newer_one_is_refused(directory, model, te
     with directory.create("b", model) as bank:
         ingest(bank, model, text_file)
         want = [(r["char_start"], r["char_end"], r["text"]) for r in bank.db.query("SELECT * FROM passages")]
+    as_made_before_kv_files(directory, "b")
     db = directory.path("b") / "bank.db"
     with sqlite3.connect(db) as conn:  # as if written at schema 2: opening applies migrations 3 and on
         conn.execute("DELETE FROM migrations WHERE id > 2")
@@ -383,24 +411,29 @@ def test_schemas_migrate_forward_and_a_newer_one_is_refused(directory, model, te
         directory.open("b")
 
 
-def test_damaged_blob_fails_verification_and_loading(directory, model, text_file):
+@pytest.mark.parametrize("mapped", [False, True])
+def test_cut_kv_files_fail_verification_and_loading(directory, model, text_file, mapped):
     bank = directory.create("b", model)
     ingest(bank, model, text_file)
-    with bank.db.atomic():
-        bank.db.execute("UPDATE kv SET k = substr(k, 1, 10) WHERE segment_id = 2")
+    files = bank.kv_files()
+    with open(files.paths[0], "r+b") as f:  # the keys' file ends inside segment 2
+        f.truncate((segment_row(bank, 2) + 1) * files.row_bytes)
     report = bank.verify()
-    assert not report.ok and "segment 2" in report.problems[0]
-    with pytest.raises(BankCorrupt, match="segment 2 holds 10 bytes"):
-        bank.load_memory()
+    assert not report.ok and "segment 2" in report.problems[0] and "past the end of the K/V files" in report.problems[0]
+    with pytest.raises(BankCorrupt, match="segment 2 are missing" if not mapped else "K/V files do not hold"):
+        bank.load_memory(mapped=mapped)
 
 
 def test_damaged_contents_of_the_right_size_fail_verification(directory, model, text_file):
     bank = directory.create("b", model)
     ingest(bank, model, text_file)
-    with bank.db.atomic():  # flip one byte of the keys, and one character of a segment's text
-        k = bytearray(bank.db.execute("SELECT k FROM kv WHERE segment_id = 3").fetchone()[0])
-        k[100] ^= 0x40
-        bank.db.execute("UPDATE kv SET k = ? WHERE segment_id = 3", [bytes(k)])
+    files = bank.kv_files()
+    with open(files.paths[0], "r+b") as f:  # flip one byte of segment 3's keys
+        f.seek(segment_row(bank, 3) * files.row_bytes + 100)
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte ^ 0x40]))
+    with bank.db.atomic():  # and one character of a segment's text
         bank.db.execute("UPDATE segments SET text = 'X' || substr(text, 2) WHERE id = 4")
     report = bank.verify()
     assert not report.ok

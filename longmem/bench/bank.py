@@ -177,23 +177,17 @@ def scenario_build(args) -> dict:
     big = directory.create("big", model)
     t0 = time.perf_counter()
     with directory.open(args.source_bank) as src:
-        rows = src.db.execute("SELECT s.n_tokens, s.tokens, s.text, s.chunk_chars, kv.k, kv.v FROM segments s "
-                              "JOIN kv ON kv.segment_id = s.id ORDER BY s.id").fetchall()
-        info = src.info
+        rows = [(nt, tok, text, chars, *src.segment_kv(sid)) for sid, nt, tok, text, chars in src.db.execute(
+            "SELECT id, n_tokens, tokens, text, chunk_chars FROM segments ORDER BY id").fetchall()]
     total, copy = 0, 0
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[info.kv_dtype]
     with big.writing():
         while total < args.bank_tokens:
             copy += 1
             ref: dict | int = {"title": f"copy {copy}", "source": "book.txt", "kind": "text",
                                "sha256": f"bench-copy-{copy}", "options": {}, "meta": {}}
             for seq, (nt, tok, text, chars, k, v) in enumerate(rows):
-                nc = nt // info.chunk_size
-                shape = (info.n_kv_heads, nc * info.chunk_size, info.head_dim)
-                kt = torch.frombuffer(bytearray(k), dtype=dtype).view(shape)
-                vt = torch.frombuffer(bytearray(v), dtype=dtype).view(shape)
                 ref = big.add_segment(ref, seq, torch.frombuffer(bytearray(tok), dtype=torch.int32), text,
-                                      torch.frombuffer(bytearray(chars), dtype=torch.int32).numpy(), kt, vt, (0, 0))
+                                      torch.frombuffer(bytearray(chars), dtype=torch.int32).numpy(), k, v, (0, 0))
                 total += nt
                 if total >= args.bank_tokens:
                     break

@@ -49,12 +49,14 @@ def _list(text: str | None) -> list[str] | None:
 def load_memory(bank: Bank, model):
     """The bank's memory in RAM (checked against the model), with a progress bar for banks that take over half a
     second to load (a quick one prints no bar)."""
-    with tqdm(unit="chunk", unit_scale=True, desc=f"loading {bank.name}", file=sys.stderr, leave=False,
-              delay=0.5) as bar:
-        def update(done, total):
+    with (tqdm(unit="chunk", unit_scale=True, desc=f"loading {bank.name}", file=sys.stderr, leave=False,
+               delay=0.5) as bar,
+          tqdm(unit="segment", desc=f"moving {bank.name}'s keys/values into files", file=sys.stderr, leave=False,
+               delay=0.5) as moved):
+        def update(done, total, bar=bar):
             bar.total = total
             bar.update(done - bar.n)
-        memory = bank.load_memory(model, progress=update)
+        memory = bank.load_memory(model, progress=update, moving=lambda d, t: update(d, t, moved))
     print(f"[bank {bank.name}: {len(memory):,} tokens in memory]", file=sys.stderr)
     return memory
 
@@ -181,8 +183,8 @@ def cmd_rebuild_index(args) -> int:
     with BankDirectory(args.banks_dir).open(args.name) as bank:
         done = bank.sync_index(rebuild=True)
         passages = bank.rebuild_passages()
-    print(f"bank {args.name}: index files rebuilt from SQLite ({done['chunks']:,} chunks per head); passages cut "
-          f"again from the stored text ({passages:,}) with their full-text index")
+    print(f"bank {args.name}: index files rebuilt from the bank's keys ({done['chunks']:,} chunks per head); "
+          f"passages cut again from the stored text ({passages:,}) with their full-text index")
     return 0
 
 
@@ -255,11 +257,12 @@ def add_parser(sub, model_args) -> None:
     p = cmds.add_parser("info", help="a bank's metadata and documents")
     p.add_argument("name")
     banks_dir_arg(p)
-    p = cmds.add_parser("verify", help="check a bank's SQLite data and index files (repairs the index files)")
+    p = cmds.add_parser("verify", help="check a bank's SQLite data, K/V files and index files (repairs the index "
+                                       "files)")
     p.add_argument("name")
     banks_dir_arg(p)
     p = cmds.add_parser("rebuild-index",
-                        help="rebuild a bank's faiss index files and its passages' full-text index from SQLite")
+                        help="rebuild a bank's faiss index files (from its keys) and its passages' full-text index")
     p.add_argument("name")
     banks_dir_arg(p)
     p = cmds.add_parser("rename", help="rename a bank")

@@ -1,14 +1,17 @@
 """One persistent memory bank: the ``Bank`` that reads and writes it (its SQLite schema: ``storage.schema``).
 
-    <bank dir>/bank.db                            metadata, documents, segments (token ids, text, chunk spans, CRC-32),
-                                                  layer-m K/V blobs (one row per segment), passages and their FTS5
-                                                  full-text index (``storage.passages``)
+    <bank dir>/bank.db                            metadata, documents, segments (token ids, text, chunk spans, CRC-32s),
+                                                  passages and their FTS5 full-text index (``storage.passages``)
+    <bank dir>/kv-e<epoch>.k, kv-e<epoch>.v       layer-m keys and values, chunk after chunk, append-only, mapped
+                                                  when a large bank is loaded (``storage.kvfiles``)
     <bank dir>/keys-<h>-e<epoch>-n<chunks>.faiss  mean-pooled chunk keys of KV head h (derived; rebuilt when missing,
                                                   stale or corrupt)
     <bank dir>/write.lock                         held by the one process allowed to write
 
-A bank stores the keys/values of one backbone layer m, one row per segment of ``segment_len`` tokens (each segment
-encoded on its own, as ``SegmentLM.memorize`` does); only whole chunks of ``chunk_size`` tokens are searchable.
+A bank stores the keys/values of one backbone layer m, one segment of ``segment_len`` tokens after another (each
+segment encoded on its own, as ``SegmentLM.memorize`` does); only whole chunks of ``chunk_size`` tokens are
+searchable. A bank made before the K/V files keeps them as one SQLite ``kv`` row per segment until its first load or
+write moves them (``move_kv_to_files``); until then it is read as it is.
 Every write is one transaction (``db.atomic()``) in WAL mode, so readers see whole segments while a writer ingests, and
 a crash loses at most the segment in flight. Chunks are ordered by segment id; ``epoch`` goes up whenever chunks are
 removed, which is how an index file knows it no longer describes a prefix of the bank. Banks are named and found
@@ -34,6 +37,7 @@ from longmem.storage import passages as bank_passages
 from longmem.storage.app_records import AppRecords
 from longmem.storage.indexfiles import IndexRecord, read_index, write_index
 from longmem.storage.integrity import check_segments
+from longmem.storage.kvfiles import HEADROOM_CHUNKS, KVFiles
 from longmem.storage.passages import ChunkPlaces, Passage
 from longmem.storage.records import (
     BankBusy,
@@ -53,7 +57,8 @@ from longmem.text.passages import excerpt
 log = logging.getLogger(__name__)
 
 KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-HEADROOM_CHUNKS = 2048  # room left in a restored memory for what a chat adds (8k tokens at chunk_size 4)
+MAP_MIN_CHUNKS = 65536  # a bank of at least this many chunks (256k tokens at chunk size 4) is loaded mapped
+MOVE_BATCH = 32  # segments moved from the kv table to the K/V files per transaction
 
 @dataclass
 class _Layout:
@@ -241,7 +246,7 @@ class Bank(AppRecords, BankWrites):
         ``rebuild`` or when they are missing, corrupt or stale). Needs the write lock. Returns what was done."""
         import faiss
 
-        info, dtype = self.info, self.dtype
+        info = self.info
         with self.writing(), self.db.atomic():  # one snapshot of the bank
             seg_ids, seg_chunks = self._segments()
             total = int(seg_chunks.sum())
@@ -256,12 +261,9 @@ class Bank(AppRecords, BankWrites):
             first = int(np.searchsorted(first_chunk, start, side="right")) - 1  # segment holding chunk `start`
             pos = int(first_chunk[first]) if len(seg_ids) else 0
             from_id = int(seg_ids[first]) if len(seg_ids) and first < len(seg_ids) else last + 1
-            for sid, nc, blob in self.db.execute("SELECT s.id, s.n_chunks, kv.k FROM segments s JOIN kv ON "
-                                                 "kv.segment_id = s.id WHERE s.id >= ? ORDER BY s.id", [from_id]):
+            for sid, nc in self.db.execute("SELECT id, n_chunks FROM segments WHERE id >= ? ORDER BY id", [from_id]):
                 if nc:
-                    self._check_blob(sid, blob, nc)
-                    k = tensor_from_bytes(blob, dtype).view(info.n_kv_heads, nc, info.chunk_size, info.head_dim)
-                    keys = chunk_keys(k)
+                    keys = chunk_keys(self._segment_kv(sid, nc, pos)[0])
                     for h, index in enumerate(indexes):
                         lo = max(starts[h] - pos, 0)
                         if lo < nc:
@@ -270,61 +272,152 @@ class Bank(AppRecords, BankWrites):
             self._save_indexes(indexes, total, last, info.epoch)
         return {"rebuilt": sum(ix is None for ix, _ in stored), "appended": total - start, "chunks": total}
 
+    # -- the K/V files ----------------------------------------------------------------------------------------------
+    def kv_files(self) -> KVFiles:
+        """The K/V files of the bank's current epoch (``storage.kvfiles``)."""
+        info = self.info_cached
+        return KVFiles(self.path, self.info.epoch, (info.n_kv_heads, info.chunk_size, info.head_dim), self.dtype)
+
+    def kv_rows_left(self) -> int:
+        """Segments whose keys/values are still SQLite ``kv`` rows (a bank made before the K/V files)."""
+        return int(self.db.execute("SELECT count(*) FROM kv").fetchone()[0])
+
+    def _segment_kv(self, sid: int, n_chunks: int, at: int, files: KVFiles | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Segment ``sid``'s keys and values (Hkv, n_chunks, C, d), from its ``kv`` row or else from the K/V files'
+        rows ``at`` .. (its place in chunk order); ``BankCorrupt`` when they are not there in full."""
+        info = self.info_cached
+        row = self.db.execute("SELECT k, v FROM kv WHERE segment_id = ?", [sid]).fetchone()
+        shape = (info.n_kv_heads, n_chunks, info.chunk_size, info.head_dim)
+        if row is not None:
+            for blob in row:
+                self._check_blob(sid, blob, n_chunks)
+            return tuple(tensor_from_bytes(b, self.dtype).view(shape).clone() for b in row)
+        try:
+            return (files or self.kv_files()).read(at, n_chunks)
+        except OSError as e:
+            raise BankCorrupt(f"bank {self.name!r}: the keys/values of segment {sid} are missing ({e}); run "
+                              f"`longmem bank verify {self.name}`") from None
+
+    def segment_kv(self, sid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Segment ``sid``'s keys and values, k, v (Hkv, n_chunks * C, d), wherever they are stored."""
+        info = self.info_cached
+        with self.db.atomic():
+            row = self.db.execute("SELECT n_chunks, (SELECT coalesce(sum(n_chunks), 0) FROM segments WHERE id < ?) "
+                                  "FROM segments WHERE id = ?", [sid, sid]).fetchone()
+            if row is None:
+                raise BankError(f"bank {self.name!r} has no segment {sid}")
+            k, v = self._segment_kv(sid, row[0], row[1])
+        return tuple(t.reshape(info.n_kv_heads, -1, info.head_dim) for t in (k, v))
+
+    def move_kv_to_files(self, progress=None) -> int:
+        """Move the keys/values a bank made before the K/V files keeps in SQLite into them, in segment order,
+        ``MOVE_BATCH`` segments a transaction (a kill loses nothing: the next call goes on where this one stopped),
+        then give SQLite's pages back. Needs the write lock (``BankBusy`` while another process writes). Returns
+        the segments moved; ``progress(done, total)`` counts them."""
+        with self.writing():
+            left = self.kv_rows_left()
+            if not left:
+                return 0
+            files = self.kv_files()
+            files.sweep()
+            seg = self.db.execute("SELECT id, n_chunks, kv_crc32 FROM segments ORDER BY id").fetchall()
+            moved_before = [r[2] is not None for r in seg]
+            if any(b and not a for a, b in zip(moved_before, moved_before[1:])):
+                raise BankCorrupt(f"bank {self.name!r}: its K/V files do not hold a prefix of its segments; run "
+                                  f"`longmem bank verify {self.name}`")
+            at = sum(nc for (_, nc, crc) in seg if crc is not None)
+            todo = [(sid, nc) for sid, nc, crc in seg if crc is None]
+            for b in range(0, len(todo), MOVE_BATCH):
+                with self.db.atomic():
+                    for sid, nc in todo[b:b + MOVE_BATCH]:
+                        k, v = self._segment_kv(sid, nc, at)
+                        crc = files.append(at, k, v)
+                        self.db.execute("UPDATE segments SET kv_crc32 = ? WHERE id = ?", [crc, sid])
+                        self.db.execute("DELETE FROM kv WHERE segment_id = ?", [sid])
+                        at += nc
+                if progress is not None:
+                    progress(min(b + MOVE_BATCH, len(todo)), len(todo))
+            with contextlib.suppress(sqlite3.OperationalError):  # give the freed pages back to the file system
+                self.db.execute("PRAGMA incremental_vacuum")
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            log.info("bank %s: moved the keys/values of %d segments into its K/V files", self.name, len(todo))
+            return len(todo)
+
     # -- reading --------------------------------------------------------------------------------------------------
     def load_memory(self, model=None, *, capacity: int | None = None,
-                    search_device: str | torch.device | None = "model", repair: bool = True, progress=None) -> Memory:
-        """Restore the bank's memory into RAM without running the backbone: K/V blobs are copied segment by segment
-        into tensors allocated once (peak RAM ~ the K/V size plus the indexes), indexes come from the index files
-        (checked), and whatever the files lack is added from SQLite. With ``model``, first refuse a model the bank
-        was not built for (``BankMismatch``). ``search_device``: where the memory is searched ("model": on the model's
-        GPU when it runs on one; None: on the CPU). ``repair`` rewrites missing or
-        stale index files when no other process is writing. ``progress(done, total)`` counts chunks."""
+                    search_device: str | torch.device | None = "model", repair: bool = True, progress=None,
+                    mapped: bool | None = None, moving=None) -> Memory:
+        """Restore the bank's memory without running the backbone. A large bank's keys and values (``mapped``; None:
+        from ``MAP_MIN_CHUNKS`` chunks on) are its K/V files mapped copy-on-write, read only where a search gathers;
+        a small one's are copied into RAM (peak RAM ~ the K/V size plus the indexes). Indexes come from the index
+        files (checked), and whatever the files lack is added from the keys. With ``model``, first refuse a model the
+        bank was not built for (``BankMismatch``). ``search_device``: where the memory is searched ("model": on the
+        model's GPU when it runs on one; None: on the CPU). ``repair`` rewrites missing or stale index files, and
+        moves a bank's keys/values out of SQLite into its K/V files (``move_kv_to_files``; ``moving(done, total)``
+        counts segments), when no other process is writing. ``progress(done, total)`` counts chunks restored."""
         import faiss
 
         if model is not None:
             self.check(model)
+        if repair and self.kv_rows_left():
+            try:
+                self.move_kv_to_files(moving)
+            except BankBusy:
+                log.info("bank %s is being written; its keys/values are read from SQLite", self.name)
         info, dtype = self.info_cached, self.dtype
         hkv, chunk_size, d = info.n_kv_heads, info.chunk_size, info.head_dim
         with self.db.atomic():  # a read transaction: one consistent snapshot while a writer may be ingesting
             epoch = self.info.epoch
+            files = self.kv_files()
             seg_ids, seg_chunks = self._segments()
             total = int(seg_chunks.sum())
             first = 0 if capacity is None else max(0, total - capacity // chunk_size)  # older chunks would be evicted
-            room = total - first + HEADROOM_CHUNKS  # what chat adds later fits without a reallocation
-            k = torch.empty(hkv, room, chunk_size, d, dtype=dtype)
-            v = torch.empty_like(k)
+            n = total - first
+            mapped = (n >= MAP_MIN_CHUNKS) if mapped is None else mapped
+            if mapped and self.kv_rows_left():
+                mapped = False  # some keys/values are still SQLite rows: copied, as they are
+            if mapped:
+                try:
+                    k, v = files.map(first, n)  # (Hkv, n + headroom, C, d) views of the files
+                except OSError as e:
+                    raise BankCorrupt(f"bank {self.name!r}: its K/V files do not hold its {total} chunks ({e}); "
+                                      f"run `longmem bank verify {self.name}`") from None
+                room = k.shape[1]
+            else:
+                room = n + HEADROOM_CHUNKS  # what chat adds later fits without a reallocation
+                k = torch.empty(hkv, room, chunk_size, d, dtype=dtype)
+                v = torch.empty_like(k)
             tokens = torch.full((room, chunk_size), -1, dtype=torch.int64)
             starts = torch.zeros(room, chunk_size, dtype=torch.bool)  # each segment was encoded alone: its first token
-            pos, skipped = 0, 0
-            rows = self.db.execute("SELECT s.id, s.n_chunks, s.tokens, kv.k, kv.v FROM segments s JOIN kv ON "
-                                   "kv.segment_id = s.id ORDER BY s.id")
-            for sid, nc, tok_blob, k_blob, v_blob in rows:
+            pos, at, skipped = 0, 0, 0
+            rows = self.db.execute("SELECT id, n_chunks, tokens FROM segments ORDER BY id")
+            for sid, nc, tok_blob in rows:
+                at += nc  # chunks before the next segment
                 if skipped + nc <= first:  # entirely older than the capacity keeps
                     skipped += nc
                     continue
                 if nc:
-                    self._check_blob(sid, k_blob, nc)
-                    self._check_blob(sid, v_blob, nc)
                     if len(tok_blob) < 4 * nc * chunk_size:
                         raise BankCorrupt(f"bank {self.name!r}: segment {sid} has {len(tok_blob) // 4} token ids for "
                                           f"{nc} chunks; run `longmem bank verify {self.name}`")
                     drop = max(0, first - skipped)  # the part of a segment that is older than the capacity keeps
                     skipped += drop
                     take = nc - drop
-                    k[:, pos:pos + take] = tensor_from_bytes(k_blob, dtype).view(hkv, nc, chunk_size, d)[:, drop:]
-                    v[:, pos:pos + take] = tensor_from_bytes(v_blob, dtype).view(hkv, nc, chunk_size, d)[:, drop:]
+                    if not mapped:
+                        sk, sv = self._segment_kv(sid, nc, at - nc, files)
+                        k[:, pos:pos + take], v[:, pos:pos + take] = sk[:, drop:], sv[:, drop:]
                     toks = tensor_from_bytes(tok_blob, torch.int32)[: nc * chunk_size]
                     tokens[pos:pos + take] = toks.view(nc, chunk_size)[drop:]
                     starts[pos, 0] = drop == 0  # is an attention sink (see longmem.memory.memory)
                     pos += take
                 if progress is not None:
-                    progress(pos, total - first)
-            if pos != total - first:
-                raise BankCorrupt(f"bank {self.name!r}: {total - first - pos} chunks have no keys/values stored")
+                    progress(pos, n)
+            if pos != n:
+                raise BankCorrupt(f"bank {self.name!r}: {n - pos} chunks have no keys/values stored")
             # index files hold every chunk from the first: usable only when nothing was left out
             stored = self._stored_indexes(seg_ids, seg_chunks) if first == 0 else [(None, 0)] * hkv
         indexes = []
-        n = total - first
         for h, (index, done) in enumerate(stored):
             index = index if index is not None else faiss.IndexFlatIP(d)
             for s in range(done, n, INDEX_BLOCK):
@@ -446,7 +539,7 @@ class Bank(AppRecords, BankWrites):
             report.problem("SQLite integrity check: " + "; ".join(result[:5]))
             return report
         with self.db.atomic():
-            check_segments(self.db, info, self.dtype.itemsize, self.documents(), report)
+            check_segments(self.db, info, self.dtype.itemsize, self.documents(), report, self.kv_files())
             for msg in bank_passages.layout_problems(self.db):
                 report.problem(msg + f"; `longmem bank rebuild-index {self.name}` cuts them again")
             fts = bank_passages.fts_problems(self.db)

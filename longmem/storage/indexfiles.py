@@ -1,9 +1,10 @@
 """faiss index files: derived data of a persistent bank, written atomically and checked against a checksum.
 
-An index file is the serialised faiss index of one key/value head (its mean-pooled chunk keys). SQLite holds the
-truth; a file is only a cache of it, so every read is verified (size, CRC-32 checksum, entry count) and anything that
-does not match is reported as ``None`` for the caller to rebuild from SQLite. (CRC-32 rather than a cryptographic
-hash: it catches truncation and corruption, and sha256 dominated reopening; figures in ``docs/design.md``.)
+An index file is the serialised faiss index of one key/value head (its mean-pooled chunk keys). SQLite and the K/V
+files hold the truth; an index file is only a cache of them, so every read is verified (size, CRC-32 checksum, entry
+count) and anything that does not match is reported as ``None`` for the caller to rebuild from the bank's keys.
+(CRC-32 rather than a cryptographic hash: it catches truncation and corruption, and sha256 dominated reopening;
+figures in ``docs/design.md``.)
 Writes go to a temporary file in the same directory, are fsynced, then renamed over the old file, so a crash leaves
 the old file or the new one, never half.
 """
@@ -57,7 +58,7 @@ def read_index(path: Path, record: IndexRecord, dim: int) -> faiss.Index | None:
     try:
         size = path.stat().st_size
     except FileNotFoundError:
-        log.warning("index file %s is missing; rebuilding it from the bank's SQLite data", path.name)
+        log.warning("index file %s is missing; rebuilding it from the bank's keys", path.name)
         return None
     problem = None
     if size != record.bytes:
@@ -74,6 +75,6 @@ def read_index(path: Path, record: IndexRecord, dim: int) -> faiss.Index | None:
                 problem = f"{index.ntotal} entries of dimension {index.d}, expected {record.n_chunks} of {dim}"
             else:
                 return index
-    log.warning("index file %s does not match its record: %s; rebuilding it from the bank's SQLite data",
+    log.warning("index file %s does not match its record: %s; rebuilding it from the bank's keys",
                 path.name, problem)
     return None

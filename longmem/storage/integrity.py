@@ -1,28 +1,41 @@
-"""The checks ``Bank.verify`` runs over what a bank's SQLite stores: every segment's blobs against its shape and its
-CRC-32, and each document's recorded totals against its segments. Read-only; the caller holds one snapshot
-(``db.atomic()``) so that an ingestion running meanwhile cannot look like damage."""
+"""The checks ``Bank.verify`` runs over what a bank stores: every segment's keys/values (in its K/V files, or a SQLite
+row for a bank made before them) against its shape and its CRC-32, and each document's recorded totals against its
+segments. Read-only; the caller holds one snapshot (``db.atomic()``) so that an ingestion running meanwhile cannot
+look like damage."""
 
 from __future__ import annotations
 
 import sqlite_utils
 
+from longmem.storage.kvfiles import KVFiles
 from longmem.storage.records import BankInfo, Document, VerifyReport, crc32
 
 
 def check_segments(db: sqlite_utils.Database, info: BankInfo, itemsize: int, documents: list[Document],
-                   report: VerifyReport) -> None:
-    """Record in ``report`` every segment whose sizes or checksums are wrong, every document whose totals disagree
-    with its segments (and, as a note, every incomplete one), and K/V rows or segments that belong to nothing.
-    ``itemsize``: bytes per stored key/value element."""
+                   report: VerifyReport, files: KVFiles) -> None:
+    """Record in ``report`` every segment whose sizes or checksums are wrong (its keys/values read from its ``kv`` row
+    or from the K/V ``files``), every document whose totals disagree with its segments (and, as a note, every
+    incomplete one), and K/V rows or segments that belong to nothing. ``itemsize``: bytes per stored key/value
+    element."""
     per_chunk = info.n_kv_heads * info.chunk_size * info.head_dim * itemsize
-    for sid, doc, nt, nc, tok_len, chars_len, k_len, v_len in db.execute(
-            "SELECT s.id, s.document_id, s.n_tokens, s.n_chunks, length(s.tokens), length(s.chunk_chars), "
-            "length(kv.k), length(kv.v) FROM segments s LEFT JOIN kv ON kv.segment_id = s.id"):
-        if k_len is None:
+    at, in_files = 0, files.rows_on_disk()
+    for sid, doc, nt, nc, tok_len, chars_len, kv_crc, k_len, v_len in db.execute(
+            "SELECT s.id, s.document_id, s.n_tokens, s.n_chunks, length(s.tokens), length(s.chunk_chars), s.kv_crc32, "
+            "length(kv.k), length(kv.v) FROM segments s LEFT JOIN kv ON kv.segment_id = s.id ORDER BY s.id"):
+        if kv_crc is not None and k_len is not None:
+            report.problem(f"segment {sid} (document {doc}) has keys/values both in SQLite and in the K/V files")
+        elif kv_crc is not None:
+            if at + nc > in_files:
+                report.problem(f"segment {sid} (document {doc}): its keys/values are past the end of the K/V files "
+                               f"({in_files} chunks there)")
+            elif nc and files.crc(at, nc) != kv_crc:
+                report.problem(f"segment {sid}: keys/values damaged (checksum mismatch in the K/V files)")
+        elif k_len is None:
             report.problem(f"segment {sid} (document {doc}) has no keys/values")
         elif (k_len, v_len) != (nc * per_chunk, nc * per_chunk):
             report.problem(f"segment {sid} (document {doc}): K/V of {k_len}/{v_len} bytes, expected "
                            f"{nc * per_chunk}")
+        at += nc
         if tok_len != 4 * nt or nc != nt // info.chunk_size or chars_len != 4 * (nc + 1):
             report.problem(f"segment {sid} (document {doc}): token/chunk sizes do not agree")
     totals = {r[0]: (r[1], r[2]) for r in db.execute(

@@ -8,6 +8,9 @@ in the transaction of the segment that completed it; ``passages_fts`` is an FTS5
 kept in step by triggers inside the same transactions. A bank made before migration 3 gets its passages cut from
 the text it already stores when it is first opened for writing (``Bank.rebuild_passages``). Migration 4 renames the
 bank row's ``csz`` to ``chunk_size``, the name the code uses.
+Migration 6 moves the keys and values out of SQLite's ``kv`` table into append-only files beside it
+(``storage.kvfiles``); the rows themselves move the first time the bank is loaded or written
+(``Bank.move_kv_to_files``), with progress, and a bank whose rows have not moved yet is read as it is.
 """
 
 from __future__ import annotations
@@ -138,6 +141,11 @@ MIGRATIONS: list[tuple[str, str]] = [
     # a passage's place as a reader is shown it ("Part Two, chapter VII"), beside the heading the prompt names
     ("0005 passage labels", """
         ALTER TABLE passages ADD COLUMN label TEXT;
+    """),
+    # a segment's keys/values in the bank's K/V files (``storage.kvfiles``): the CRC-32 of its rows there; NULL while
+    # they are still a ``kv`` row (a bank made before the files, until ``Bank.move_kv_to_files``)
+    ("0006 keys and values in files", """
+        ALTER TABLE segments ADD COLUMN kv_crc32 INTEGER;
     """),
 ]
 

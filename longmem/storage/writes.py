@@ -1,7 +1,8 @@
 """The write path of a bank: its writer lock and every write of its memory (segments, documents, passages). A part of
-``Bank`` (``storage.bank``), which provides the database, the bank's shape and its index files; each write is one
-transaction (``db.atomic()``) inside ``writing()``, so readers see whole segments while a writer ingests, and a crash
-loses at most the segment in flight."""
+``Bank`` (``storage.bank``), which provides the database, the bank's shape, its K/V files and its index files; each
+write is one transaction (``db.atomic()``) inside ``writing()``, so readers see whole segments while a writer ingests,
+and a crash loses at most the segment in flight: a segment's keys and values are appended to the K/V files and made
+durable before the transaction that records them commits (``storage.kvfiles``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from longmem.storage import passages as bank_passages
-from longmem.storage.records import BankBusy, BankError, Document, crc32, tensor_bytes
+from longmem.storage.records import BankBusy, BankCorrupt, BankError, Document, crc32
 from longmem.storage.schema import now
 from longmem.text.passages import PassageCutter, Span
 
@@ -35,7 +36,8 @@ def file_identity(path: Path) -> tuple[int, int] | None:
 
 class BankWrites:
     """The writer lock and the writes of a bank; mixed into ``Bank``, which provides ``path``, ``db``, ``name``,
-    ``info_cached``, ``dtype``, ``documents``, ``document`` and ``sync_index``."""
+    ``info_cached``, ``dtype``, ``documents``, ``document``, ``kv_files``, ``kv_rows_left``, ``move_kv_to_files`` and
+    ``sync_index``."""
 
     path: Path
     db: object  # the bank's sqlite_utils.Database
@@ -100,8 +102,11 @@ class BankWrites:
                              f"{info.n_kv_heads} heads of {info.head_dim}")
         if len(chunk_chars) != n_chunks + 1:
             raise ValueError(f"chunk_chars has {len(chunk_chars)} entries for {n_chunks} chunks")
+        if self.kv_rows_left():  # a bank made before the K/V files: its older segments' move there first
+            self.move_kv_to_files()
         stamp = now()
         with self.db.atomic():
+            at = self.db.execute("SELECT coalesce(sum(n_chunks), 0) FROM segments").fetchone()[0]  # committed rows
             if isinstance(document, dict):
                 doc_id = self.db["documents"].insert({
                     **document, "options": json.dumps(document["options"], sort_keys=True),
@@ -111,12 +116,12 @@ class BankWrites:
                 doc_id = document
             tok_b = tokens.to(torch.int32).numpy().tobytes()
             chars_b = np.asarray(chunk_chars, dtype=np.int32).tobytes()
-            k_b, v_b = tensor_bytes(k.to(self.dtype)), tensor_bytes(v.to(self.dtype))
+            rows = (hkv, n_chunks, info.chunk_size, d)
+            kv_crc = self.kv_files().append(at, k.reshape(rows), v.reshape(rows))  # durable before the commit
             seg_id = self.db["segments"].insert({
                 "document_id": doc_id, "seq": seq, "n_tokens": tokens.numel(), "n_chunks": n_chunks,
                 "tokens": tok_b, "text": text, "chunk_chars": chars_b,
-                "crc32": crc32(tok_b, chars_b, text.encode("utf-8"))}).last_pk
-            self.db["kv"].insert({"segment_id": seg_id, "k": k_b, "v": v_b, "crc32": crc32(k_b, v_b)})
+                "crc32": crc32(tok_b, chars_b, text.encode("utf-8")), "kv_crc32": kv_crc}).last_pk
             bank_passages.insert(self.db, doc_id, seg_id, passages)
             self.db.execute("UPDATE documents SET n_tokens = n_tokens + ?, n_segments = n_segments + 1, "
                             "resume_offset = ?, resume_skip = ?, updated = ? WHERE id = ?",
@@ -152,17 +157,35 @@ class BankWrites:
             bank_passages.rebuild_fts(self.db)
         return count
 
-    def delete_document(self, doc_id: int) -> Document:
-        """Remove a document and its memory (one transaction), then rewrite the index files."""
+    def delete_document(self, doc_id: int, progress=None) -> Document:
+        """Remove a document and its memory: the other documents' keys and values are copied to the next epoch's K/V
+        files (``progress(done, total)`` counts rows), checked against their checksums, and one transaction then
+        removes the document and moves the bank to that epoch; the index files are rewritten after."""
         doc = self.document(doc_id)
         with self.writing():
+            if self.kv_rows_left():
+                self.move_kv_to_files()
+            old = self.kv_files()
+            new = type(old)(old.folder, old.epoch + 1, old.row_shape, old.dtype)
+            kept, runs, at = [], [], 0
+            for sid, owner, nc, crc in self.db.execute("SELECT id, document_id, n_chunks, kv_crc32 FROM segments "
+                                                       "ORDER BY id").fetchall():
+                if owner != doc_id:
+                    kept.append((sid, crc))
+                    runs.append((at, nc))
+                at += nc
+            copied = old.compact(runs, new, progress)
+            bad = [sid for (sid, crc), got in zip(kept, copied) if got != crc]
+            if bad:
+                new.remove()
+                raise BankCorrupt(f"bank {self.name!r}: the keys/values of segment {bad[0]} do not match their "
+                                  f"checksum; nothing was deleted. Run `longmem bank verify {self.name}`")
             with self.db.atomic():
                 self.db.execute("DELETE FROM passages WHERE document_id = ?", [doc_id])
-                self.db.execute("DELETE FROM kv WHERE segment_id IN (SELECT id FROM segments WHERE document_id = ?)",
-                                [doc_id])
                 self.db.execute("DELETE FROM segments WHERE document_id = ?", [doc_id])
                 self.db.execute("DELETE FROM documents WHERE id = ?", [doc_id])
                 self.db.execute("UPDATE bank SET epoch = epoch + 1, updated = ? WHERE id = 1", [now()])
+            new.sweep()  # the old epoch's files (a reader that mapped them keeps them until it lets go)
             self.sync_index()
             with contextlib.suppress(sqlite3.OperationalError):  # give the freed pages back to the file system
                 self.db.execute("PRAGMA incremental_vacuum")
