@@ -13,7 +13,7 @@ from tiny import tiny_model
 from longmem.ingest.pipeline import ingest
 from longmem.storage import BankBusy, BankDirectory
 from longmem.storage import bank as bank_module
-from longmem.storage.kvfiles import HEADROOM_CHUNKS, KVFiles
+from longmem.storage.kvfiles import HEADROOM_CHUNKS, HEADROOM_SHARE, KVFiles, headroom
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -68,6 +68,14 @@ def test_a_killed_writers_tail_is_overwritten_and_the_files_never_shrink(tmp_pat
         files.read(files.rows_on_disk() - 1, 2)  # past the end of the files
     with pytest.raises(FileNotFoundError):
         KVFiles(tmp_path, 1, (3, 4, 8), torch.float32).read(0, 1)  # another epoch's files: none
+
+
+def test_a_large_banks_files_keep_a_share_of_their_rows_as_headroom(tmp_path):
+    files = KVFiles(tmp_path, 0, (1, 1, 1), torch.float32)  # 4-byte rows: many of them, cheaply
+    n = 4 * HEADROOM_SHARE * HEADROOM_CHUNKS
+    files.append(0, torch.zeros(1, n, 1, 1), torch.zeros(1, n, 1, 1))
+    assert headroom(n) == n // HEADROOM_SHARE > HEADROOM_CHUNKS and files.rows_on_disk() == n + headroom(n)
+    assert files.map(0, n)[0].shape[1] == n + headroom(n)  # all of it is room a mapped memory grows into
 
 
 def test_compaction_copies_runs_and_their_checksums_to_the_next_epoch(tmp_path):

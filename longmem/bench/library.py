@@ -16,8 +16,9 @@ Measure (a fresh process per bank, the model loaded first, so that the bank's sh
 it): the bank opened and its memory restored (``Bank.load_memory``), timed, with the RSS growth; then ``--questions``
 questions about the library's books asked as the app's chat asks them (``tasks.answer``: BM25 passages, the memory
 attached while the model reads), timing the first answer piece the reader sees and the time spent in memory searches
-(every ``Memory.search``/``select`` call of the answer: the question's and the excerpts' tokens at layer *m*), and the
-RSS growth after them. The first question is reported apart (cold); medians are over the others.
+(every ``Memory.search``/``select`` call of the answer: the tokens that search memory at layer *m*), and the RSS growth
+after them, split into anonymous memory and file-backed pages (the mapped keys and values a search read). The first
+question is reported apart (cold); medians are over the others.
 
 The parent prints one JSON object (stdout) and a markdown table, each size's figures side by side with their ratio.
 """
@@ -175,10 +176,10 @@ def scenario_measure(args) -> dict:
     model = _model(args)
     with torch.inference_mode():  # the model's first use: its own allocations are not the bank's
         model.backbone.forward(torch.tensor([[1, 2, 3]]))
-    rss0 = status_mb("VmRSS")
+    rss0, anon0, file0 = status_mb("VmRSS"), status_mb("RssAnon"), status_mb("RssFile")
     t0 = time.perf_counter()
     bank = BankDirectory(Path(args.work) / "banks").open(args.bank)
-    memory = bank.load_memory(model)
+    memory = bank.load_memory(model, mapped={"auto": None, "mapped": True, "ram": False}[args.kv])
     open_s = time.perf_counter() - t0
     rss_open = status_mb("VmRSS")
     log(f"{args.bank}: opened in {open_s:.2f} s, {len(memory):,} tokens, RSS +{rss_open - rss0:.0f} MiB")
@@ -201,6 +202,7 @@ def scenario_measure(args) -> dict:
         log(f"{q!r}: first answer piece {t2 - t1:.2f} s, memory searches {1000 * sum(spent):.0f} ms "
             f"({len(spent)} calls)")
     rss_asked = status_mb("VmRSS")
+    anon, file_backed = status_mb("RssAnon"), status_mb("RssFile")  # the mapped K/V pages read are file-backed
     stats = bank.stats()
     bank.close()
     warm = rows[1:] or rows
@@ -208,6 +210,7 @@ def scenario_measure(args) -> dict:
             "mapped": not memory.rows[0].k.is_contiguous(), "kv_mb": stats["kv_bytes"] / 2**20,
             "disk_mb": stats["disk_bytes"] / 2**20, "open_s": open_s, "rss_model_mb": rss0,
             "bank_rss_open_mb": rss_open - rss0, "bank_rss_asked_mb": rss_asked - rss0,
+            "bank_anon_asked_mb": anon - anon0, "bank_file_asked_mb": file_backed - file0,
             "peak_rss_mb": status_mb("VmHWM"), "cold": rows[0] if rows else None,
             **({k: statistics.median(r[k] for r in warm) for k in ("first_token_s", "answer_s", "memory_search_ms")}
                if rows else {}), "questions": rows,
@@ -222,7 +225,8 @@ def spawn(args, bank: str) -> dict:
     argv = [sys.executable, "-m", "longmem.bench.library", "--scenario", "measure", "--bank", bank,
             "--work", args.work, "--backbone", args.backbone, "--dtype", args.dtype, "--device", args.device,
             "--threads", str(args.threads), "--books", str(args.books), "--questions", str(args.questions),
-            "--approx-from", str(args.approx_from)] + (["--probes", str(args.probes)] if args.probes else [])
+            "--approx-from", str(args.approx_from), "--kv", args.kv]
+    argv += ["--probes", str(args.probes)] if args.probes else []
     root = str(Path(__file__).resolve().parents[2])  # the checkout, for the child process
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)
@@ -251,6 +255,9 @@ def markdown(r: dict) -> str:
         row("open and restore the memory (`load_memory`), s", "open_s", ".2f", "open_s"),
         row("the bank's RSS after opening, MiB", "bank_rss_open_mb", ".0f"),
         row(f"the bank's RSS after {n + 1} questions, MiB", "bank_rss_asked_mb", ".0f", "bank_rss_mb"),
+        row("... of it anonymous (indexes, search copies, what the chat added), MiB", "bank_anon_asked_mb", ".0f"),
+        row("... of it file-backed (the mapped keys/values read: clean pages the OS may reclaim), MiB",
+            "bank_file_asked_mb", ".0f"),
         row(f"memory searches per question, ms (median of {n})", "memory_search_ms", ".0f", "memory_search_ms"),
         row(f"first answer piece, s (median of {n})", "first_token_s", ".2f", "first_token_s"),
     ]
@@ -276,6 +283,9 @@ def parse_args(argv):
     p.add_argument("--approx-from", type=int, default=0, metavar="CHUNKS",
                    help="search memory approximately (IVF) once it holds this many chunks (0: exact)")
     p.add_argument("--probes", type=int, default=None, help="IVF lists each query compares (default: a sixteenth)")
+    p.add_argument("--kv", choices=("auto", "mapped", "ram"), default="auto",
+                   help="keys and values mapped from the bank's files or copied into RAM (auto: as the app, mapped "
+                        "from 256k tokens on)")
     p.add_argument("--backbone", default="default",
                    help="'default' (SmolLM2-135M-Instruct), a .gguf file or an HF model dir")
     add_runtime_flags(p)

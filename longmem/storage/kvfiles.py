@@ -13,8 +13,9 @@ loses at most the segment in flight, as before.
 Opening maps the files copy-on-write (``map``): the memory's keys and values are views of the mapped rows, permuted
 to (Hkv, N, C, d), so nothing is read until a search gathers its chunks, and what a chat adds to the memory lands in
 private pages (the files never change under a reader). The files are kept ``HEADROOM_CHUNKS`` rows longer than what
-is committed (zeros), which is the room a mapped memory has to grow before it is copied into RAM, and the files never
-shrink: a reader's mapping is never cut short under it. Removing chunks writes the remaining rows to the next
+is committed, or 1/32 of it (``headroom``; zeros, which most file systems keep as holes), which is the room a mapped
+memory has to grow (what a conversation moves into memory) before it is copied into RAM; and the files never shrink:
+a reader's mapping is never cut short under it. Removing chunks writes the remaining rows to the next
 epoch's files (``compact``); a reader that mapped the old ones keeps them until it lets go.
 """
 
@@ -29,8 +30,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-HEADROOM_CHUNKS = 2048  # zero rows kept past the committed ones: room a mapped memory grows into (8k tokens at C 4)
+HEADROOM_CHUNKS = 2048  # zero rows kept past the committed ones, at least: room a mapped memory grows into (8k tokens
+#                        at chunk size 4) ...
+HEADROOM_SHARE = 32  # ... or 1/32 of the committed rows, whichever is more (a conversation with a 10M-token library
+#                      moves ~300k tokens into memory before its memory is copied out of the files; sparse on disk)
 COPY_ROWS = 65536  # rows copied at a time when compacting or reading a long run
+
+
+def headroom(rows: int) -> int:
+    """Zero rows the files keep past ``rows`` committed ones."""
+    return max(HEADROOM_CHUNKS, rows // HEADROOM_SHARE)
 
 
 def file_names(epoch: int) -> tuple[str, str]:
@@ -64,7 +73,7 @@ class KVFiles:
             with _writable(path, truncate=False) as f:
                 f.seek(at * self.row_bytes)
                 f.write(data)
-                _grow(f, (at + n + HEADROOM_CHUNKS) * self.row_bytes)
+                _grow(f, (at + n + headroom(at + n)) * self.row_bytes)
         return crc
 
     def compact(self, runs: list[tuple[int, int]], into: "KVFiles", progress=None) -> list[int]:
@@ -87,7 +96,7 @@ class KVFiles:
                         done += m
                         if progress is not None:
                             progress(done, total)
-                _grow(dst, dst.tell() + HEADROOM_CHUNKS * self.row_bytes)
+                _grow(dst, dst.tell() + headroom(dst.tell() // self.row_bytes) * self.row_bytes)
         return crcs
 
     def remove(self) -> None:
@@ -128,13 +137,13 @@ class KVFiles:
         return zlib.crc32(self.read_bytes(1, start, n), zlib.crc32(self.read_bytes(0, start, n)))
 
     def map(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows ``start`` .. ``start + n`` and the headroom after them (as much of it as the files hold) mapped
-        copy-on-write, as k, v (Hkv, n + room, C, d) views: nothing is read until it is used, and writes stay in
-        this process. OSError when the files hold fewer than ``start + n`` rows."""
+        """Rows ``start`` .. ``start + n`` and every row after them the files hold (the headroom: zeros, or rows
+        committed since) mapped copy-on-write, as k, v (Hkv, n + room, C, d) views: nothing is read until it is
+        used, and writes stay in this process. OSError when the files hold fewer than ``start + n`` rows."""
         have = self.rows_on_disk()
         if have < start + n:
             raise OSError(f"{self.paths[0].name}: {have} rows on disk, {start + n} committed")
-        rows = min(have, start + n + HEADROOM_CHUNKS) - start
+        rows = have - start
         out = []
         for path in self.paths:
             with open(path, "rb") as f:
