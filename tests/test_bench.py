@@ -86,6 +86,45 @@ def test_one_scenario_alone_without_work_is_refused_by_name(capsys):
     assert "--scenario needs --work" in capsys.readouterr().err
 
 
+# -- a library in one bank (bench.library) --------------------------------------------------------------------------
+
+def write_set(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_the_library_takes_its_books_and_questions_from_a_set_in_turn(tmp_path):
+    from longmem.bench.library import library_books, questions_for
+
+    qs = write_set(tmp_path / "set.jsonl", [
+        {"book": "a.txt", "question": "a1", "answers": ["x"]}, {"book": "a.txt", "question": "a2", "answers": ["x"]},
+        {"book": "b.txt", "question": "b0", "answers": []},  # unanswerable: not asked
+        {"book": "b.txt", "question": "b1", "answers": ["y"]}, {"book": "c.txt", "question": "c1", "answers": ["z"]}])
+    assert library_books(qs, 2) == ["a.txt", "b.txt"]
+    assert questions_for(qs, ["a.txt", "b.txt"], 3) == ["a1", "b1", "a2"]
+    with pytest.raises(SystemExit, match="asks about 3 books"):
+        library_books(qs, 4)
+
+
+def test_a_malformed_set_and_bad_sizes_are_refused_by_name(tmp_path, capsys):
+    from longmem.bench.library import parse_args, read_set
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"book": "a.txt", "question": "q", "answers": ["x"]}\n{"book": "a.txt"}\n', encoding="utf-8")
+    with pytest.raises(SystemExit, match="bad.jsonl, line 2"):
+        read_set(bad)
+    good = write_set(tmp_path / "good.jsonl", [{"book": "a.txt", "question": "q", "answers": ["x"]}])
+    for argv, message in [(["--tokens", "10000000,1000000"], "the smaller first"), (["--tokens", "1M,10M"],
+                                                                                     "whole numbers"),
+                          (["--set", str(tmp_path / "none.jsonl")], "no question set"),
+                          (["--scenario", "measure"], "needs --work and --bank")]:
+        with pytest.raises(SystemExit):
+            parse_args(argv + (["--set", str(good)] if "--set" not in argv else []))
+        assert message in capsys.readouterr().err
+    args = parse_args(["--quick", "--set", str(good)])
+    assert args.sizes == [131072, 524288] and args.questions == 4
+
+
 def test_a_report_prints_json_then_the_table_and_writes_the_json(tmp_path, capsys):
     from longmem.util.report import print_report
 

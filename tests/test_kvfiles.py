@@ -11,7 +11,7 @@ from test_bank import as_made_before_kv_files, book, queries, search_all, table
 from tiny import tiny_model
 
 from longmem.ingest.pipeline import ingest
-from longmem.storage import BankBusy, BankDirectory
+from longmem.storage import BankBusy, BankCorrupt, BankDirectory
 from longmem.storage import bank as bank_module
 from longmem.storage.kvfiles import HEADROOM_CHUNKS, HEADROOM_SHARE, KVFiles, headroom
 
@@ -195,3 +195,20 @@ def test_a_provisional_segment_leaves_a_tail_the_next_write_overwrites(directory
     with directory.create("fresh", model) as fresh:
         ingest(fresh, model, text(tmp_path))
         assert table(bank) == table(fresh) and bank.verify().ok
+
+
+def test_an_empty_bank_loads_mapped_or_not(directory, model):
+    bank = directory.create("b", model)
+    assert len(bank.load_memory(mapped=True)) == 0 == len(bank.load_memory(mapped=False))
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_missing_kv_files_are_named_not_recreated(directory, model, tmp_path, mapped):
+    bank = directory.create("b", model)
+    ingest(bank, model, text(tmp_path))
+    for p in bank.kv_files().paths:
+        p.unlink()
+    with pytest.raises(BankCorrupt, match="K/V files are missing"):
+        bank.load_memory(mapped=mapped)
+    assert not any(p.exists() for p in bank.kv_files().paths)
+    assert not bank.verify().ok

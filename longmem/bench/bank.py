@@ -42,7 +42,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +50,7 @@ from pathlib import Path
 import torch
 
 from longmem.bench.inference import (
+    child_json,
     cpu_times,
     default_text,
     finish_shared_args,
@@ -342,12 +342,7 @@ def spawn(name: str, args, **extra) -> dict:
             "--reps", str(args.reps)] + (["--compile"] if args.compile else [])
     for k, v in extra.items():
         argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
-    root = str(Path(__file__).resolve().parents[2])  # the checkout, for the child process
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"scenario {name!r} failed (exit {proc.returncode})")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return child_json(argv, f"scenario {name!r}")
 
 
 def answer_targets(answer: dict) -> dict:

@@ -270,11 +270,17 @@ def spawn(name: str, args: argparse.Namespace) -> dict:
             "--score-tokens", ",".join(map(str, args.score_tokens))]
     for flag in CHILD_FLAGS:
         argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    return child_json(argv, f"scenario {name!r}")
+
+
+def child_json(argv: list[str], what: str) -> dict:
+    """Run a benchmark's child process (``argv``, this checkout on its path) and return the JSON object its last line
+    of stdout prints; its stderr (progress) passes through. ``what`` names it in the error when it fails."""
     root = str(Path(__file__).resolve().parents[2])  # the checkout, for the child process
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)  # stderr (progress) passes through
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"scenario {name!r} failed (exit {proc.returncode})")
+        raise RuntimeError(f"{what} failed (exit {proc.returncode})")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -2,15 +2,16 @@
 
     python -m longmem.bench.library --work runs/library          # builds the banks once (kept), then measures both
     python -m longmem.bench.library --work runs/library --quick  # 128k and 512k tokens, 4 questions: to see it run
-    python -m longmem.bench.library --work runs/library --source-banks runs/find/natural-banks   # reuse ingested books
+    python -m longmem.bench.library --work runs/library --set longmem/eval/data/natural-tune.jsonl \
+        --source-banks runs/find/natural-banks               # the books `longmem eval finding` ingested, reused
 
 Build (once per ``--work``; a later run reuses a bank that is already the size asked for). The library's books are
-those of the team's ``natural-tune`` question set (``--books`` of them). Each is ingested for real into a bank of
-its own (or taken from ``--source-banks``, a folder of banks holding one such book each), then the library banks are
-made by committing those books' segments again, book after book and round after round ("<title> (copy n)"), through
-the bank's own write path (``Bank.add_segment``) until each holds its ``--tokens``: the bytes per token of a real
-library, in minutes where ingesting a hundred books would take a day on two cores. Their passages are then cut and
-indexed and their index files written.
+those a question set asks about (``--set``, default the shared data's ``natural-dev``; ``--books`` of them). Each is
+ingested for real into a bank of its own (or taken from ``--source-banks``, a folder of banks holding one such book
+each), then the library banks are made by committing those books' segments again, book after book and round after
+round ("<title> (copy n)"), through the bank's own write path (``Bank.add_segment``) until each holds its
+``--tokens``: the bytes per token of a real library, in minutes where ingesting a hundred books would take a day on
+two cores. Their passages are then cut and indexed and their index files written.
 
 Measure (a fresh process per bank, the model loaded first, so that the bank's share is the process's growth after
 it): the bank opened and its memory restored (``Bank.load_memory``), timed, with the RSS growth; then ``--questions``
@@ -30,7 +31,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,13 +38,13 @@ from pathlib import Path
 
 import torch
 
-from longmem.bench.inference import cpu_times, log, machine_facts, report, status_mb, target
+from longmem.bench.inference import child_json, cpu_times, log, machine_facts, report, status_mb, target
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.model.device import DeviceError, add_device_flag, resolve_device
 from longmem.util.data import data_dir
 
 TARGETS = {"open_s": 5.0, "bank_rss_mb": 1536.0, "memory_search_ms": 50.0, "first_token_s": 3.0}
-QUESTION_SET = "natural-tune"  # the library's books and the questions asked of it (the package's own set)
+QUESTION_SET = "bookqa/natural-dev.jsonl"  # in the shared data: the library's books and the questions asked of it
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -58,13 +58,27 @@ def _model(args):
                                     device=resolve_device(args.device)).eval()
 
 
-def library_books(n: int) -> list[str]:
-    """The first ``n`` books of ``QUESTION_SET`` (file names in the shared data's ``books/``), in the set's order."""
-    from longmem.eval.natural import package_set_path, read_questions
+def read_set(path: Path) -> list[dict]:
+    """The answerable questions of a question set in natural's format (JSON lines with ``book``, ``question`` and
+    ``answers``), in file order."""
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            q = json.loads(line)
+            if q["answers"]:
+                out.append({"book": str(q["book"]), "question": str(q["question"])})
+        except (ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"error: {path}, line {n}: not a question of natural's format ({e})") from None
+    return out
 
-    books = list(dict.fromkeys(q.book for q in read_questions(package_set_path(QUESTION_SET))))
+
+def library_books(path: Path, n: int) -> list[str]:
+    """The first ``n`` books the question set ``path`` asks about (file names in the shared data's ``books/``)."""
+    books = list(dict.fromkeys(q["book"] for q in read_set(path)))
     if n > len(books):
-        raise SystemExit(f"error: --books {n}: {QUESTION_SET} asks about {len(books)} books")
+        raise SystemExit(f"error: --books {n}: {path} asks about {len(books)} books")
     return books[:n]
 
 
@@ -155,12 +169,10 @@ def _timed_searches(memory) -> list[float]:
     return spent
 
 
-def questions_for(books: list[str], n: int) -> list[str]:
-    """``n`` answerable questions of ``QUESTION_SET`` about ``books``, taking the books in turn."""
-    from longmem.eval.natural import package_set_path, read_questions
-
-    asked = [q for q in read_questions(package_set_path(QUESTION_SET)) if q.answers]
-    per = [[q.question for q in asked if q.book == b] for b in books]
+def questions_for(path: Path, books: list[str], n: int) -> list[str]:
+    """``n`` answerable questions of the set ``path`` about ``books``, taking the books in turn."""
+    asked = read_set(path)
+    per = [[q["question"] for q in asked if q["book"] == b] for b in books]
     out = []
     for i in range(max(map(len, per))):
         out += [p[i] for p in per if i < len(p)]
@@ -188,7 +200,7 @@ def scenario_measure(args) -> dict:
     spent = _timed_searches(memory)
     finder = PassageFinder(bank, model, memory)
     rows = []
-    for q in questions_for(library_books(args.books), args.questions):
+    for q in questions_for(args.set, library_books(args.set, args.books), args.questions):
         chat = Chat(model, memory, ANSWER_SAMPLING)
         spent.clear()
         t1 = time.perf_counter()
@@ -225,14 +237,10 @@ def spawn(args, bank: str) -> dict:
     argv = [sys.executable, "-m", "longmem.bench.library", "--scenario", "measure", "--bank", bank,
             "--work", args.work, "--backbone", args.backbone, "--dtype", args.dtype, "--device", args.device,
             "--threads", str(args.threads), "--books", str(args.books), "--questions", str(args.questions),
+            "--set", str(args.set),
             "--approx-from", str(args.approx_from), "--kv", args.kv]
     argv += ["--probes", str(args.probes)] if args.probes else []
-    root = str(Path(__file__).resolve().parents[2])  # the checkout, for the child process
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"measuring {bank!r} failed (exit {proc.returncode})")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return child_json(argv, f"measuring {bank!r}")
 
 
 def markdown(r: dict) -> str:
@@ -276,7 +284,10 @@ def parse_args(argv):
     p.add_argument("--work", default=None, help="folder of the benchmark's banks, kept for later runs (default: a "
                                                 "temporary folder, removed)")
     p.add_argument("--tokens", default=None, help="the two banks' sizes, comma-separated (default 1000000,10000000)")
-    p.add_argument("--books", type=int, default=2, help=f"books of {QUESTION_SET} in the library (at most 4)")
+    p.add_argument("--set", type=Path, default=None, help="the question set (JSON lines in natural's format) whose "
+                                                          f"books make the library (default: the shared data's "
+                                                          f"{QUESTION_SET})")
+    p.add_argument("--books", type=int, default=2, help="books of that set in the library")
     p.add_argument("--source-banks", default=None, help="a folder of banks holding one of those books each, whole "
                                                         "(e.g. `longmem eval finding`'s natural-banks), to reuse")
     p.add_argument("--questions", type=int, default=None, help="questions asked of each bank (default 20; quick 4)")
@@ -305,6 +316,9 @@ def parse_args(argv):
         p.error("--questions must be >= 1")
     if args.scenario and not (args.work and args.bank):
         p.error("--scenario measure needs --work and --bank")
+    args.set = args.set or data_dir() / QUESTION_SET
+    if not args.set.is_file():
+        p.error(f"--set: no question set at {args.set}")
     args.threads = args.threads or os.cpu_count() or 1
     return args
 
@@ -330,7 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.work = args.work or tempfile.mkdtemp(prefix="longmem-bench-library-")
     directory = BankDirectory(Path(args.work) / "banks")
     try:
-        books = library_books(args.books)
+        books = library_books(args.set, args.books)
         model = _model(args)  # to ingest the books no source bank holds, and to shape the library's banks
         backbone = model.backbone.name
         sources = [source_bank(args, directory, book, model) for book in books]

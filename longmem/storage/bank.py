@@ -69,6 +69,21 @@ class _Layout:
     first_chunk: np.ndarray  # (S + 1,) cumulative chunk counts
 
 
+@dataclass
+class _Restored:
+    """What one snapshot of a bank restores (``Bank._restore``)."""
+
+    epoch: int
+    seg_ids: np.ndarray  # (S,)
+    seg_chunks: np.ndarray  # (S,)
+    first: int  # chunks left out (older than the capacity keeps)
+    k: torch.Tensor  # (Hkv, room, C, d), the first n filled
+    v: torch.Tensor
+    tokens: torch.Tensor  # (room, C) int64
+    starts: torch.Tensor  # (room, C) bool
+    stored: list  # per KV head: (index file's index or None, chunks it holds)
+
+
 class Bank(AppRecords, BankWrites):
     """One persistent bank. Reading needs no lock; writing happens inside ``writing()`` (one writer at a time: the
     write path is ``storage.writes``)."""
@@ -295,6 +310,8 @@ class Bank(AppRecords, BankWrites):
             return tuple(tensor_from_bytes(b, self.dtype).view(shape).clone() for b in row)
         try:
             return (files or self.kv_files()).read(at, n_chunks)
+        except FileNotFoundError:
+            raise  # the files of another epoch, or none: the caller decides
         except OSError as e:
             raise BankCorrupt(f"bank {self.name!r}: the keys/values of segment {sid} are missing ({e}); run "
                               f"`longmem bank verify {self.name}`") from None
@@ -365,6 +382,43 @@ class Bank(AppRecords, BankWrites):
                 self.move_kv_to_files(moving)
             except BankBusy:
                 log.info("bank %s is being written; its keys/values are read from SQLite", self.name)
+        d = self.info_cached.head_dim
+        for attempt in range(3):  # a snapshot whose K/V files a deletion replaced meanwhile is read again
+            try:
+                r = self._restore(capacity, mapped, progress)
+                break
+            except FileNotFoundError as e:
+                if attempt == 2:
+                    raise BankCorrupt(f"bank {self.name!r}: its K/V files are missing ({e}); restore the bank from a "
+                                      "backup or delete it") from None
+        epoch, seg_ids, seg_chunks, first, k, v, tokens, starts, stored = (
+            r.epoch, r.seg_ids, r.seg_chunks, r.first, r.k, r.v, r.tokens, r.starts, r.stored)
+        total = int(seg_chunks.sum())
+        n = total - first
+        indexes = []
+        for h, (index, done) in enumerate(stored):
+            index = index if index is not None else faiss.IndexFlatIP(d)
+            for s in range(done, n, INDEX_BLOCK):
+                index.add(chunk_keys(k[h:h + 1, s:min(s + INDEX_BLOCK, n)])[0])
+            indexes.append(index)
+        if repair and first == 0 and any(ix is None or done < total for ix, done in stored):
+            try:
+                with self.writing():
+                    if self.info.epoch == epoch:
+                        self._save_indexes(indexes, total, int(seg_ids[-1]) if len(seg_ids) else 0, epoch)
+            except BankBusy:
+                log.info("bank %s is being written; its index files will be brought up to date by the writer",
+                         self.name)
+        self.layout = _Layout(epoch, seg_ids, np.concatenate([[0], np.cumsum(seg_chunks)]))
+        if search_device == "model":
+            search_device = None if model is None else model.backbone.device
+        return Memory.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
+                                  search_device=search_device, starts=starts,
+                                  max_sinks=MAX_SINKS if model is None else model.max_sinks)
+
+    def _restore(self, capacity: int | None, mapped: bool | None, progress) -> "_Restored":
+        """One consistent snapshot of the bank's memory (``load_memory`` less the indexes it builds): the keys and
+        values mapped or copied, the token ids, the sinks and the index files usable as they are."""
         info, dtype = self.info_cached, self.dtype
         hkv, chunk_size, d = info.n_kv_heads, info.chunk_size, info.head_dim
         with self.db.atomic():  # a read transaction: one consistent snapshot while a writer may be ingesting
@@ -372,14 +426,16 @@ class Bank(AppRecords, BankWrites):
             files = self.kv_files()
             seg_ids, seg_chunks = self._segments()
             total = int(seg_chunks.sum())
-            first = 0 if capacity is None else max(0, total - capacity // chunk_size)  # older chunks would be evicted
+            first = 0 if capacity is None else max(0, total - capacity // chunk_size)  # older ones: evicted
             n = total - first
             mapped = (n >= MAP_MIN_CHUNKS) if mapped is None else mapped
-            if mapped and self.kv_rows_left():
-                mapped = False  # some keys/values are still SQLite rows: copied, as they are
+            if mapped and (n == 0 or self.kv_rows_left()):
+                mapped = False  # nothing to map, or some keys/values are still SQLite rows: copied, as they are
             if mapped:
                 try:
                     k, v = files.map(first, n)  # (Hkv, n + headroom, C, d) views of the files
+                except FileNotFoundError:
+                    raise
                 except OSError as e:
                     raise BankCorrupt(f"bank {self.name!r}: its K/V files do not hold its {total} chunks ({e}); "
                                       f"run `longmem bank verify {self.name}`") from None
@@ -417,26 +473,7 @@ class Bank(AppRecords, BankWrites):
                 raise BankCorrupt(f"bank {self.name!r}: {n - pos} chunks have no keys/values stored")
             # index files hold every chunk from the first: usable only when nothing was left out
             stored = self._stored_indexes(seg_ids, seg_chunks) if first == 0 else [(None, 0)] * hkv
-        indexes = []
-        for h, (index, done) in enumerate(stored):
-            index = index if index is not None else faiss.IndexFlatIP(d)
-            for s in range(done, n, INDEX_BLOCK):
-                index.add(chunk_keys(k[h:h + 1, s:min(s + INDEX_BLOCK, n)])[0])
-            indexes.append(index)
-        if repair and first == 0 and any(ix is None or done < total for ix, done in stored):
-            try:
-                with self.writing():
-                    if self.info.epoch == epoch:
-                        self._save_indexes(indexes, total, int(seg_ids[-1]) if len(seg_ids) else 0, epoch)
-            except BankBusy:
-                log.info("bank %s is being written; its index files will be brought up to date by the writer",
-                         self.name)
-        self.layout = _Layout(epoch, seg_ids, np.concatenate([[0], np.cumsum(seg_chunks)]))
-        if search_device == "model":
-            search_device = None if model is None else model.backbone.device
-        return Memory.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
-                                  search_device=search_device, starts=starts,
-                                  max_sinks=MAX_SINKS if model is None else model.max_sinks)
+        return _Restored(epoch, seg_ids, seg_chunks, first, k, v, tokens, starts, stored)
 
     def chunk_text(self, serial: int, context_chunks: int = 12) -> ChunkText:
         """Chunk ``serial`` of the last loaded memory as a reader is shown it: its text (a chunk of tokens may start

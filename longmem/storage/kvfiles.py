@@ -140,6 +140,9 @@ class KVFiles:
         """Rows ``start`` .. ``start + n`` and every row after them the files hold (the headroom: zeros, or rows
         committed since) mapped copy-on-write, as k, v (Hkv, n + room, C, d) views: nothing is read until it is
         used, and writes stay in this process. OSError when the files hold fewer than ``start + n`` rows."""
+        for path in self.paths:
+            if not path.is_file():
+                raise FileNotFoundError(f"no {path}")
         have = self.rows_on_disk()
         if have < start + n:
             raise OSError(f"{self.paths[0].name}: {have} rows on disk, {start + n} committed")
