@@ -21,7 +21,6 @@ from longmem.ingest.pipeline import cut_segments, ingest
 from longmem.ingest.readers import Block
 from longmem.model.longmem import LongMemModel
 from longmem.storage import BankBusy, BankCorrupt, BankDirectory, BankError, BankExists, BankMismatch, UnknownBank
-from longmem.storage.records import tensor_bytes
 from longmem.text.io import InputError
 
 TESTS = Path(__file__).parent
@@ -75,6 +74,11 @@ def interrupt_after(n: int, seen: list | None = None):
 def search_all(memory, q):
     r = memory.search(q, n_chunks=4)
     return r.keys, r.values, r.mask, r.chunk_ids
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's bytes as a bank before the K/V files stored them (and as ``table`` compares them)."""
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def table(bank, sql: str | None = None):

@@ -26,7 +26,7 @@ import logging
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import sqlite_utils
@@ -69,8 +69,7 @@ class _Layout:
     first_chunk: np.ndarray  # (S + 1,) cumulative chunk counts
 
 
-@dataclass
-class _Restored:
+class _Restored(NamedTuple):
     """What one snapshot of a bank restores (``Bank._restore``)."""
 
     epoch: int
@@ -385,14 +384,13 @@ class Bank(AppRecords, BankWrites):
         d = self.info_cached.head_dim
         for attempt in range(3):  # a snapshot whose K/V files a deletion replaced meanwhile is read again
             try:
-                r = self._restore(capacity, mapped, progress)
+                epoch, seg_ids, seg_chunks, first, k, v, tokens, starts, stored = self._restore(capacity, mapped,
+                                                                                                progress)
                 break
             except FileNotFoundError as e:
                 if attempt == 2:
                     raise BankCorrupt(f"bank {self.name!r}: its K/V files are missing ({e}); restore the bank from a "
                                       "backup or delete it") from None
-        epoch, seg_ids, seg_chunks, first, k, v, tokens, starts, stored = (
-            r.epoch, r.seg_ids, r.seg_chunks, r.first, r.k, r.v, r.tokens, r.starts, r.stored)
         total = int(seg_chunks.sum())
         n = total - first
         indexes = []

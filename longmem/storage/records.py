@@ -43,10 +43,6 @@ def crc32(*parts: bytes) -> int:
     return crc
 
 
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
-
-
 def tensor_from_bytes(blob: bytes, dtype: torch.dtype) -> torch.Tensor:
     with warnings.catch_warnings():  # read-only buffer: callers copy out of it at once
         warnings.simplefilter("ignore", UserWarning)
