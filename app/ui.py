@@ -11,6 +11,7 @@ from longmem.service import Workspace
 from . import banks_tab, chat_tab, classify_tab, model_tab
 from .shared import Shared
 
+RESTORE_TICKS = 10  # seconds a reloaded page keeps asking for its memo to be applied (see ``build_app``)
 TABS = {"chat": "Chat", "continue": "Continue", "classify": "Classify", "banks": "Memory banks", "model": "Model"}
 CSS = """
 #jobs .job {margin: 0.4em 0;}
@@ -69,16 +70,27 @@ def build_app(ws: Workspace) -> gr.Blocks:
             return {**(memo or {}), "tab": evt.id} if evt.id in TABS else gr.skip()
 
         # The memo is read from the browser's storage when its component mounts, which a page under load can do after
-        # the page's load event has run with the empty default: the memo's own change event then restores, once.
+        # the page's load event has run with the empty default: the memo's own change event then restores, once. A
+        # timer is the backstop for a restore lost to the order of those events (a full CI run saw the reload find
+        # no bank three times): for its first RESTORE_TICKS seconds the page asks again until the memo is applied.
         restored = gr.State(False)
+        ticks = gr.State(0)
+        retry = gr.Timer(1.0)
+        n_out = len(shared.pickers) + 2  # the pickers, the tabs, whether the memo is applied
 
         def on_load(memo):
             return [*restore(memo), bool(memo)]
 
         def on_memo(memo, done):
             if done or not memo:
-                return [gr.skip()] * (len(shared.pickers) + 2)
+                return [gr.skip()] * n_out
             return [*restore(memo), True]
+
+        def on_tick(memo, done, n):
+            """Apply the memo if neither the load nor the memo's change did; stop once a memo is read (applied now
+            or before) or after RESTORE_TICKS ticks (a first visit has nothing to apply)."""
+            stop = bool(memo) or done or n + 1 >= RESTORE_TICKS
+            return [*on_memo(memo, done), n + 1, gr.Timer(active=False) if stop else gr.skip()]
 
         tabs.select(remember_tab, [shared.memo], [shared.memo], queue=False, show_progress="hidden",
                     api_visibility="private")
@@ -86,4 +98,6 @@ def build_app(ws: Workspace) -> gr.Blocks:
         demo.load(on_load, [shared.memo], [*shared.pickers, tabs, restored], queue=False, api_visibility="private")
         shared.memo.change(on_memo, [shared.memo, restored], [*shared.pickers, tabs, restored], queue=False,
                            show_progress="hidden", api_visibility="private")
+        retry.tick(on_tick, [shared.memo, restored, ticks], [*shared.pickers, tabs, restored, ticks, retry],
+                   queue=False, show_progress="hidden", api_visibility="private")
     return demo

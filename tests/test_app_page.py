@@ -15,7 +15,7 @@ from tiny import chat_model
 from app.chat_tab import citations_message, context_html
 from app.classify_tab import SAMPLE, SAMPLE_SPLIT, preset_choices
 from app.common import Told, friendly, own_names, reported
-from app.ui import build_app, memo_secret
+from app.ui import RESTORE_TICKS, build_app, memo_secret
 from longmem.service.workspace import Workspace
 from longmem.storage import BankDirectory
 from longmem.tasks.reading import Citation
@@ -155,6 +155,23 @@ def test_a_memo_read_after_the_page_loaded_is_applied_once(page):
     assert all(is_skip(out) for out in on_memo({**memo, "bank": "gatsby"}, True))
     assert all(is_skip(out) for out in on_memo({}, False))
     assert on_load(memo)[-1] is True
+
+
+def test_a_reloaded_page_asks_again_until_its_memo_is_applied(page):
+    """The backstop for a restore lost to the order of the load and memo events: a timer applies a memo neither
+    applied, then stops; with nothing remembered (a first visit) it stops after RESTORE_TICKS ticks."""
+    ws, demo, _ = page
+    on_tick = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_tick")
+    memo = {"bank": "lost-lady", "tab": "classify"}
+    *pickers, tabs, done, n, timer = on_tick(memo, False, 0)  # missed by both events: applied now
+    assert done is True and n == 1 and timer.active is False and tabs.selected == "classify"
+    assert [p.get("value") for p in pickers].count("lost-lady") == 2
+    *outs, n, timer = on_tick(memo, True, 3)  # applied before: nothing again, and stop
+    assert all(is_skip(o) for o in outs) and timer.active is False
+    *outs, n, timer = on_tick({}, False, 0)  # the memo not read yet (or a first visit): ask again
+    assert all(is_skip(o) for o in outs) and n == 1 and is_skip(timer)
+    *outs, n, timer = on_tick({}, False, RESTORE_TICKS - 1)
+    assert all(is_skip(o) for o in outs) and timer.active is False
 
 
 def test_the_open_tab_is_heard_from_the_tabs_not_from_each_tab(page):

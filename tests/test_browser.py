@@ -264,8 +264,13 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
 
             # -- a reload keeps the chosen bank and the conversation, and then the tab ------------------------------
             page.reload(wait_until="domcontentloaded")
-            page.wait_for_function(f"() => document.querySelector('#chat-bank input[role=combobox]')?.value === "
-                                   f"'{BANK}'", timeout=60 * MS)
+            picked = "document.querySelector('#chat-bank input[role=combobox]')?.value"
+            try:
+                page.wait_for_function(f"() => {picked} === '{BANK}'", timeout=60 * MS)
+            except Exception as e:  # what the page shows instead, and what the app reported
+                raise AssertionError(f"after a reload Chat's bank is {page.evaluate('() => ' + picked)!r}, not "
+                                     f"{BANK!r}; page errors {page_errors}; app errors "
+                                     f"{app_errors(tmp_path / 'app' / 'app.log')}") from e
             page.locator("#chatbot [data-testid=user]", has_text="Gull Point").wait_for(timeout=60 * MS)
             page.locator("#chatbot .thought-group", has_text=READ).wait_for(timeout=30 * MS)
 
