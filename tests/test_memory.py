@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from longmem.memory.memory import Memory
+from longmem.memory.memory import RESCORED, TOPK_BLOCK, Memory, topk_blocked
 
 
 def _bank(**kw):
@@ -385,3 +385,33 @@ def test_the_bfloat16_matmul_search_ranks_near_ties_by_their_exact_scores():
 def test_search_on_a_gpu_without_cuda_is_refused_by_name():
     with pytest.raises(RuntimeError, match="cuda.*no CUDA device"):
         _bank(search_device="cuda")
+
+
+@pytest.mark.parametrize("n", [4 * 97, 4 * 97 + 3])  # whole blocks, and a shorter last one
+def test_the_two_step_topk_finds_what_topk_finds(n):
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 5, n, generator=g)
+    scores[0, 0, ::7] = float("-inf")  # masked columns (sink chunks) are never among the best while others remain
+    values, cols = topk_blocked(scores, 9, block=4)
+    want_values, want_cols = torch.topk(scores, 9, dim=-1)
+    assert torch.equal(values, want_values) and torch.equal(cols, want_cols)
+    assert torch.equal(topk_blocked(scores, 9, block=n)[1], want_cols)  # one block: topk itself
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_large_memory_s_matmul_search_finds_what_faiss_finds(dtype):
+    """Enough chunks that the search ranks blocks of columns first (``topk_blocked``), sink chunks among them."""
+    n_chunks = 4 * (5 + RESCORED) * TOPK_BLOCK + 1000
+    kw = dict(max_sinks=1, dtype=dtype)
+    faiss_bank, matmul = _bank(matmul=False, **kw), _bank(matmul=True, **kw)
+    k, v = _kv(4 * n_chunks, seed=3)
+    starts = torch.zeros(1, 4 * n_chunks, dtype=torch.bool)
+    starts[:, ::1024] = True
+    k[:, :, ::1024] = 4.0
+    for bank in (faiss_bank, matmul):
+        bank.add(k.to(dtype), v.to(dtype), starts=starts)
+    q = torch.randn(1, 6, 7, 8, generator=torch.Generator().manual_seed(2))
+    a, b = faiss_bank.search(q, 5), matmul.search(q, 5)
+    assert torch.equal(a.chunk_ids, b.chunk_ids) and torch.equal(a.keys, b.keys)
+    sinks = set(range(0, n_chunks, 256))
+    assert all(sum(int(c) in sinks for c in row) <= 1 for row in b.chunk_ids.reshape(-1, 5))

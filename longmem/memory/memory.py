@@ -47,6 +47,7 @@ INDEX_BLOCK = 65536  # chunks per faiss add when building an index from stored k
 MAX_SINKS = 0  # default: sink chunks a query may retrieve (see the module doc for the measurement)
 RESCORED = 64  # a bfloat16 matmul search ranks this many more candidates than asked again by exact scores
 QUERY_BLOCK = 64  # query rows per KV head scored at once by a matmul search (bounds its (rows, chunks) scores)
+TOPK_BLOCK = 128  # columns per block of a matmul search's two-step top-k (``topk_blocked``)
 
 
 @dataclass
@@ -146,6 +147,27 @@ def _ivf(keys: np.ndarray, probes: int | None) -> faiss.IndexIVFFlat:
     return index
 
 
+def topk_blocked(scores: torch.Tensor, m: int, block: int = TOPK_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``m`` largest of ``scores`` (..., n) along the last dimension and their columns, best first: what
+    ``torch.topk`` finds, in two small steps where it would sort through every column. The columns are cut into
+    blocks of ``block``; the ``m`` largest scores lie in the ``m`` blocks whose maxima are largest (a block holding one
+    of them has a maximum at least that large, and fewer than ``m`` blocks can have a larger one), so those blocks'
+    columns are ranked alone. Equal scores may come in another order than ``torch.topk``'s."""
+    n = scores.shape[-1]
+    n_blocks = -(-n // block)
+    if n_blocks <= 4 * m:  # too few blocks to gain anything
+        return torch.topk(scores, m, dim=-1)
+    full = (n // block) * block
+    maxima = scores[..., :full].unflatten(-1, (n // block, block)).amax(dim=-1)  # (..., n // block)
+    if full < n:  # the last, shorter block
+        maxima = torch.cat([maxima, scores[..., full:].amax(dim=-1, keepdim=True)], dim=-1)
+    blocks = torch.topk(maxima, m, dim=-1).indices  # (..., m)
+    cols = (blocks[..., None] * block + torch.arange(block, device=scores.device)).flatten(-2)  # (..., m * block)
+    cand = scores.gather(-1, cols.clamp(max=n - 1)).masked_fill_(cols >= n, float("-inf"))
+    values, at = torch.topk(cand, m, dim=-1)
+    return values, cols.gather(-1, at)
+
+
 class _Row:
     """Memory of one stream: per KV head a faiss index plus the chunk key/value tensors, aligned by position."""
 
@@ -173,6 +195,7 @@ class _Row:
         self.approx: tuple[int, int | None] | None = None  # (min_chunks, probes) of approximate search, or exact
         self.coarse: list | None = None  # the IVF copies, per KV head, of the first ``coarse_n`` chunk keys
         self.coarse_n = 0
+        self._sinks = (0, torch.empty(0, dtype=torch.int64))  # (chunks seen, their sink chunks' positions)
 
     def _new_index(self):
         return faiss.IndexFlatIP(self.d)
@@ -229,6 +252,7 @@ class _Row:
         self.starts[:keep] = self.starts[e:self.n].clone()
         self.n = keep
         self.evicted += e
+        self._sinks = (0, self._sinks[1][:0])  # positions moved: found again at the next search
         self.coarse = None  # positions moved: built again at the next search
         if self.mirror is not None:
             self.mirror = self.mirror[:, e:].clone() if self.mirror.shape[1] > e else None
@@ -246,6 +270,18 @@ class _Row:
                 index.remove_ids(faiss.IDSelectorRange(keep, self.coarse_n))
             self.coarse_n = keep
         self.n = keep
+
+    def sink_positions(self) -> torch.Tensor:
+        """The positions (s,) int64, in order, of the sink chunks among the ``n`` stored: found once, then only among
+        the chunks added since (a search used to look through every chunk's tokens)."""
+        seen, ids = self._sinks
+        if seen > self.n:  # truncated
+            seen, ids = self.n, ids[ids < self.n]
+        if seen < self.n:
+            new = torch.nonzero(self.starts[seen:self.n].any(dim=1)).flatten() + seen
+            ids = torch.cat([ids, new])
+        self._sinks = (self.n, ids)
+        return ids
 
     def searched(self) -> list:
         """The faiss indexes a search reads: the exact ones, or (approximate search from its size on, on CPU) the
@@ -284,37 +320,72 @@ class _Row:
             self.mirror = new if self.mirror is None else torch.cat([self.mirror, new], dim=1)
         return self.mirror
 
-    def _matmul_found(self, q: torch.Tensor, group: int, fetch: int) -> list[np.ndarray]:
+    def by_matmul(self) -> bool:
+        """Whether a search now is a matrix product over the mirror (else faiss: no ``matmul``, or approximate)."""
+        return self.matmul and not (self.approx is not None and self.search_device is None
+                                    and self.n >= self.approx[0])
+
+    def _exact_scores(self, block: torch.Tensor, cand: torch.Tensor, exact: list[torch.Tensor]) -> torch.Tensor:
+        """Float32 scores (Hkv, b, m) of the candidate positions ``cand`` (Hkv, b, m) for the query rows ``block``
+        (Hkv, b, d), against the keys the faiss indexes hold (``exact``, per KV head)."""
+        out = torch.empty(cand.shape, dtype=torch.float32)
+        for j in range(self.hkv):
+            vecs = exact[j].index_select(0, cand[j].reshape(-1)).view(*cand[j].shape, self.d)  # (b, m, d)
+            out[j] = (block[j, :, None, :].cpu() * vecs).sum(-1)
+        return out
+
+    def _ranked(self, block: torch.Tensor, scores: torch.Tensor, m: int, rankable: int, exact: list[torch.Tensor],
+                cols: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The best ``m`` columns of ``scores`` (Hkv, b, n), of which ``rankable`` are not -inf (positions
+        ``cols[column]`` when given), and their float32 scores: a bfloat16 product's best ``m + RESCORED`` ranked
+        again by exact scores (``exact`` non-empty)."""
+        values, at = topk_blocked(scores, min(rankable, m + RESCORED) if exact else m)
+        at = at if cols is None else cols[at]
+        if not exact:
+            return values.float().cpu(), at.cpu()
+        at = at.cpu()
+        values = self._exact_scores(block, at, exact)
+        values, order = torch.topk(values, m, dim=2)
+        return values, at.gather(2, order)
+
+    def _matmul_found(self, q: torch.Tensor, group: int, n_chunks: int, max_sinks: int | None) -> list[np.ndarray]:
         """``_found`` by matrix product over the mirror, ``QUERY_BLOCK`` query rows at a time, outside any autocast
-        (a float32 search stays float32); a bfloat16 mirror's top ``fetch + RESCORED`` candidates are ranked again by
-        their exact float32 scores against the keys the faiss index holds."""
+        (a float32 search stays float32), with at most ``max_sinks`` sink chunks among a query's best (None: any): the
+        sink chunks are left out of the product's ranking (their scores set to -inf) and their own best
+        ``max_sinks`` ranked with the rest. A bfloat16 mirror's candidates are ranked again by exact float32 scores
+        (``_ranked``). Rows may hold fewer than ``n_chunks`` positions when fewer chunks may be returned."""
         _, T, d = q.shape
         keys = self.mirror_keys()  # (Hkv, n, d)
         qd = q.detach().to(keys.device, torch.float32).reshape(self.hkv, group * T, d)
-        rescore = keys.dtype != torch.float32
-        m = min(self.n, fetch + RESCORED) if rescore else fetch
-        exact = self.index_keys() if rescore else []
-        out = np.empty((self.hkv, group * T, fetch), dtype=np.int64)
+        exact = self.index_keys() if keys.dtype != torch.float32 else []
+        sinks = self.sink_positions().to(keys.device) if max_sinks is not None else None
+        n_sinks = 0 if sinks is None else sinks.numel()
+        kept_sinks = 0 if sinks is None else min(max_sinks, n_sinks)  # sink chunks a query may retrieve
+        plain = self.n - n_sinks  # the chunks ranked as they score
+        fetch = min(n_chunks, plain + kept_sinks)
+        out = np.full((self.hkv, group * T, fetch), -1, dtype=np.int64)
+        if fetch == 0:
+            return list(out)
         with torch.autocast(keys.device.type, enabled=False):
             for s in range(0, group * T, QUERY_BLOCK):
                 block = qd[:, s:s + QUERY_BLOCK]  # (Hkv, b, d)
-                top = torch.topk(torch.bmm(block.to(keys.dtype), keys.transpose(1, 2)), m, dim=2).indices  # (Hkv, b, m)
-                if rescore:
-                    top = top.cpu()
-                    for j in range(self.hkv):
-                        cand = exact[j].index_select(0, top[j].reshape(-1)).view(*top[j].shape, d)  # (b, m, d)
-                        order = torch.topk((block[j, :, None, :] * cand).sum(-1), fetch, dim=1).indices
-                        top[j, :, :fetch] = top[j].gather(1, order)
-                    top = top[:, :, :fetch]
-                out[:, s:s + QUERY_BLOCK] = top.cpu().numpy()
+                scores = torch.bmm(block.to(keys.dtype), keys.transpose(1, 2))  # (Hkv, b, n)
+                found = []  # (float32 scores, positions) of the candidates
+                if kept_sinks:
+                    found.append(self._ranked(block, scores.index_select(2, sinks), kept_sinks, n_sinks, exact, sinks))
+                if n_sinks:
+                    scores.index_fill_(2, sinks, float("-inf"))
+                if plain:
+                    found.append(self._ranked(block, scores, min(plain, fetch), plain, exact))
+                values, at = (torch.cat(x, dim=2) for x in zip(*found))
+                order = torch.topk(values, fetch, dim=2).indices
+                out[:, s:s + QUERY_BLOCK] = at.gather(2, order).numpy()
         return list(out)
 
     def _found(self, q: torch.Tensor, group: int, fetch: int) -> list[np.ndarray]:
         """Per KV head, the positions (group * T, fetch) of the best chunks of its query heads' queries in q (Hq, T,
-        d), best first: by matrix product (``matmul``) or faiss."""
+        d), best first, by faiss (the exact indexes or the IVF copies)."""
         _, T, d = q.shape
-        if self.matmul and not (self.approx is not None and self.search_device is None and self.n >= self.approx[0]):
-            return self._matmul_found(q, group, fetch)
         qf = q.detach().to("cpu", torch.float32).numpy()
         return [index.search(np.ascontiguousarray(qf[j * group:(j + 1) * group].reshape(group * T, d)), fetch)[1]
                 for j, index in enumerate(self.searched())]
@@ -323,15 +394,19 @@ class _Row:
         """q (Hq, T, d) -> positions (Hq, T, n_chunks) int64 of each query's best chunks, best first, -1 = none."""
         hq, T, d = q.shape
         ids = np.full((hq, T, n_chunks), -1, dtype=np.int64)
-        if self.n > 0:
-            sink = self.starts[: self.n].any(dim=1).numpy()  # (n,) sink chunks
+        if self.n == 0:
+            return torch.from_numpy(ids)
+        if self.by_matmul():
+            heads = self._matmul_found(q, group, n_chunks, max_sinks)
+        else:
+            sink = np.zeros(self.n, dtype=bool)
+            sink[self.sink_positions().numpy()] = True
             extra = 0 if max_sinks is None else max(0, int(sink.sum()) - max_sinks)  # sink chunks that may be skipped
-            fetch = min(n_chunks + extra, self.n)
-            for j, found in enumerate(self._found(q, group, fetch)):  # (group * T, fetch), best first
-                if extra:
-                    found = _limit_sinks(found, sink, max_sinks)
-                found = found[:, :n_chunks]
-                ids[j * group:(j + 1) * group, :, : found.shape[1]] = found.reshape(group, T, -1)
+            heads = self._found(q, group, min(n_chunks + extra, self.n))  # (group * T, fetch) each, best first
+            heads = [_limit_sinks(found, sink, max_sinks) if extra else found for found in heads]
+        for j, found in enumerate(heads):
+            found = found[:, :n_chunks]
+            ids[j * group:(j + 1) * group, :, : found.shape[1]] = found.reshape(group, T, -1)
         return torch.from_numpy(ids)
 
     def serials(self, ids: torch.Tensor) -> torch.Tensor:
