@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from longmem.bench.inference import target
 
@@ -225,3 +226,24 @@ def test_the_gpu_benchmark_runs_its_three_measures_on_the_cpu_at_quick_sizes(tmp
     assert res["train"]["tok_s"] > 0 and res["train"]["trainable_params"] > 0
     assert res["sidenet"]["cached_layer"] == 18  # shaped as the shipped SideNet
     assert "| first answer token, " in capsys.readouterr().out
+
+
+def test_the_recall_probe_finds_all_when_every_list_is_probed_and_less_with_fewer():
+    from longmem.bench.recall import head_recall
+
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(4000, 8, generator=g)
+    sinks = torch.tensor([0, 1000, 2000])
+    keys[sinks] = 10.0  # sink chunks: they would win every query, but are left out as the app's search leaves them
+    queries = torch.randn(50, 8, generator=g)
+    got = head_recall(keys, sinks, queries, n_chunks=16, lists=32, probes=[1, 32])
+    assert got[32]["recall"] == [1.0] * 50 and all(abs(s - 1.0) < 1e-6 for s in got[32]["scored"])
+    assert 0 < sum(got[1]["recall"]) / 50 < 0.9 and max(got[1]["scored"]) < 0.5
+
+
+def test_the_recall_probe_refuses_a_bad_question_count(capsys):
+    from longmem.bench.recall import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--work", "w", "--bank", "b", "--questions", "0"])
+    assert "--questions must be >= 1" in capsys.readouterr().err

@@ -178,8 +178,10 @@ class _Row:
         self.matmul = matmul  # search by matrix product over ``mirror`` (else faiss)
         # the mirror's dtype: bfloat16 (then re-ranked exactly) for a bfloat16 memory searched on the CPU
         self.mirror_dtype = torch.bfloat16 if search_device is None and dtype == torch.bfloat16 else torch.float32
-        self.mirror: torch.Tensor | None = None  # (Hkv, m, d) chunk keys on search_device, m <= n (the rest is
-        #                                          added at the next search; None: built then)
+        self.mirror: torch.Tensor | None = None  # (Hkv, room, d) chunk keys on search_device, the first mirror_n
+        #                                          filled (mirror_n <= n: the rest is added at the next search; None:
+        #                                          built then)
+        self.mirror_n = 0
         self.center: torch.Tensor | None = None  # (Hkv, 1, d) float32 subtracted from a bfloat16 mirror's keys
         self.indexes = [self._new_index() for _ in range(n_kv_heads)]
         self.k = torch.empty(n_kv_heads, 0, chunk_size, head_dim, dtype=dtype)  # (Hkv, capacity, C, d)
@@ -255,7 +257,8 @@ class _Row:
         self._sinks = (0, self._sinks[1][:0])  # positions moved: found again at the next search
         self.coarse = None  # positions moved: built again at the next search
         if self.mirror is not None:
-            self.mirror = self.mirror[:, e:].clone() if self.mirror.shape[1] > e else None
+            self.mirror_n = max(0, self.mirror_n - e)
+            self.mirror = self.mirror[:, e:e + self.mirror_n].clone() if self.mirror_n else None
 
     def truncate(self, keep: int) -> None:
         """Forget the chunks from position ``keep`` on (the exact indexes and the IVF copies alike)."""
@@ -263,8 +266,7 @@ class _Row:
             return
         for index in self.indexes:
             index.remove_ids(faiss.IDSelectorRange(keep, self.n))
-        if self.mirror is not None and self.mirror.shape[1] > keep:
-            self.mirror = self.mirror[:, :keep]
+        self.mirror_n = min(self.mirror_n, keep)  # the mirror keeps its room: the next add writes over the tail
         if self.coarse is not None and self.coarse_n > keep:
             for index in self.coarse:  # the tail's ids go; later adds are numbered from ``keep`` again
                 index.remove_ids(faiss.IDSelectorRange(keep, self.coarse_n))
@@ -309,16 +311,25 @@ class _Row:
         the exact faiss indexes, which hold them in float32 (``chunk_keys``) in step with the row. A bfloat16 mirror
         holds them less their mean at its making (``center``): a query's ranking is the same, and the smaller
         scores round more finely (a layer's keys share a large common part: ``docs/design.md``)."""
-        have = 0 if self.mirror is None else self.mirror.shape[1]
+        have = self.mirror_n
         if have < self.n:
-            new = torch.stack([keys[have:] for keys in self.index_keys()])  # copied out of the indexes' memory
-            if self.mirror_dtype != torch.float32:
-                if self.mirror is None:
-                    self.center = new.mean(dim=1, keepdim=True)
-                new = new - self.center
-            new = new.to(self.search_device or "cpu", self.mirror_dtype)
-            self.mirror = new if self.mirror is None else torch.cat([self.mirror, new], dim=1)
-        return self.mirror
+            exact = self.index_keys()  # (n, d) float32 per KV head: views of the indexes' memory
+            centred = self.mirror_dtype != torch.float32
+            if centred and self.mirror is None:
+                self.center = torch.stack([keys.mean(dim=0, keepdim=True) for keys in exact])  # (Hkv, 1, d)
+            room = 0 if self.mirror is None else self.mirror.shape[1]
+            if self.n > room:  # with room: a question's few chunks, added and then truncated, copy nothing
+                grown = torch.empty(self.hkv, max(self.n + max(2048, self.n // 32), room + room // 4), self.d,
+                                    dtype=self.mirror_dtype, device=self.search_device or "cpu")
+                if have:
+                    grown[:, :have] = self.mirror[:, :have]
+                self.mirror = grown
+            for j, keys in enumerate(exact):  # in blocks: no float32 copy of them all on the way
+                for s in range(have, self.n, INDEX_BLOCK):
+                    part = keys[s:min(s + INDEX_BLOCK, self.n)]
+                    self.mirror[j, s:s + part.shape[0]] = part - self.center[j] if centred else part
+            self.mirror_n = self.n
+        return self.mirror[:, :self.n]
 
     def by_matmul(self) -> bool:
         """Whether a search now is a matrix product over the mirror (else faiss: no ``matmul``, or approximate)."""
@@ -369,7 +380,9 @@ class _Row:
         with torch.autocast(keys.device.type, enabled=False):
             for s in range(0, group * T, QUERY_BLOCK):
                 block = qd[:, s:s + QUERY_BLOCK]  # (Hkv, b, d)
-                scores = torch.bmm(block.to(keys.dtype), keys.transpose(1, 2))  # (Hkv, b, n)
+                scores = keys.new_empty(self.hkv, block.shape[1], self.n)  # (Hkv, b, n)
+                for j in range(self.hkv):  # per head: keys[j] is contiguous where the (Hkv, n, d) view is not
+                    torch.mm(block[j].to(keys.dtype), keys[j].T, out=scores[j])
                 found = []  # (float32 scores, positions) of the candidates
                 if kept_sinks:
                     found.append(self._ranked(block, scores.index_select(2, sinks), kept_sinks, n_sinks, exact, sinks))
