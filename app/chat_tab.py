@@ -10,7 +10,17 @@ import uuid
 
 import gradio as gr
 
-from longmem.service import CONTINUE, FINDERS, READING_TOPK, ChunkHit, Citation, Reply, Settings, Workspace
+from longmem.service import (
+    CONTINUE,
+    FINDERS,
+    READING_TOPK,
+    BankError,
+    ChunkHit,
+    Citation,
+    Reply,
+    Settings,
+    Workspace,
+)
 
 from .common import BOOK_TYPES, file_paths, job_html, notice_box, wire
 from .shared import Shared
@@ -215,6 +225,9 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
                                      value=ws.default_reader, elem_id="chat-reader", scale=2,
                                      info="another model than the bank's reads the passages found, memory off")
                 clear = gr.Button("Clear conversation", scale=1, elem_id="clear-chat")
+            books = gr.Dropdown(label="Books read", choices=[], value=[], multiselect=True, visible=False,
+                                elem_id="chat-books", info="the bank holds several: answers look in those picked "
+                                                           "(none: all of them)")
             loading = gr.HTML(elem_id="chat-loading-panel")
     shared.remember(bank, "bank")
     chatbot = gr.Chatbot(label="Conversation", height=460, elem_id="chatbot", buttons=["copy"],
@@ -244,9 +257,9 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         job = ws.loading(name)
         if job is not None and job.active:
             raise ValueError(f"{name} is still loading ({100 * job.fraction:.0f}% read); ask when it is ready")
-        *s, who = s  # the reader comes last: API clients that leave it out get the default reader
+        *s, who, picked = s  # the reader and the books come last: API clients that leave them out get the defaults
         settings = make_settings(*s)
-        settings.reader = who or None
+        settings.reader, settings.books = who or None, tuple(int(b) for b in picked or ())
         reply = ws.chat(name, q, settings)
         stops.start(key, reply)
         history = list(history or []) + [{"role": "user", "content": q}, {"role": "assistant", "content": ""}]
@@ -279,15 +292,25 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         active = job is not None and job.active
         return loading_html(ws, name), active, (shared.bump() if was and not active else gr.skip())
 
+    def library_books(name):
+        """The Books picker for bank ``name``: its complete books, shown when it holds more than one."""
+        try:
+            docs = [d for d in ws.documents(name) if d.status == "complete"] if name else []
+        except BankError:  # a name typed that is no bank (yet): asking says so
+            docs = []
+        return gr.update(choices=[(d.title, d.id) for d in docs], value=[], visible=len(docs) > 1)
+
     wire(bank.change, load_history, [bank], [chatbot], notice, api_name="chat_history")
+    bank.change(library_books, [bank], [books], queue=False, api_visibility="private")
+    shared.version.change(library_books, [bank], [books], queue=False, api_visibility="private")  # a book added
     bank.change(lambda name: loading_html(ws, name), [bank], [loading], queue=False, api_visibility="private")
     wire(book.upload, drop_book, [book], [bank, loading, shared.version], notice, api_name="add_book"
          ).then(lambda: None, None, [book], queue=False, api_visibility="private")  # ready for the next book
     gr.Timer(1.0).tick(poll, [bank, loading_now], [loading, loading_now, shared.version], show_progress="hidden",
                        queue=False, api_name="loading")
     for event, api in ((send.click, "chat"), (question.submit, None)):
-        wire(event, ask, [bank, question, chatbot, session, *settings, reader], [chatbot, question, stop], notice,
-             show_progress_on=[chatbot], concurrency_id="model", concurrency_limit=1, api_name=api
+        wire(event, ask, [bank, question, chatbot, session, *settings, reader, books], [chatbot, question, stop],
+             notice, show_progress_on=[chatbot], concurrency_id="model", concurrency_limit=1, api_name=api
              ).then(lambda: gr.update(interactive=False), None, [stop], queue=False, api_visibility="private")
     stop.click(stops.stop, [session], None, queue=False, api_visibility="private")
     shared.version.change(lambda: gr.update(choices=ws.readers()), None, [reader], queue=False,

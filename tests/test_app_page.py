@@ -12,7 +12,7 @@ import pytest
 from gradio.utils import get_upload_folder
 from tiny import chat_model
 
-from app.chat_tab import citations_message, context_html
+from app.chat_tab import citations_message, context_html, make_settings
 from app.classify_tab import SAMPLE, SAMPLE_SPLIT, preset_choices
 from app.common import Told, friendly, own_names, reported
 from app.ui import RESTORE_TICKS, build_app, memo_secret
@@ -211,3 +211,24 @@ def test_the_sample_file_fills_the_sample_split_with_both_labels():
 def test_templates_are_offered_by_their_labels():
     names = dict((v, k) for k, v in preset_choices())
     assert names["SST-2"] == "positive, negative (SST-2)" and names["SST-5"].startswith("terrible, bad")
+
+
+def test_the_chat_offers_a_library_s_books_and_hides_the_picker_for_one(page, tmp_path):
+    from helpers import story
+
+    from longmem.ingest.pipeline import ingest
+
+    ws, demo, _ = page
+    books = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "library_books")
+    assert books(None)["visible"] is False and books("no-such-bank")["visible"] is False
+    with ws.directory.open("gatsby") as bank:
+        for n, title in enumerate(("The Silver Harbour", "The Iron Mill")):
+            (tmp_path / f"{n}.txt").write_text(story(seed=n))
+            ingest(bank, ws.model, tmp_path / f"{n}.txt", title=title)
+            shown = books("gatsby")
+            assert shown["visible"] is (n == 1) and shown["value"] == []
+        ids = {d.title: d.id for d in bank.documents()}
+    assert shown["choices"] == [(t, ids[t]) for t in ("The Silver Harbour", "The Iron Mill")]
+    settings = make_settings(0.0, 16, 0, 2)
+    settings.books = (ids["The Iron Mill"],)
+    assert settings.reading_config().books == (ids["The Iron Mill"],)

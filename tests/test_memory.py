@@ -323,12 +323,17 @@ def test_approximate_search_with_few_probes_still_finds_most_of_the_best_chunks_
 # -- search on a device (a GPU in use; the same code on the CPU here) -------------------------------------------------
 
 
+@pytest.mark.parametrize("released", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_matmul_search_finds_what_faiss_finds_through_adds_truncations_evictions_and_sinks(dtype):
+def test_matmul_search_finds_what_faiss_finds_through_adds_truncations_evictions_and_sinks(dtype, released):
     """The search by matrix product (a GPU's; a bfloat16 memory's on a CPU with native bfloat16, re-ranked by exact
-    scores; a float32 memory's exact, the GPU's code), forced here on any CPU, against faiss on the same operations."""
+    scores; a float32 memory's exact, the GPU's code), forced here on any CPU, against faiss on the same operations;
+    ``released``: with its faiss indexes freed after the first search (a mapped bank's memory), scored again from
+    the chunks' own keys."""
     kw = dict(capacity=4 * 300, max_sinks=1, dtype=dtype)
     faiss_bank, matmul = _bank(matmul=False, **kw), _bank(matmul=True, **kw)
+    if released:
+        matmul.release_indexes()
     q = torch.randn(1, 6, 7, 8, generator=torch.Generator().manual_seed(1))
 
     def same():
@@ -347,6 +352,7 @@ def test_matmul_search_finds_what_faiss_finds_through_adds_truncations_evictions
     add(4 * 50, 0)
     same()
     row = matmul.rows[0]
+    assert (row.indexes is None) is released  # freed once the search copy was built
     assert row.mirror_keys().shape == (2, 50, 8) and row.mirror.dtype == dtype  # bfloat16 on a CPU: half the bytes read
     add(4 * 20 + 2, 1)  # the mirror follows the adds at the next search; a partial chunk waits
     same()
@@ -415,3 +421,21 @@ def test_a_large_memory_s_matmul_search_finds_what_faiss_finds(dtype):
     assert torch.equal(a.chunk_ids, b.chunk_ids) and torch.equal(a.keys, b.keys)
     sinks = set(range(0, n_chunks, 256))
     assert all(sum(int(c) in sinks for c in row) <= 1 for row in b.chunk_ids.reshape(-1, 5))
+
+
+def test_a_memory_that_released_its_indexes_refuses_faiss_search():
+    kept = _bank(matmul=True).release_indexes().approximate(1)  # asked before its first search: indexes kept
+    kept.add(*_kv(64))
+    kept.search(torch.randn(1, 6, 3, 8), 2)
+    assert kept.rows[0].indexes is not None and kept.rows[0].coarse is not None
+    memory = _bank(matmul=True).release_indexes()
+    k, v = _kv(64)
+    memory.add(k, v)
+    memory.search(torch.randn(1, 6, 3, 8), 2)
+    assert memory.rows[0].indexes is None
+    with pytest.raises(ValueError, match="released"):
+        memory.approximate(1)
+    with pytest.raises(ValueError, match="matrix product"):
+        _bank(matmul=False).release_indexes()
+    with pytest.raises(RuntimeError, match="released"):
+        memory.rows[0].index_keys()

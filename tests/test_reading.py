@@ -267,3 +267,42 @@ def test_turns_stored_before_reading_existed_still_load(ws):
                 {"document": "story", "location": "part 1 of 2", "text": "t", "context": "c t c", "hits": 3}])}])
     old = ws.chat_history("b")[-1]
     assert old["citations"] == [] and old["retrieved"][0].hits == 3
+
+
+@pytest.fixture
+def library(bank_of, tmp_path):
+    """A bank of two books, both telling of a zeppelin over the harbour (different seeds), and a finder."""
+    model = chat_model(segment_len=512)
+    bank = bank_of(model, story(seed=1), filename="harbour.txt")
+    second = tmp_path / "ferry.txt"
+    second.write_text(story(seed=2))
+    ingest(bank, model, second, title="The Ferry of Saint Anne")
+    docs = {d.title: d.id for d in bank.documents()}
+    return bank, docs, PassageFinder(bank, model, bank.load_memory(model))
+
+
+@pytest.mark.parametrize("finder", ["lexical", "memory", "fused"])
+def test_a_library_s_finder_looks_in_the_books_picked(library, finder):
+    bank, docs, find = library
+    everywhere = find.rank(QUESTION, finder, 50)
+    assert {f.passage.document_id for f in everywhere} == set(docs.values())  # the whole library
+    ferry = docs["The Ferry of Saint Anne"]
+    only = find.rank(QUESTION, finder, 50, books=(ferry,))
+    assert only and {f.passage.document_id for f in only} == {ferry}
+    assert [f.passage.document for f in only][0] == "The Ferry of Saint Anne"  # a citation names its book
+    read = find.find(QUESTION, Reading(finder=finder, books=(ferry,)))
+    assert read and all(f.passage.document_id == ferry for f in read)
+
+
+def test_a_question_naming_a_book_of_the_library_is_looked_for_in_it(library):
+    bank, docs, find = library
+    ferry = docs["The Ferry of Saint Anne"]
+    question = "In The Ferry of Saint Anne, what drifted over the harbour? A zeppelin?"
+    assert find.books_for(question) == [ferry]
+    assert find.books_for("In *The Ferry of Saint Anne*, who?") == [ferry]  # a title in asterisks, as in Markdown
+    assert find.books_for(QUESTION) is None  # none named: the whole bank
+    named = find.rank(question, "fused", 50, sections=True)
+    assert named and {f.passage.document_id for f in named} == {ferry}
+    assert len({f.passage.document_id for f in find.rank(question, "fused", 50)}) == 2  # sections off: everywhere
+    other = next(i for t, i in docs.items() if i != ferry)
+    assert find.books_for(question, (other,)) == [other]  # a book named but not picked: the picked ones

@@ -183,7 +183,8 @@ class _Row:
         #                                          built then)
         self.mirror_n = 0
         self.center: torch.Tensor | None = None  # (Hkv, 1, d) float32 subtracted from a bfloat16 mirror's keys
-        self.indexes = [self._new_index() for _ in range(n_kv_heads)]
+        self.indexes: list | None = [self._new_index() for _ in range(n_kv_heads)]  # None: released (``release``)
+        self.release = False  # free the exact indexes once the search copy is built (``Memory.release_indexes``)
         self.k = torch.empty(n_kv_heads, 0, chunk_size, head_dim, dtype=dtype)  # (Hkv, capacity, C, d)
         self.v = torch.empty_like(self.k)
         self.tokens = torch.empty(0, chunk_size, dtype=torch.int64)  # (capacity, C), -1 when unknown
@@ -235,9 +236,10 @@ class _Row:
         self.v[:, self.n:self.n + nc] = cv
         self.tokens[self.n:self.n + nc] = tokens[:full].view(nc, self.chunk_size)
         self.starts[self.n:self.n + nc] = starts[:full].view(nc, self.chunk_size)
-        keys = chunk_keys(ck)  # (Hkv, nc, d)
-        for j, index in enumerate(self.indexes):
-            index.add(keys[j])
+        if self.indexes is not None:
+            keys = chunk_keys(ck)  # (Hkv, nc, d)
+            for j, index in enumerate(self.indexes):
+                index.add(keys[j])
         self.n += nc
 
     def evict(self, n_chunks: int) -> None:
@@ -245,7 +247,7 @@ class _Row:
         e = min(n_chunks, self.n)
         if e <= 0:
             return
-        for index in self.indexes:
+        for index in self.indexes or []:
             index.remove_ids(faiss.IDSelectorRange(0, e))
         keep = self.n - e
         self.k[:, :keep] = self.k[:, e:self.n].clone()
@@ -264,7 +266,7 @@ class _Row:
         """Forget the chunks from position ``keep`` on (the exact indexes and the IVF copies alike)."""
         if keep >= self.n:
             return
-        for index in self.indexes:
+        for index in self.indexes or []:
             index.remove_ids(faiss.IDSelectorRange(keep, self.n))
         self.mirror_n = min(self.mirror_n, keep)  # the mirror keeps its room: the next add writes over the tail
         if self.coarse is not None and self.coarse_n > keep:
@@ -288,6 +290,9 @@ class _Row:
     def searched(self) -> list:
         """The faiss indexes a search reads: the exact ones, or (approximate search from its size on, on CPU) the
         IVF copies, built or brought up to date first."""
+        if self.indexes is None:
+            raise RuntimeError("this memory's faiss indexes were released (Memory.release_indexes): it is searched "
+                               "by matrix product only")
         if self.approx is None or self.n < self.approx[0]:
             return self.indexes
         if self.coarse is None:
@@ -302,7 +307,9 @@ class _Row:
 
     def index_keys(self) -> list[torch.Tensor]:
         """The exact faiss indexes' chunk keys, (n, d) float32 per KV head: views of the indexes' own memory, valid
-        until the next add or eviction, to be read, not kept or written."""
+        until the next add or eviction, to be read, not kept or written. RuntimeError once they were released."""
+        if self.indexes is None:
+            raise RuntimeError("this memory's faiss indexes were released (Memory.release_indexes)")
         return [torch.from_numpy(faiss.rev_swig_ptr(index.get_xb(), self.n * self.d)).view(self.n, self.d)
                 for index in self.indexes]
 
@@ -313,7 +320,10 @@ class _Row:
         scores round more finely (a layer's keys share a large common part: ``docs/design.md``)."""
         have = self.mirror_n
         if have < self.n:
-            exact = self.index_keys()  # (n, d) float32 per KV head: views of the indexes' memory
+            # (n, d) float32 per KV head: views of the indexes' memory, or (released) the new chunks' own keys
+            exact = (self.index_keys() if self.indexes is not None
+                     else list(torch.from_numpy(chunk_keys(self.k[:, have:self.n]))))
+            offset = 0 if self.indexes is not None else have  # where exact[j]'s first row sits in the row
             centred = self.mirror_dtype != torch.float32
             if centred and self.mirror is None:
                 self.center = torch.stack([keys.mean(dim=0, keepdim=True) for keys in exact])  # (Hkv, 1, d)
@@ -326,33 +336,41 @@ class _Row:
                 self.mirror = grown
             for j, keys in enumerate(exact):  # in blocks: no float32 copy of them all on the way
                 for s in range(have, self.n, INDEX_BLOCK):
-                    part = keys[s:min(s + INDEX_BLOCK, self.n)]
+                    part = keys[s - offset:min(s + INDEX_BLOCK, self.n) - offset]
                     self.mirror[j, s:s + part.shape[0]] = part - self.center[j] if centred else part
             self.mirror_n = self.n
+            if self.release:  # the copy and the chunks' own keys serve from now on
+                self.indexes = None
         return self.mirror[:, :self.n]
 
     def by_matmul(self) -> bool:
         """Whether a search now is a matrix product over the mirror (else faiss: no ``matmul``, or approximate)."""
-        return self.matmul and not (self.approx is not None and self.search_device is None
-                                    and self.n >= self.approx[0])
+        return self.indexes is None or self.matmul and not (self.approx is not None and self.search_device is None
+                                                            and self.n >= self.approx[0])
 
-    def _exact_scores(self, block: torch.Tensor, cand: torch.Tensor, exact: list[torch.Tensor]) -> torch.Tensor:
+    def _exact_scores(self, block: torch.Tensor, cand: torch.Tensor, exact: list[torch.Tensor] | None) -> torch.Tensor:
         """Float32 scores (Hkv, b, m) of the candidate positions ``cand`` (Hkv, b, m) for the query rows ``block``
-        (Hkv, b, d), against the keys the faiss indexes hold (``exact``, per KV head)."""
+        (Hkv, b, d), against the keys the faiss indexes hold (``exact``, per KV head), or (None: released) the same
+        keys made again from the candidates' own (``chunk_keys``)."""
         out = torch.empty(cand.shape, dtype=torch.float32)
         for j in range(self.hkv):
-            vecs = exact[j].index_select(0, cand[j].reshape(-1)).view(*cand[j].shape, self.d)  # (b, m, d)
+            flat = cand[j].reshape(-1)
+            if exact is None:
+                vecs = self.k[j].index_select(0, flat).float().mean(dim=1).view(*cand[j].shape, self.d)
+            else:
+                vecs = exact[j].index_select(0, flat).view(*cand[j].shape, self.d)  # (b, m, d)
             out[j] = (block[j, :, None, :].cpu() * vecs).sum(-1)
         return out
 
-    def _ranked(self, block: torch.Tensor, scores: torch.Tensor, m: int, rankable: int, exact: list[torch.Tensor],
+    def _ranked(self, block: torch.Tensor, scores: torch.Tensor, m: int, rankable: int, rescore: bool,
+                exact: list[torch.Tensor] | None,
                 cols: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The best ``m`` columns of ``scores`` (Hkv, b, n), of which ``rankable`` are not -inf (positions
-        ``cols[column]`` when given), and their float32 scores: a bfloat16 product's best ``m + RESCORED`` ranked
-        again by exact scores (``exact`` non-empty)."""
-        values, at = topk_blocked(scores, min(rankable, m + RESCORED) if exact else m)
+        ``cols[column]`` when given), and their float32 scores: with ``rescore`` (a bfloat16 product) its best
+        ``m + RESCORED`` ranked again by exact scores (``_exact_scores``, from ``exact``)."""
+        values, at = topk_blocked(scores, min(rankable, m + RESCORED) if rescore else m)
         at = at if cols is None else cols[at]
-        if not exact:
+        if not rescore:
             return values.float().cpu(), at.cpu()
         at = at.cpu()
         values = self._exact_scores(block, at, exact)
@@ -368,7 +386,8 @@ class _Row:
         _, T, d = q.shape
         keys = self.mirror_keys()  # (Hkv, n, d)
         qd = q.detach().to(keys.device, torch.float32).reshape(self.hkv, group * T, d)
-        exact = self.index_keys() if keys.dtype != torch.float32 else []
+        rescore = keys.dtype != torch.float32
+        exact = self.index_keys() if rescore and self.indexes is not None else None
         sinks = self.sink_positions().to(keys.device) if max_sinks is not None else None
         n_sinks = 0 if sinks is None else sinks.numel()
         kept_sinks = 0 if sinks is None else min(max_sinks, n_sinks)  # sink chunks a query may retrieve
@@ -385,11 +404,12 @@ class _Row:
                     torch.mm(block[j].to(keys.dtype), keys[j].T, out=scores[j])
                 found = []  # (float32 scores, positions) of the candidates
                 if kept_sinks:
-                    found.append(self._ranked(block, scores.index_select(2, sinks), kept_sinks, n_sinks, exact, sinks))
+                    found.append(self._ranked(block, scores.index_select(2, sinks), kept_sinks, n_sinks, rescore, exact,
+                                              sinks))
                 if n_sinks:
                     scores.index_fill_(2, sinks, float("-inf"))
                 if plain:
-                    found.append(self._ranked(block, scores, min(plain, fetch), plain, exact))
+                    found.append(self._ranked(block, scores, min(plain, fetch), plain, rescore, exact))
                 values, at = (torch.cat(x, dim=2) for x in zip(*found))
                 order = torch.topk(values, fetch, dim=2).indices
                 out[:, s:s + QUERY_BLOCK] = at.gather(2, order).numpy()
@@ -616,17 +636,35 @@ class Memory:
     def clear(self, rows: list[int] | None = None) -> None:
         """Forget everything (or only the given rows, e.g. where a new document starts)."""
         for b in range(self.batch_size) if rows is None else rows:
-            approx = self.rows[b].approx
+            approx, release = self.rows[b].approx, self.rows[b].release
             self.rows[b] = self._row()
-            self.rows[b].approx = approx
+            self.rows[b].approx, self.rows[b].release = approx, release
 
     def approximate(self, min_chunks: int | None, probes: int | None = None) -> "Memory":
         """Search approximately (see the module doc) in rows holding at least ``min_chunks`` chunks, comparing each
-        query with ``probes`` IVF lists (None: the default share); ``min_chunks=None``: exactly again. Returns self."""
+        query with ``probes`` IVF lists (None: the default share); ``min_chunks=None``: exactly again. A memory
+        asked to release its indexes (``release_indexes``) keeps them if it has not searched yet. Returns self."""
         if min_chunks is not None and (min_chunks < 1 or (probes is not None and probes < 1)):
             raise ValueError(f"approximate search needs min_chunks >= 1 and probes >= 1, got {min_chunks}, {probes}")
+        if min_chunks is not None and any(r.indexes is None for r in self.rows):
+            raise ValueError("this memory's faiss indexes were released (release_indexes): it searches exactly")
         for r in self.rows:
             r.approx, r.coarse, r.coarse_n = (None if min_chunks is None else (min_chunks, probes)), None, 0
+            r.release = r.release and min_chunks is None  # not released before its first search: kept
+        return self
+
+    def release_indexes(self) -> "Memory":
+        """For a memory searched by matrix product (``matmul``): free its exact faiss indexes (float32 chunk keys,
+        twice the search copy's bytes in bfloat16) once the search copy is built, at the next search. From then on the
+        copy alone is searched, a bfloat16 copy's candidates are scored again from their own keys (the same float32
+        means, ``chunk_keys``), adds go to the copy, and faiss search (``approximate`` included) is not available.
+        The results are the same. Returns self."""
+        if not all(r.matmul for r in self.rows):
+            raise ValueError("only a memory searched by matrix product can release its faiss indexes")
+        if any(r.approx is not None for r in self.rows):
+            raise ValueError("an approximately searched memory needs its faiss indexes")
+        for r in self.rows:
+            r.release = True
         return self
 
     def rechunk(self, chunk_size: int) -> "Memory":

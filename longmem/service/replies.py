@@ -30,10 +30,11 @@ class Settings:
     backbone_stops: bool = ANSWER_SAMPLING.backbone_stops  # an answer also ends where the frozen backbone would
     abstain: bool = True  # an answer the passages read do not support says that the book does not say
     reader: str | None = None  # the model that reads and answers (``model.readers``; None: the workspace's default)
+    books: tuple[int, ...] = ()  # the bank's documents (ids) an answer's passages are found in; (): all of them
 
     def reading_config(self) -> Reading:
         """How a chat answer reads its bank under these settings (``tasks.reading.Reading``)."""
-        return Reading(finder=self.finder, passages=self.passages,
+        return Reading(finder=self.finder, passages=self.passages, books=tuple(int(b) for b in self.books),
                        **({} if self.abstain else {"abstain": 0.0}))
 
     def sampling(self, stop_ids: tuple[int, ...] = ()) -> Sampling:

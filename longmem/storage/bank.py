@@ -81,6 +81,7 @@ class _Restored(NamedTuple):
     tokens: torch.Tensor  # (room, C) int64
     starts: torch.Tensor  # (room, C) bool
     stored: list  # per KV head: (index file's index or None, chunks it holds)
+    mapped: bool  # k and v are views of the mapped K/V files (else copies in RAM)
 
 
 class Bank(AppRecords, BankWrites):
@@ -365,13 +366,14 @@ class Bank(AppRecords, BankWrites):
                     search_device: str | torch.device | None = "model", repair: bool = True, progress=None,
                     mapped: bool | None = None, moving=None) -> Memory:
         """Restore the bank's memory without running the backbone. A large bank's keys and values (``mapped``; None:
-        from ``MAP_MIN_CHUNKS`` chunks on) are its K/V files mapped copy-on-write, read only where a search gathers;
-        a small one's are copied into RAM (peak RAM ~ the K/V size plus the indexes). Indexes come from the index
-        files (checked), and whatever the files lack is added from the keys. With ``model``, first refuse a model the
-        bank was not built for (``BankMismatch``). ``search_device``: where the memory is searched ("model": on the
-        model's GPU when it runs on one; None: on the CPU). ``repair`` rewrites missing or stale index files, and
-        moves a bank's keys/values out of SQLite into its K/V files (``move_kv_to_files``; ``moving(done, total)``
-        counts segments), when no other process is writing. ``progress(done, total)`` counts chunks restored."""
+        from ``MAP_MIN_CHUNKS`` chunks on) are its K/V files mapped copy-on-write, read only where a search gathers; a
+        small one's are copied into RAM (peak RAM ~ the K/V size plus the indexes). Indexes come from the index files
+        (checked), and whatever the files lack is added from the keys; a mapped memory searched by matrix product frees
+        them once its search copy is built (``Memory.release_indexes``). With ``model``, first refuse a model the bank
+        was not built for (``BankMismatch``). ``search_device``: where the memory is searched ("model": on the model's
+        GPU when it runs on one; None: on the CPU). ``repair`` rewrites missing or stale index files, and moves a bank's
+        keys/values out of SQLite into its K/V files (``move_kv_to_files``; ``moving(done, total)`` counts segments),
+        when no other process is writing. ``progress(done, total)`` counts chunks restored."""
         import faiss
 
         if model is not None:
@@ -384,8 +386,8 @@ class Bank(AppRecords, BankWrites):
         d = self.info_cached.head_dim
         for attempt in range(3):  # a snapshot whose K/V files a deletion replaced meanwhile is read again
             try:
-                epoch, seg_ids, seg_chunks, first, k, v, tokens, starts, stored = self._restore(capacity, mapped,
-                                                                                                progress)
+                epoch, seg_ids, seg_chunks, first, k, v, tokens, starts, stored, mapped = self._restore(
+                    capacity, mapped, progress)
                 break
             except FileNotFoundError as e:
                 if attempt == 2:
@@ -410,9 +412,12 @@ class Bank(AppRecords, BankWrites):
         self.layout = _Layout(epoch, seg_ids, np.concatenate([[0], np.cumsum(seg_chunks)]))
         if search_device == "model":
             search_device = None if model is None else model.backbone.device
-        return Memory.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
-                                  search_device=search_device, starts=starts,
-                                  max_sinks=MAX_SINKS if model is None else model.max_sinks)
+        memory = Memory.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
+                                    search_device=search_device, starts=starts,
+                                    max_sinks=MAX_SINKS if model is None else model.max_sinks)
+        if mapped and memory.rows[0].matmul:  # a large bank: its search copy alone stays in RAM (docs/design.md)
+            memory.release_indexes()
+        return memory
 
     def _restore(self, capacity: int | None, mapped: bool | None, progress) -> "_Restored":
         """One consistent snapshot of the bank's memory (``load_memory`` less the indexes it builds): the keys and
@@ -471,7 +476,7 @@ class Bank(AppRecords, BankWrites):
                 raise BankCorrupt(f"bank {self.name!r}: {n - pos} chunks have no keys/values stored")
             # index files hold every chunk from the first: usable only when nothing was left out
             stored = self._stored_indexes(seg_ids, seg_chunks) if first == 0 else [(None, 0)] * hkv
-        return _Restored(epoch, seg_ids, seg_chunks, first, k, v, tokens, starts, stored)
+        return _Restored(epoch, seg_ids, seg_chunks, first, k, v, tokens, starts, stored, mapped)
 
     def chunk_text(self, serial: int, context_chunks: int = 12) -> ChunkText:
         """Chunk ``serial`` of the last loaded memory as a reader is shown it: its text (a chunk of tokens may start
@@ -502,18 +507,24 @@ class Bank(AppRecords, BankWrites):
                          text=shown.text, context=shown.context, segment=row["seq"], chunk=j,
                          of_segments=of_segments)
 
-    def search_passages(self, question: str, k: int, labels: list[str] | None = None) -> list[tuple[int, float]]:
+    def search_passages(self, question: str, k: int, labels: list[str] | None = None,
+                        documents: list[int] | None = None) -> list[tuple[int, float]]:
         """The ``k`` passages that best match ``question``'s words (BM25): (passage id, score), best first; with
-        ``labels``, only among the passages of those chapters."""
-        return bank_passages.search(self.db, question, k, labels)
+        ``labels``, only among the passages of those chapters; with ``documents``, of those documents (ids)."""
+        return bank_passages.search(self.db, question, k, labels, documents)
+
+    def passages_of(self, documents: list[int]) -> set[int]:
+        """Ids of the passages of the documents ``documents`` (ids)."""
+        return bank_passages.of_documents(self.db, documents)
 
     def chapter_labels(self) -> list[str]:
         """The chapters' labels (``Passage.label``), each once, in book order ([] for a bank made before labels)."""
         return bank_passages.labels(self.db)
 
-    def last_passages(self, labels: list[str], k: int) -> list[int]:
-        """Ids of the last ``k`` passages of the chapters ``labels``, the last first."""
-        return bank_passages.last_of(self.db, labels, k)
+    def last_passages(self, labels: list[str], k: int, documents: list[int] | None = None) -> list[int]:
+        """Ids of the last ``k`` passages of the chapters ``labels`` (of the documents ``documents``, when given),
+        the last first."""
+        return bank_passages.last_of(self.db, labels, k, documents)
 
     def passages(self, ids: list[int]) -> list[Passage]:
         """Passages by id, with their places, in the order given."""

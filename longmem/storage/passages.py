@@ -198,21 +198,32 @@ def fts_query(question: str) -> str | None:
     return " OR ".join(f'"{w}"' for w in words) or None
 
 
-def search(db: sqlite_utils.Database, question: str, k: int,
-           labels: list[str] | None = None) -> list[tuple[int, float]]:
+def search(db: sqlite_utils.Database, question: str, k: int, labels: list[str] | None = None,
+           documents: list[int] | None = None) -> list[tuple[int, float]]:
     """The ``k`` passages whose words best match ``question`` by BM25: (passage id, score), best first (FTS5's
     bm25 is lower for better matches; the score returned is its negation, higher = better). ``labels``: only the
-    passages of those chapters (``Passage.label``) are ranked."""
+    passages of those chapters (``Passage.label``) are ranked; ``documents``: only those documents' (by id)."""
     query = fts_query(question)
-    if query is None or k < 1 or labels == []:
+    if query is None or k < 1 or labels == [] or documents == []:
         return []
     within, args = "", [query]
     if labels is not None:
         within = f"AND rowid IN (SELECT id FROM passages WHERE label IN ({','.join('?' * len(labels))})) "
         args += labels
+    if documents is not None:
+        within += f"AND rowid IN (SELECT id FROM passages WHERE document_id IN ({','.join('?' * len(documents))})) "
+        args += [int(d) for d in documents]
     rows = db.execute(f"SELECT rowid, bm25(passages_fts) FROM passages_fts WHERE passages_fts MATCH ? {within}"
                       "ORDER BY bm25(passages_fts) LIMIT ?", [*args, k]).fetchall()
     return [(int(pid), -float(score)) for pid, score in rows]
+
+
+def of_documents(db: sqlite_utils.Database, documents: list[int]) -> set[int]:
+    """Ids of the passages of the documents ``documents``."""
+    if not documents:
+        return set()
+    return {int(r[0]) for r in db.execute(f"SELECT id FROM passages WHERE document_id IN "
+                                          f"({','.join('?' * len(documents))})", [int(d) for d in documents])}
 
 
 def labels(db: sqlite_utils.Database) -> list[str]:
@@ -221,12 +232,15 @@ def labels(db: sqlite_utils.Database) -> list[str]:
                                      "ORDER BY min(id)")]
 
 
-def last_of(db: sqlite_utils.Database, labels: list[str], k: int) -> list[int]:
-    """Ids of the last ``k`` passages of the chapters ``labels``, the last first."""
-    if not labels or k < 1:
+def last_of(db: sqlite_utils.Database, labels: list[str], k: int, documents: list[int] | None = None) -> list[int]:
+    """Ids of the last ``k`` passages of the chapters ``labels`` (of the documents ``documents``, when given), the
+    last first."""
+    if not labels or k < 1 or documents == []:
         return []
+    of = "" if documents is None else f"AND document_id IN ({','.join('?' * len(documents))}) "
     return [int(r[0]) for r in db.execute(f"SELECT id FROM passages WHERE label IN ({','.join('?' * len(labels))}) "
-                                          "ORDER BY id DESC LIMIT ?", [*labels, k])]
+                                          f"{of}ORDER BY id DESC LIMIT ?",
+                                          [*labels, *[int(d) for d in documents or []], k])]
 
 
 def fetch(db: sqlite_utils.Database, ids: list[int]) -> list[Passage]:

@@ -41,7 +41,7 @@ from longmem.memory.memory import Memory, MemoryView
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, Passage
 from longmem.tasks.evidence import nearest
-from longmem.tasks.sections import asks_ending, named_sections
+from longmem.tasks.sections import asks_ending, named_books, named_sections
 from longmem.text.passages import excerpt
 
 FINDERS = ("lexical", "fused", "memory", "none")
@@ -85,7 +85,9 @@ class Reading:
     #                           hold for it to be shown (``tasks.evidence.Checker``); with no sentence shown the reply
     #                           says the book does not say (0: every answer is shown as made)
     sections: bool = True  # a question naming a section by its title is looked for in it; asked how it ends, its
-    #                        last passages are read (lexical finding; docs/design.md)
+    #                        last passages are read (lexical finding; docs/design.md); one naming a book of the
+    #                        bank by its title is looked for in that book (every finder)
+    books: tuple[int, ...] = ()  # the documents (ids) of the bank passages are found in; (): all of them
     prompt: str = "book"  # the reading prompt's instruction (``PROMPTS``): "book", or "book-or-not" (told to say
     #                       that the book does not say when the excerpts do not answer)
     decline: float = 0.0  # > 0, with the book-or-not prompt: the reader says that the book does not say (``DECLINE``)
@@ -215,23 +217,41 @@ class PassageFinder:
         # memory chunk serial // fine = the bank's own serial
         self.fine = self.bank.info_cached.chunk_size // memory.chunk_size
 
+    def books_for(self, question: str, books: tuple[int, ...] = (), named: bool = True) -> list[int] | None:
+        """The documents (ids) passages for ``question`` are found in: of ``books`` (default: all the bank's), those
+        whose title the question names when ``named`` and it names one (``tasks.sections.named_books``), else
+        ``books`` themselves; None: the whole bank."""
+        if named:
+            titles = {d.id: d.title for d in self.bank.documents() if not books or d.id in books}
+            if len(titles) > 1 or books:
+                hit = named_books(question, titles)
+                if hit:
+                    return hit
+        return list(books) or None
+
     def rank(self, question: str, finder: str, depth: int, question_ids: torch.Tensor | None = None,
-             sections: bool = False) -> list[Found]:
+             sections: bool = False, books: tuple[int, ...] = ()) -> list[Found]:
         """The ``depth`` best passages for ``question`` by ``finder`` ("none": []); ``question_ids`` (1, T): the
         question as the model reads it (default: its tokens alone); ``sections``: lexical finding looks in the
-        section the question names (``lexical``)."""
+        section the question names (``lexical``), and every finder in the book it names (``books_for``); ``books``:
+        only those documents' passages (ids; (): the whole bank's)."""
         rankings: dict[str, list[int]] = {}
         scores: dict[str, dict[int, float]] = {}
+        within = self.books_for(question, books, sections)
         if finder in ("memory", "fused"):
             ids = question_ids if question_ids is not None else self._ids(question)
             hits: dict[int, int] = {}
             for serial, n in memory_votes(self.model, self.memory, ids).items():
                 hits[serial // self.fine] = hits.get(serial // self.fine, 0) + n
             votes = self.places.votes(hits)
+            if within is not None:
+                allowed = self.bank.passages_of(within)
+                votes = {p: n for p, n in votes.items() if p in allowed}
             order = sorted(votes, key=lambda p: (-votes[p], p))[:depth]
             rankings["memory"], scores["memory"] = order, {p: float(votes[p]) for p in order}
         if finder in ("lexical", "fused"):
-            found = self.lexical(question, depth) if sections else self.bank.search_passages(question, depth)
+            found = (self.lexical(question, depth, within) if sections
+                     else self.bank.search_passages(question, depth, documents=within))
             rankings["lexical"], scores["lexical"] = [p for p, _ in found], dict(found)
         if finder == "fused":
             ranked = fuse(rankings)[:depth]
@@ -244,15 +264,16 @@ class PassageFinder:
         return [Found(refs[p], s, {f: pos[p] for f, pos in positions.items() if p in pos})
                 for p, s in ranked if p in refs]
 
-    def lexical(self, question: str, depth: int) -> list[tuple[int, float]]:
+    def lexical(self, question: str, depth: int, books: list[int] | None = None) -> list[tuple[int, float]]:
         """BM25's ``depth`` best (passage id, score) for ``question`` in the sections it names by title
-        (``tasks.sections``), or in the whole bank when it names none or none of its words is there; when it asks how
-        something turns out there, the sections' last passages instead, the last first, scored 0."""
+        (``tasks.sections``), or in the whole bank (the documents ``books``, when given) when it names none or none
+        of its words is there; when it asks how something turns out there, the sections' last passages instead, the
+        last first, scored 0."""
         named = named_sections(question, self.bank.chapter_labels())
         if named and asks_ending(question):
-            return [(p, 0.0) for p in self.bank.last_passages(named, min(depth, ENDING_PASSAGES))]
-        within = self.bank.search_passages(question, depth, named) if named else []
-        return within or self.bank.search_passages(question, depth)
+            return [(p, 0.0) for p in self.bank.last_passages(named, min(depth, ENDING_PASSAGES), books)]
+        within = self.bank.search_passages(question, depth, named, books) if named else []
+        return within or self.bank.search_passages(question, depth, documents=books)
 
     def _ids(self, question: str) -> torch.Tensor:
         tok = self.model.backbone.tokenizer
@@ -264,9 +285,9 @@ class PassageFinder:
         retrieves most for the question are read instead; an answer's check still decides what they support."""
         if reading.finder == "none" or reading.passages == 0:
             return []
-        found = self.rank(question, reading.finder, reading.depth, question_ids, reading.sections)
+        found = self.rank(question, reading.finder, reading.depth, question_ids, reading.sections, reading.books)
         if not found and reading.finder == "lexical":
-            found = self.rank(question, "memory", reading.depth, question_ids)
+            found = self.rank(question, "memory", reading.depth, question_ids, reading.sections, reading.books)
         return found[: reading.passages]
 
 

@@ -64,6 +64,22 @@ def named_sections(question: str, labels: Iterable[str]) -> list[str]:
     return found
 
 
+def named_books(question: str, books: dict[int, str]) -> list[int]:
+    """The ids of the ``books`` (id -> title) whose title ``question`` names, by the rule of ``named_sections``
+    ("In A Lost Lady, who ...", "In 'Gatsby', ..."; *asterisks* or _underscores_ around a title count as quotes).
+    [] when none is."""
+    plain = re.sub(r"(?<!\w)[*_]+|[*_]+(?!\w)", '"', question)  # *The Blue Castle* -> "The Blue Castle"
+    qwords = _words(plain)
+    best, found = 0, []
+    for doc_id, title in books.items():
+        n = len(_words(title)) if title and _named(plain, qwords, title) else 0
+        if n and n > best:
+            best, found = n, [doc_id]
+        elif n and n == best:
+            found.append(doc_id)
+    return found
+
+
 def asks_ending(question: str) -> bool:
     """Whether ``question`` asks how something turns out ("what finally happened", "who turned out to be", "at the
     end", "who really took"): see ``ENDING``."""
