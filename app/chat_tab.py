@@ -292,17 +292,20 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         active = job is not None and job.active
         return loading_html(ws, name), active, (shared.bump() if was and not active else gr.skip())
 
-    def library_books(name):
-        """The Books picker for bank ``name``: its complete books, shown when it holds more than one."""
+    def library_books(name, picked=None):
+        """The Books picker for bank ``name``: its complete books, shown when it holds more than one; of the books
+        ``picked`` before, those still there stay picked (a bank picked anew: none)."""
         try:
             docs = [d for d in ws.documents(name) if d.status == "complete"] if name else []
         except BankError:  # a name typed that is no bank (yet): asking says so
             docs = []
-        return gr.update(choices=[(d.title, d.id) for d in docs], value=[], visible=len(docs) > 1)
+        kept = [b for b in picked or [] if b in {d.id for d in docs}]
+        return gr.update(choices=[(d.title, d.id) for d in docs], value=kept, visible=len(docs) > 1)
 
     wire(bank.change, load_history, [bank], [chatbot], notice, api_name="chat_history")
     bank.change(library_books, [bank], [books], queue=False, api_visibility="private")
-    shared.version.change(library_books, [bank], [books], queue=False, api_visibility="private")  # a book added
+    shared.version.change(library_books, [bank, books], [books], queue=False,
+                          api_visibility="private")  # a book added or removed: the picks still there kept
     bank.change(lambda name: loading_html(ws, name), [bank], [loading], queue=False, api_visibility="private")
     wire(book.upload, drop_book, [book], [bank, loading, shared.version], notice, api_name="add_book"
          ).then(lambda: None, None, [book], queue=False, api_visibility="private")  # ready for the next book

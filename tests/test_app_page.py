@@ -229,6 +229,7 @@ def test_the_chat_offers_a_library_s_books_and_hides_the_picker_for_one(page, tm
             assert shown["visible"] is (n == 1) and shown["value"] == []
         ids = {d.title: d.id for d in bank.documents()}
     assert shown["choices"] == [(t, ids[t]) for t in ("The Silver Harbour", "The Iron Mill")]
+    assert books("gatsby", [ids["The Iron Mill"], 999])["value"] == [ids["The Iron Mill"]]  # picks still there kept
     settings = make_settings(0.0, 16, 0, 2)
     settings.books = (ids["The Iron Mill"],)
     assert settings.reading_config().books == (ids["The Iron Mill"],)
