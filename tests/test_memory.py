@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from longmem.memory.memory import RESCORED, TOPK_BLOCK, Memory, topk_blocked
+from longmem.memory.memory import RESCORED, Memory
+from longmem.memory.ranking import TOPK_BLOCK, topk_blocked
 
 
 def _bank(**kw):

@@ -41,13 +41,12 @@ import faiss
 import numpy as np
 import torch
 
+from longmem.memory.ranking import INDEX_BLOCK, ivf_index, limit_sinks, topk_blocked
 from longmem.util.cpu import cpu_bf16_features
 
-INDEX_BLOCK = 65536  # chunks per faiss add when building an index from stored keys
 MAX_SINKS = 0  # default: sink chunks a query may retrieve (see the module doc for the measurement)
 RESCORED = 64  # a bfloat16 matmul search ranks this many more candidates than asked again by exact scores
 QUERY_BLOCK = 64  # query rows per KV head scored at once by a matmul search (bounds its (rows, chunks) scores)
-TOPK_BLOCK = 128  # columns per block of a matmul search's two-step top-k (``topk_blocked``)
 
 
 @dataclass
@@ -130,42 +129,6 @@ def _check_search_device(device: str | torch.device | None) -> torch.device | No
         raise RuntimeError(f"memory search on {device} was asked for, but this PyTorch has no CUDA device "
                            f"(torch {torch.__version__})")
     return device
-
-
-def _ivf(keys: np.ndarray, probes: int | None) -> faiss.IndexIVFFlat:
-    """An inverted-file inner-product index over ``keys`` (n, d): ~2 sqrt(n) lists (fewer for a small n, so that
-    each is trained on 40 keys or more), trained on at most 48 keys per list (a fixed sample), searching ``probes``
-    lists per query (None: a sixteenth of them, at least 8)."""
-    n, d = keys.shape
-    nlist = int(np.clip(min(2 * np.sqrt(n), n // 40), 1, 4096))
-    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
-    sample = np.random.default_rng(0).choice(n, min(n, 48 * nlist), replace=False)
-    index.train(np.ascontiguousarray(keys[np.sort(sample)]))
-    for s in range(0, n, INDEX_BLOCK):
-        index.add(np.ascontiguousarray(keys[s:s + INDEX_BLOCK]))
-    index.nprobe = min(nlist, probes if probes is not None else max(8, nlist // 16))
-    return index
-
-
-def topk_blocked(scores: torch.Tensor, m: int, block: int = TOPK_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``m`` largest of ``scores`` (..., n) along the last dimension and their columns, best first: what
-    ``torch.topk`` finds, in two small steps where it would sort through every column. The columns are cut into
-    blocks of ``block``; the ``m`` largest scores lie in the ``m`` blocks whose maxima are largest (a block holding one
-    of them has a maximum at least that large, and fewer than ``m`` blocks can have a larger one), so those blocks'
-    columns are ranked alone. Equal scores may come in another order than ``torch.topk``'s."""
-    n = scores.shape[-1]
-    n_blocks = -(-n // block)
-    if n_blocks <= 4 * m:  # too few blocks to gain anything
-        return torch.topk(scores, m, dim=-1)
-    full = (n // block) * block
-    maxima = scores[..., :full].unflatten(-1, (n // block, block)).amax(dim=-1)  # (..., n // block)
-    if full < n:  # the last, shorter block
-        maxima = torch.cat([maxima, scores[..., full:].amax(dim=-1, keepdim=True)], dim=-1)
-    blocks = torch.topk(maxima, m, dim=-1).indices  # (..., m)
-    cols = (blocks[..., None] * block + torch.arange(block, device=scores.device)).flatten(-2)  # (..., m * block)
-    cand = scores.gather(-1, cols.clamp(max=n - 1)).masked_fill_(cols >= n, float("-inf"))
-    values, at = torch.topk(cand, m, dim=-1)
-    return values, cols.gather(-1, at)
 
 
 class _Row:
@@ -296,7 +259,7 @@ class _Row:
         if self.approx is None or self.n < self.approx[0]:
             return self.indexes
         if self.coarse is None:
-            self.coarse = [_ivf(chunk_keys(self.k[j:j + 1, :self.n])[0], self.approx[1]) for j in range(self.hkv)]
+            self.coarse = [ivf_index(chunk_keys(self.k[j:j + 1, :self.n])[0], self.approx[1]) for j in range(self.hkv)]
             self.coarse_n = self.n
         elif self.coarse_n < self.n:
             keys = chunk_keys(self.k[:, self.coarse_n:self.n])
@@ -320,13 +283,13 @@ class _Row:
         scores round more finely (a layer's keys share a large common part: ``docs/design.md``)."""
         have = self.mirror_n
         if have < self.n:
-            # (n, d) float32 per KV head: views of the indexes' memory, or (released) the new chunks' own keys
-            exact = (self.index_keys() if self.indexes is not None
-                     else list(torch.from_numpy(chunk_keys(self.k[:, have:self.n]))))
-            offset = 0 if self.indexes is not None else have  # where exact[j]'s first row sits in the row
+            # the new chunks' keys, (n - have, d) float32 per KV head: views of the indexes' memory, or (released)
+            # made from the chunks' own
+            new = ([keys[have:] for keys in self.index_keys()] if self.indexes is not None
+                   else list(torch.from_numpy(chunk_keys(self.k[:, have:self.n]))))
             centred = self.mirror_dtype != torch.float32
             if centred and self.mirror is None:
-                self.center = torch.stack([keys.mean(dim=0, keepdim=True) for keys in exact])  # (Hkv, 1, d)
+                self.center = torch.stack([keys.mean(dim=0, keepdim=True) for keys in new])  # (Hkv, 1, d)
             room = 0 if self.mirror is None else self.mirror.shape[1]
             if self.n > room:  # with room: a question's few chunks, added and then truncated, copy nothing
                 grown = torch.empty(self.hkv, max(self.n + max(2048, self.n // 32), room + room // 4), self.d,
@@ -334,10 +297,10 @@ class _Row:
                 if have:
                     grown[:, :have] = self.mirror[:, :have]
                 self.mirror = grown
-            for j, keys in enumerate(exact):  # in blocks: no float32 copy of them all on the way
-                for s in range(have, self.n, INDEX_BLOCK):
-                    part = keys[s - offset:min(s + INDEX_BLOCK, self.n) - offset]
-                    self.mirror[j, s:s + part.shape[0]] = part - self.center[j] if centred else part
+            for j, keys in enumerate(new):  # in blocks: no float32 copy of them all on the way
+                for s in range(0, keys.shape[0], INDEX_BLOCK):
+                    part = keys[s:s + INDEX_BLOCK]
+                    self.mirror[j, have + s:have + s + part.shape[0]] = part - self.center[j] if centred else part
             self.mirror_n = self.n
             if self.release:  # the copy and the chunks' own keys serve from now on
                 self.indexes = None
@@ -436,7 +399,7 @@ class _Row:
             sink[self.sink_positions().numpy()] = True
             extra = 0 if max_sinks is None else max(0, int(sink.sum()) - max_sinks)  # sink chunks that may be skipped
             heads = self._found(q, group, min(n_chunks + extra, self.n))  # (group * T, fetch) each, best first
-            heads = [_limit_sinks(found, sink, max_sinks) if extra else found for found in heads]
+            heads = [limit_sinks(found, sink, max_sinks) if extra else found for found in heads]
         for j, found in enumerate(heads):
             found = found[:, :n_chunks]
             ids[j * group:(j + 1) * group, :, : found.shape[1]] = found.reshape(group, T, -1)
@@ -482,15 +445,6 @@ class _Row:
         tokens = n_max * self.chunk_size
         return keys.reshape(self.hkv, tokens, self.d), values.reshape(self.hkv, tokens, self.d), mask, \
             self.serials(ids)
-
-
-def _limit_sinks(found: np.ndarray, sink: np.ndarray, max_sinks: int) -> np.ndarray:
-    """Per row of ``found`` (chunk ids, best first, -1 = none), drop the sink chunks after the first ``max_sinks``,
-    keeping the order of the rest; dropped places move to the end as -1."""
-    is_sink = np.where(found >= 0, sink[np.clip(found, 0, None)], False)
-    drop = is_sink & (np.cumsum(is_sink, axis=1) > max_sinks)
-    order = np.argsort(drop, axis=1, kind="stable")  # kept ids first, in their order
-    return np.where(np.take_along_axis(drop, order, axis=1), -1, np.take_along_axis(found, order, axis=1))
 
 
 class Memory:

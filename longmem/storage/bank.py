@@ -32,7 +32,8 @@ import numpy as np
 import sqlite_utils
 import torch
 
-from longmem.memory.memory import INDEX_BLOCK, MAX_SINKS, Memory, chunk_keys
+from longmem.memory.memory import MAX_SINKS, Memory, chunk_keys
+from longmem.memory.ranking import INDEX_BLOCK
 from longmem.storage import passages as bank_passages
 from longmem.storage.app_records import AppRecords
 from longmem.storage.indexfiles import IndexRecord, read_index, write_index
