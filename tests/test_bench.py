@@ -247,3 +247,16 @@ def test_the_recall_probe_refuses_a_bad_question_count(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--work", "w", "--bank", "b", "--questions", "0"])
     assert "--questions must be >= 1" in capsys.readouterr().err
+
+
+def test_the_benchmarks_see_each_memory_search_with_its_queries_and_time():
+    from longmem.bench.library import watch_searches
+    from longmem.memory.memory import Memory
+
+    memory = Memory(2, 8, chunk_size=4, capacity=None, dtype=torch.float32)
+    memory.add(torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8))
+    seen = []
+    watch_searches(memory, lambda queries, n_chunks, seconds: seen.append((tuple(queries.shape), n_chunks, seconds)))
+    q = torch.randn(1, 4, 3, 8)
+    assert memory.search(q, 2).chunk_ids.shape == (1, 4, 3, 2) and memory.select(q, 3) is not None
+    assert [(s, n) for s, n, _ in seen] == [((1, 4, 3, 8), 2), ((1, 4, 3, 8), 3)] and all(t >= 0 for *_, t in seen)

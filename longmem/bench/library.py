@@ -153,20 +153,19 @@ def build(directory, name: str, tokens: int, sources: list, model) -> dict:
 # Measuring (a child process per bank)
 
 
-def _timed_searches(memory) -> list[float]:
-    """Record the seconds of every ``search``/``select`` call on ``memory`` (wrapped on the instance)."""
-    spent: list[float] = []
+def watch_searches(memory, seen) -> None:
+    """Call ``seen(queries, n_chunks, seconds)`` after every ``search``/``select`` call on ``memory`` (wrapped on
+    the instance): what each searched with and how long it took."""
     for name in ("search", "select"):
         method = getattr(memory, name)
 
-        def timed(*a, _method=method, **kw):
+        def watched(queries, n_chunks, _method=method):
             t0 = time.perf_counter()
             try:
-                return _method(*a, **kw)
+                return _method(queries, n_chunks)
             finally:
-                spent.append(time.perf_counter() - t0)
-        setattr(memory, name, timed)
-    return spent
+                seen(queries, n_chunks, time.perf_counter() - t0)
+        setattr(memory, name, watched)
 
 
 def questions_for(path: Path, books: list[str], n: int) -> list[str]:
@@ -197,7 +196,8 @@ def scenario_measure(args) -> dict:
     log(f"{args.bank}: opened in {open_s:.2f} s, {len(memory):,} tokens, RSS +{rss_open - rss0:.0f} MiB")
     if args.approx_from:
         memory.approximate(args.approx_from, args.probes)
-    spent = _timed_searches(memory)
+    spent: list[float] = []  # seconds of each memory search of the question being answered
+    watch_searches(memory, lambda queries, n_chunks, seconds: spent.append(seconds))
     finder = PassageFinder(bank, model, memory)
     rows = []
     for q in questions_for(args.set, library_books(args.set, args.books), args.questions):

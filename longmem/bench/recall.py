@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from longmem.bench.inference import log, machine_facts, report
-from longmem.bench.library import QUESTION_SET, library_books, questions_for
+from longmem.bench.library import QUESTION_SET, library_books, questions_for, watch_searches
 from longmem.memory.memory import chunk_keys
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.util.data import data_dir
@@ -46,13 +46,7 @@ def asked_queries(bank, model, questions: list[str]) -> tuple[object, list[tuple
 
     memory = bank.load_memory(model)
     caught: list[tuple[torch.Tensor, int]] = []
-    for name in ("search", "select"):
-        method = getattr(memory, name)
-
-        def kept(queries, n_chunks, _method=method):
-            caught.append((queries[0].detach().float().clone(), n_chunks))
-            return _method(queries, n_chunks)
-        setattr(memory, name, kept)
+    watch_searches(memory, lambda queries, n_chunks, _: caught.append((queries[0].detach().float().clone(), n_chunks)))
     finder = PassageFinder(bank, model, memory)
     for q in questions:
         reply = answer(Chat(model, memory, ANSWER_SAMPLING), finder, q, Reading())
