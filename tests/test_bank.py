@@ -76,6 +76,25 @@ def search_all(memory, q):
     return r.keys, r.values, r.mask, r.chunk_ids
 
 
+def same_chunks(a, b) -> bool:
+    """Whether two ``search_all`` results retrieved the same keys, values and masks for every query, in any order and
+    from either of two chunks with the same keys: a search by float32 matrix product and faiss's may order near-equal
+    scores apart and keep another of equal ones (a repeated passage); attention over the retrieved keys depends on
+    neither."""
+    n = a[3].shape[-1]
+    if a[3].shape != b[3].shape:
+        return False
+
+    def canonical(found):  # the chunks of each query ordered by their keys' sum, then by their serial
+        keys, values, mask, ids = found
+        chunks = [t.reshape(*t.shape[:3], n, -1) for t in (keys, values, mask)]  # (B, H, T, n, C * ...)
+        order = ids.argsort(dim=-1, stable=True)
+        sums = chunks[0].double().sum(-1).gather(-1, order)
+        order = order.gather(-1, sums.argsort(dim=-1, stable=True))
+        return [t.gather(3, order[..., None].expand(*order.shape, t.shape[-1])) for t in chunks]
+    return all(torch.equal(x, y) for x, y in zip(canonical(a), canonical(b)))
+
+
 def tensor_bytes(t: torch.Tensor) -> bytes:
     """A tensor's bytes as a bank before the K/V files stored them (and as ``table`` compares them)."""
     return t.contiguous().view(torch.uint8).numpy().tobytes()
@@ -623,3 +642,37 @@ def test_a_classifier_saved_under_the_old_chunk_size_name_reads_under_the_new_on
     with directory.create("cls", model) as bank:
         bank.save_classifier("signs", {"spec": {"name": "signs"}, "csz": 2})
         assert bank.classifiers()["signs"] == {"spec": {"name": "signs"}, "chunk_size": 2}
+
+
+def test_a_document_copied_from_another_bank_is_the_same_document(directory, model, text_file, tmp_path):
+    """``copy_document`` commits another bank's document as it is there (no model run): the same segments, keys,
+    values, passages and chapters, and the same search over its memory."""
+    src = directory.create("src", model)
+    doc = ingest(src, model, text_file).document
+    lib = directory.create("lib", model)
+    with lib.writing():
+        new = lib.copy_document(src, doc.id, title="Copied")
+        lib.sync_index()
+    (got,) = lib.documents()
+    assert got.id == new and got.title == "Copied" and got.status == "complete" and got.sha256 == doc.sha256
+    assert (got.n_segments, got.n_tokens) == (doc.n_segments, doc.n_tokens)
+    assert table(lib) == table(src) and passage_table(lib) == passage_table(src)
+    q = queries(model)
+    for a, b in zip(search_all(src.load_memory(), q), search_all(lib.load_memory(), q)):
+        assert torch.equal(a, b)
+    assert lib.verify().ok
+
+
+def test_a_document_of_another_shape_or_unfinished_is_not_copied(directory, model, text_file, tmp_path):
+    src = directory.create("src", model)
+    doc = ingest(src, model, text_file).document
+    other = directory.create("other", tiny_model("llama", segment_len=16))
+    with other.writing(), pytest.raises(BankError, match="segment_len 32 vs 16"):
+        other.copy_document(src, doc.id)
+    half = directory.create("half", model)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(half, model, text_file, progress=interrupt_after(2))
+    lib = directory.create("lib", model)
+    with lib.writing(), pytest.raises(BankError, match="not complete"):
+        lib.copy_document(half, half.documents()[0].id)
+    assert lib.documents() == [] and other.documents() == []

@@ -260,3 +260,49 @@ def test_the_benchmarks_see_each_memory_search_with_its_queries_and_time():
     q = torch.randn(1, 4, 3, 8)
     assert memory.search(q, 2).chunk_ids.shape == (1, 4, 3, 2) and memory.select(q, 3) is not None
     assert [(s, n) for s, n, _ in seen] == [((1, 4, 3, 8), 2), ((1, 4, 3, 8), 3)] and all(t >= 0 for *_, t in seen)
+
+
+# -- kill -9 mid-ingest (bench.crash) --------------------------------------------------------------------------------
+
+CRASH_WORKER = """
+import sys
+from tiny import tiny_model
+from longmem.bench.crash import TITLE
+from longmem.ingest.pipeline import ingest
+from longmem.storage import BankDirectory
+ingest(BankDirectory(sys.argv[1]).open(sys.argv[2]), tiny_model("llama", segment_len=32), sys.argv[3], title=TITLE)
+"""
+
+
+@pytest.mark.heavy
+def test_the_crash_benchmark_kills_an_ingestion_once_its_segments_are_committed(tmp_path, monkeypatch):
+    from helpers import child_env
+    from test_bank import book
+    from tiny import tiny_model
+
+    from longmem.bench.crash import TITLE, committed, kill_mid_ingest
+    from longmem.storage import BankDirectory
+
+    monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
+    directory = BankDirectory(tmp_path / "banks")
+    directory.create("lib", tiny_model("llama", segment_len=32)).close()
+    text = tmp_path / "long.txt"
+    text.write_text(book(24000))
+    db = directory.path("lib") / "bank.db"
+    seen, seconds = kill_mid_ingest([sys.executable, "-c", CRASH_WORKER, str(directory.root), "lib", str(text)],
+                                    db, 30, timeout=120)
+    assert seen >= 30 and seconds > 0 and committed(db, TITLE) >= seen
+    with directory.open("lib") as bank:
+        (doc,) = bank.documents()
+        assert doc.title == TITLE and doc.status == "ingesting" and doc.n_segments < 24000 // 32
+        assert bank.verify().ok
+
+
+def test_the_crash_benchmark_refuses_bad_arguments_by_name(tmp_path, capsys):
+    from longmem.bench.crash import parse_args, scenario
+
+    with pytest.raises(SystemExit):
+        parse_args(["--work", "w", "--after", "-1"])
+    assert "--after must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no bank 'library-10000000'.*build it"):
+        scenario(parse_args(["--work", str(tmp_path)]))

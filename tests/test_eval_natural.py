@@ -188,3 +188,33 @@ def test_no_answer_of_the_committed_record_writes_a_training_template():
                for field in ("answer", "draft")]
     assert len(answers) > 100
     assert [(k, a) for k, a in answers if template_wording(a) is not None] == []
+
+
+@pytest.mark.heavy
+def test_a_library_run_asks_every_question_of_one_bank_of_all_the_books(tmp_path):
+    """``natural.library``: the sets' books copied into one bank (made once), every question asked of it; the
+    finders rank the library's passages and still read the zeppelin's."""
+    other = {"book": "other.txt", "question": "How many albatrosses did the keeper count?", "answers": ["seven"],
+             "evidence": "The keeper counted seven albatrosses."}
+    data, out = data_folder(tmp_path, [QUESTIONS[0], other]), tmp_path / "out"
+    (data / "books" / "other.txt").write_text(story(seed=3, zeppelin=False)
+                                               + "The keeper counted seven albatrosses.\n")
+    logs: list[str] = []
+    setting = {"entrants": "app,rag_bm25", "new_tokens": "16", "sets": "natural-dev", "library": "true"}
+    ctx = EvalContext(chat_model(segment_len=256), [], data, out, overrides={"natural": setting}, resume=True,
+                      log=logs.append)
+    result = run(ctx)
+    assert result.data["questions"] == {"natural-dev/tale.txt": [QUESTIONS[0]["question"]],
+                                        "natural-dev/other.txt": [other["question"]]}
+    assert result.data["gold_read"] == {"lexical": 1.0}
+    (name,) = BankDirectory(out / "natural-library").names()
+    with BankDirectory(out / "natural-library").open(name) as library:
+        assert [d.title for d in library.documents()] == ["tale", "other"] and library.verify().ok
+        books = BankDirectory(out / "natural-banks")
+        sizes = []
+        for n in books.names():
+            with books.open(n) as own:
+                sizes.append(own.stats()["tokens"])
+        assert library.stats()["tokens"] == sum(sizes) and len(sizes) == 2  # the two books' banks, copied
+    assert sum("natural-library/" in m for m in logs) == 1
+    assert any("library" in n and "2 books" in n for n in result.notes)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_bank import as_made_before_kv_files, book, queries, search_all, table
+from test_bank import as_made_before_kv_files, book, queries, same_chunks, search_all, table
 from tiny import tiny_model
 
 from longmem.ingest.pipeline import ingest
@@ -104,17 +104,57 @@ def test_a_mapped_bank_retrieves_what_a_copied_one_does(directory, model, tmp_pa
     q = queries(model)
     copied, mapped = bank.load_memory(mapped=False), bank.load_memory(mapped=True)
     assert copied.rows[0].k.is_contiguous() and not mapped.rows[0].k.is_contiguous()  # a view of the files
-    for a, b in zip(search_all(copied, q), search_all(mapped, q)):
-        assert torch.equal(a, b)
+    assert same_chunks(search_all(copied, q), search_all(mapped, q))
     n = len(mapped)  # a chat adds to a mapped memory: into its headroom, not the files
     before = [p.read_bytes() for p in bank.kv_files().paths]
     spec = model.backbone.spec
     mapped.add(torch.ones(1, spec.n_kv_heads, 8, spec.head_dim), torch.ones(1, spec.n_kv_heads, 8, spec.head_dim))
     assert len(mapped) == n + 8 and [p.read_bytes() for p in bank.kv_files().paths] == before
     mapped.truncate(n)
-    for a, b in zip(search_all(copied, q), search_all(mapped, q)):
-        assert torch.equal(a, b)
+    assert same_chunks(search_all(copied, q), search_all(mapped, q))
     assert bank.verify().ok
+
+
+@pytest.mark.parametrize("native", [False, True])  # a CPU that multiplies bfloat16 natively, or not
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+def test_a_mapped_bank_s_memory_holds_no_faiss_index_and_searches_its_index_files_keys(
+        directory, model, tmp_path, kv_dtype, native, monkeypatch):
+    """A mapped memory reads its chunk keys where its index files lie (``StoredKeys``) and is searched by matrix
+    product, over a bfloat16 copy where bfloat16 is native and the bank's keys are bfloat16, else float32."""
+    monkeypatch.setattr(bank_module, "cpu_bf16_features", lambda: ["avx512_bf16"] if native else [])
+    bank = directory.create("b", model, kv_dtype=kv_dtype)
+    ingest(bank, model, text(tmp_path))
+    q = queries(model)
+    copied = bank.load_memory(mapped=False)
+    mapped = bank.load_memory(model, mapped=True)  # searched where the model runs: the CPU, named as a device
+    row = mapped.rows[0]
+    assert copied.rows[0].indexes is not None and row.indexes is None and row.matmul
+    assert [tuple(k.shape) for k in row.stored.keys] == [(row.n, model.backbone.spec.head_dim)] * len(row.stored.keys)
+    assert same_chunks(search_all(copied, q), search_all(mapped, q))
+    bf16 = native and kv_dtype == "bfloat16"
+    assert row.stored is None and row.mirror.dtype == (torch.bfloat16 if bf16 else torch.float32)
+
+
+@pytest.mark.parametrize("repair", [False, True])
+def test_a_mapped_bank_whose_index_file_is_missing_pools_the_keys_or_writes_the_file_again(
+        directory, model, tmp_path, repair):
+    bank = directory.create("b", model)
+    ingest(bank, model, text(tmp_path))
+    q = queries(model)
+    want = search_all(bank.load_memory(mapped=False), q)
+    bank.close()
+    (f,) = directory.path("b").glob("keys-1-*.faiss")
+    data = f.read_bytes()
+    f.unlink()
+    with directory.open("b") as bank:
+        memory = bank.load_memory(mapped=True, repair=repair)
+        row = memory.rows[0]
+        if repair:  # the file is written again; this once, the memory is made from the indexes it was made with
+            assert f.read_bytes() == data and row.stored is None and row.indexes is not None
+        else:  # the head whose file is missing is pooled from the chunks' own keys
+            assert not f.exists() and row.stored.keys[1].shape[0] == 0 and row.stored.keys[0].shape[0] == row.n
+        assert same_chunks(want, search_all(memory, q))
+        assert row.indexes is None  # released at the search either way
 
 
 def test_a_bank_made_before_the_files_moves_into_them_on_first_load(directory, model, tmp_path, monkeypatch):
@@ -178,8 +218,7 @@ def test_deleting_a_document_compacts_the_files_and_a_reader_keeps_its_mapping(d
     bank.delete_document(doc.id)
     assert not any(p.exists() for p in old_paths) and all(p.exists() for p in bank.kv_files().paths)
     assert bank.verify().ok
-    for a, b in zip(want[:3], search_all(bank.load_memory(mapped=True), q)[:3]):  # chunk ids differ: serials
-        assert torch.equal(a, b)
+    assert same_chunks(want, search_all(bank.load_memory(mapped=True), q))
     for a, b in zip(before, search_all(held, q)):  # the reader's mapping of the old files is intact
         assert torch.equal(a, b)
     reader.close()

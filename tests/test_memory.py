@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from longmem.memory.memory import RESCORED, Memory
+from longmem.memory.memory import RESCORED, Memory, StoredKeys
 from longmem.memory.ranking import TOPK_BLOCK, topk_blocked
 
 
@@ -440,3 +440,69 @@ def test_a_memory_that_released_its_indexes_refuses_faiss_search():
         _bank(matmul=False).release_indexes()
     with pytest.raises(RuntimeError, match="released"):
         memory.rows[0].index_keys()
+
+
+def _stored_twin(dtype, mirror_dtype, covered):
+    """A faiss memory of 50 chunks, and the same chunks adopted by a memory that holds no faiss index, its search copy
+    made from stored float32 keys of the first ``covered`` chunks (as a bank's index files hold them)."""
+    faiss_bank = _bank(matmul=False, dtype=dtype, max_sinks=1, capacity=4 * 300)
+    k, v = _kv(4 * 50, seed=4)
+    starts = torch.zeros(1, 4 * 50, dtype=torch.bool)
+    starts[:, ::32] = True
+    faiss_bank.add(k.to(dtype), v.to(dtype), starts=starts)
+    row = faiss_bank.rows[0]
+    keys = [x[:covered].clone() for x in row.index_keys()]
+    stored = StoredKeys(keys, owner="the mapping")
+    room = 64
+    kk, vv = (torch.zeros(2, room, 4, 8, dtype=dtype) for _ in range(2))
+    kk[:, :50], vv[:, :50] = row.k[:, :50], row.v[:, :50]
+    tokens = torch.full((room, 4), -1, dtype=torch.int64)
+    st = torch.zeros(room, 4, dtype=torch.bool)
+    st[:50] = row.starts[:50]
+    twin = Memory.from_chunks(kk, vv, tokens, n=50, capacity=4 * 300, starts=st, max_sinks=1,
+                              mirror_dtype=mirror_dtype, stored_keys=stored)
+    return faiss_bank, twin
+
+
+@pytest.mark.parametrize("covered", [50, 30, 0])  # the stored keys hold all chunks, the first ones, none
+@pytest.mark.parametrize("dtype,mirror_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                                (torch.bfloat16, torch.bfloat16)])
+def test_a_memory_made_from_stored_keys_searches_as_faiss_does(dtype, mirror_dtype, covered):
+    """A large bank's memory (``StoredKeys``: no faiss index, a float32 or bfloat16 search copy) finds what faiss
+    finds through adds, a truncation below what the stored keys cover, and evictions; it lets the stored keys go once
+    its copy is made."""
+    faiss_bank, twin = _stored_twin(dtype, mirror_dtype, covered)
+    row = twin.rows[0]
+    assert row.indexes is None and row.matmul and row.stored is not None
+    q = torch.randn(1, 6, 7, 8, generator=torch.Generator().manual_seed(5))
+
+    def same():
+        a, b = faiss_bank.search(q, 5), twin.search(q, 5)
+        assert torch.equal(a.chunk_ids, b.chunk_ids) and torch.equal(a.keys, b.keys) and torch.equal(a.mask, b.mask)
+
+    same()
+    assert row.stored is None and row.mirror.dtype == mirror_dtype  # the copy serves from now on
+    faiss_bank2, twin2 = _stored_twin(dtype, mirror_dtype, covered)  # truncated before its first search
+    for bank in (faiss_bank2, twin2):
+        bank.truncate(4 * 20)
+        bank.add(*(x.to(dtype) for x in _kv(4 * 30, seed=6)))  # new chunks where the stored keys' used to be
+    a, b = faiss_bank2.search(q, 5), twin2.search(q, 5)
+    assert torch.equal(a.chunk_ids, b.chunk_ids)
+    for bank in (faiss_bank, twin):
+        bank.add(*(x.to(dtype) for x in _kv(4 * 400, seed=7)))  # past the capacity: evicted
+    assert row.evicted > 0
+    same()
+
+
+def test_stored_keys_are_refused_where_they_do_not_fit():
+    k = torch.zeros(2, 10, 4, 8)
+    tokens = torch.zeros(10, 4, dtype=torch.int64)
+    with pytest.raises(ValueError, match="float32"):
+        StoredKeys([torch.zeros(3, 8, dtype=torch.float16)] * 2)
+    keys = StoredKeys([torch.zeros(10, 8)] * 2)
+    with pytest.raises(ValueError, match="no faiss index"):
+        Memory.from_chunks(k, k, tokens, matmul=False, stored_keys=keys)
+    with pytest.raises(ValueError, match="at most 10 chunks"):
+        Memory.from_chunks(k, k, tokens, stored_keys=StoredKeys([torch.zeros(11, 8)] * 2))
+    with pytest.raises(ValueError, match="search copy"):
+        _bank(mirror_dtype=torch.float16)

@@ -117,25 +117,15 @@ def build(directory, name: str, tokens: int, sources: list, model) -> dict:
                 return {"tokens": stats["tokens"], "documents": stats["documents"], "built_s": None}
         directory.delete(name)
     t0 = time.perf_counter()
-    segments = []  # per source: its title and its segments' (tokens, text, chunk_chars, k, v)
-    for src in sources:
-        rows = src.db.execute("SELECT id, tokens, text, chunk_chars FROM segments ORDER BY id").fetchall()
-        segments.append((src.documents()[0].title, [(tok, text, chars, *src.segment_kv(sid))
-                                                    for sid, tok, text, chars in rows]))
     bank = directory.create(name, model, kv_dtype=sources[0].info.kv_dtype)
     total, round_ = 0, 0
     with bank.writing():
         while total < tokens:
-            for title, rows in segments:
-                ref: dict | int = {"title": title if round_ == 0 else f"{title} (copy {round_})",
-                                   "source": f"{title}.txt", "kind": "text", "sha256": f"library-{title}-{round_}",
-                                   "options": {}, "meta": {}}
-                for seq, (tok, text, chars, k, v) in enumerate(rows):
-                    ids = torch.frombuffer(bytearray(tok), dtype=torch.int32)
-                    ref = bank.add_segment(ref, seq, ids, text, torch.frombuffer(bytearray(chars), dtype=torch.int32)
-                                           .numpy(), k, v, (0, 0))
-                    total += ids.numel()
-                bank.finish_document(ref)
+            for src in sources:
+                doc = src.documents()[0]
+                bank.copy_document(src, doc.id, title=doc.title if round_ == 0 else f"{doc.title} (copy {round_})",
+                                   sha256=f"library-{doc.title}-{round_}", passages=False)
+                total += doc.n_tokens
                 log(f"{name}: {total:,} tokens committed")
                 if total >= tokens:
                     break
@@ -197,12 +187,14 @@ def scenario_measure(args) -> dict:
     if args.approx_from:
         memory.approximate(args.approx_from, args.probes)
     spent: list[float] = []  # seconds of each memory search of the question being answered
-    watch_searches(memory, lambda queries, n_chunks, seconds: spent.append(seconds))
+    tokens: list[int] = []  # the query tokens of each (a search scores every token's query heads)
+    watch_searches(memory, lambda queries, n_chunks, seconds: (spent.append(seconds), tokens.append(queries.shape[2])))
     finder = PassageFinder(bank, model, memory)
     rows = []
     for q in questions_for(args.set, library_books(args.set, args.books), args.questions):
         chat = Chat(model, memory, ANSWER_SAMPLING)
         spent.clear()
+        tokens.clear()
         t1 = time.perf_counter()
         reply = answer(chat, finder, q, Reading())
         next(iter(reply))
@@ -210,7 +202,7 @@ def scenario_measure(args) -> dict:
         list(reply)
         t3 = time.perf_counter()
         rows.append({"question": q, "first_token_s": t2 - t1, "answer_s": t3 - t1,
-                     "memory_search_ms": 1000 * sum(spent), "searches": len(spent)})
+                     "memory_search_ms": 1000 * sum(spent), "searches": len(spent), "search_tokens": list(tokens)})
         log(f"{q!r}: first answer piece {t2 - t1:.2f} s, memory searches {1000 * sum(spent):.0f} ms "
             f"({len(spent)} calls)")
     rss_asked = status_mb("VmRSS")

@@ -13,7 +13,10 @@ wrote on four books of the training split, the set its choices were tuned on; ``
 ``unanswerable-aside``: 48 and 16 the team wrote on two more training-split books and keeps aside, asked once a
 change is chosen and never tuned on, so that a choice that only fits the sets it was made on shows as a gap there.
 
-Each book is ingested once into a bank under the output folder (kept and reused by later runs). A passage read is
+Each book is ingested once into a bank under the output folder (kept and reused by later runs). With
+``natural.library`` every question is asked of one bank holding all the books the sets ask about instead (a library:
+the books' banks copied into it, ``Bank.copy_document``), as a user who keeps a folder of books in one bank asks,
+without naming the book; the finders rank the whole library's passages. A passage read is
 gold when it overlaps the evidence; the oracles read the gold passages alone and skip unanswerable questions. An
 answer to an answerable question counts when it contains an accepted answer; to an unanswerable one, when it says
 that the book does not say (``answering.says_not_said``). Each set's questions about one book are one recorded work
@@ -22,6 +25,8 @@ unit (``--resume``). The sets are small: the tables give 95% intervals and paire
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,6 +54,7 @@ from longmem.eval.answering import (
 from longmem.eval.compare import discordant, sign_test
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, legend_below, table
 from longmem.eval.datasets.recall import template_wording
+from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.tasks.reading import Found
 
@@ -72,6 +78,7 @@ class Size(ReadingSize):
     questions: int = 0  # questions asked per set, in file order (0: all)
     max_tokens: int = 0  # each book cut to its first tokens (0: whole); questions whose evidence is cut are left out
     entrants: list[str] = field(default_factory=lambda: list(ENTRANTS))  # which entrants answer
+    library: bool = False  # ask every question of one bank holding all the sets' books (a library), not its book's
 
 
 QUICK = Size(sets=["natural-dev"], questions=2, max_tokens=2048, new_tokens=QUICK_NEW_TOKENS)
@@ -153,31 +160,77 @@ def run(ctx: EvalContext) -> SuiteResult:
     entrants = entrants_for(ctx, size, "natural")
     units = ctx.task_log("natural", size, selects=("sets",))  # a unit: one set's questions about one book
     done: dict[str, dict] = {}
-    for name, path in paths.items():
-        questions = read_questions(path)[: size.questions or None]
+    asked = {name: read_questions(path)[: size.questions or None] for name, path in paths.items()}
+    library = None  # with natural.library: (the bank of all the books, its memory), made at its first unit
+    for name, questions in asked.items():
         for book in dict.fromkeys(q.book for q in questions):  # in file order
             key = f"{name}/{book}"
             done[key] = units.get(key)
             if done[key] is None:
-                done[key] = _book(ctx, size, book, [q for q in questions if q.book == book], entrants, timer)
+                if size.library and library is None:
+                    books = list(dict.fromkeys(q.book for qs in asked.values() for q in qs))
+                    bank = library_bank(ctx, size, books)
+                    library = (bank, bank.load_memory(ctx.model))
+                done[key] = _book(ctx, size, book, [q for q in questions if q.book == book], entrants, timer,
+                                  library)
                 units.put(key, done[key])
+    if library is not None:
+        library[0].close()
     if not any(u["questions"] for u in done.values()):
         raise ValueError("natural: no question's evidence lies within the books as cut (natural.max_tokens)")
     return _result(ctx, size, done, units.commits())
 
 
-def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], entrants: Entrants, timer: Timer) -> dict:
+def library_bank(ctx: EvalContext, size: Size, books: list[str]) -> Bank:
+    """One bank holding ``books`` (each as cut, titled by its file's stem), under the output folder's
+    ``natural-library``: each book's own bank (``text_bank``, reused) copied into it, once; a later run asking about
+    the same books reuses it."""
+    own = []
+    for book in books:
+        with text_bank(ctx, "natural-banks", Path(book).stem, book_text(ctx, book, size.max_tokens),
+                       Path(book).stem) as bank:
+            own.append(bank.name)
+    root = ctx.out_dir / "natural-library"
+    directory = BankDirectory(root)
+    name = "library-" + hashlib.sha256("\x00".join(own).encode()).hexdigest()[:12]  # the books' banks name their text
+    if directory.exists(name):
+        bank = directory.open(name)
+        if [d.title for d in bank.documents() if d.status == "complete"] == [Path(b).stem for b in books]:
+            return bank
+        bank.close()
+        directory.delete(name)  # a library left unfinished: made again
+    t0 = time.perf_counter()
+    bank = directory.create(name, ctx.model)
+    sources = BankDirectory(ctx.out_dir / "natural-banks")
+    with bank.writing():
+        for src_name in own:
+            with sources.open(src_name) as src:
+                bank.copy_document(src, src.documents()[0].id)
+        bank.sync_index()
+    ctx.log(f"natural-library/{name}: {len(books)} books, {bank.stats()['tokens']:,} tokens "
+            f"({time.perf_counter() - t0:.0f} s)")
+    return bank
+
+
+def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], entrants: Entrants, timer: Timer,
+          library: tuple[Bank, object] | None = None) -> dict:
     """Every entrant's answers to ``book``'s questions whose evidence is in the book as cut: {"questions", "scores":
-    entrant -> per-question scores, "reads": finder -> per-question gold read (answerable ones), "seconds"}."""
+    entrant -> per-question scores, "reads": finder -> per-question gold read (answerable ones), "seconds"}; asked
+    of the book's own bank, or of ``library`` (a bank holding it among others, and its memory)."""
     t0 = time.perf_counter()
     model = ctx.model
-    text = book_text(ctx, book, size.max_tokens)
     out = {"questions": [], "scores": {k: [] for k in size.entrants}, "reads": {f: [] for f in finders(size.entrants)}}
-    with text_bank(ctx, "natural-banks", Path(book).stem, text, Path(book).stem) as bank:
-        doc = bank.documents()[0]
+    if library is None:
+        bank = text_bank(ctx, "natural-banks", Path(book).stem, book_text(ctx, book, size.max_tokens),
+                         Path(book).stem)
+    else:
+        bank = contextlib.nullcontext(library[0])
+    with bank as bank:
+        (doc,) = [d for d in bank.documents() if d.title == Path(book).stem] if library else bank.documents()[:1]
         stored = bank.document_text(doc.id)
         tokens = np.asarray(ctx.tokenizer(stored, add_special_tokens=False).input_ids)
-        hay = indexed_haystack(bank, bank.load_memory(model), tokens, entrants.embedder)
+        memory = bank.load_memory(model) if library is None else library[1]
+        hay = indexed_haystack(bank, memory, tokens, entrants.embedder)
         for q in questions:
             gold = gold_passages(bank, doc.id, stored, q) if q.answers else []
             if gold is None and not size.max_tokens:
@@ -237,8 +290,11 @@ def _result(ctx: EvalContext, size: Size, done: dict, commits: list[str]) -> Sui
     reads = table(["finder", "gold passage read (answerable questions)"],
                   [[f, f"{100 * v:.0f}%"] for f, v in gold_read.items()])
     outcomes = {k: reader_outcomes(done, answerable, unanswerable, k) for k in size.entrants}
+    books = sorted({key.split("/", 1)[1] for key in done})
     notes = [f"Question sets {', '.join(names)}, each book whole in memory"
              + (f" (cut to its first {size.max_tokens:,} tokens)" if size.max_tokens else "")
+             + (f", every question asked of one bank holding the {len(books)} books (a library, the book not named)"
+                if size.library else "")
              + ". A cell: % of answers that contain an accepted answer (a question the book does not answer: % that "
              "say it does not), ± a 95% interval. Templates written: answers holding a training template's wording "
              "(``datasets.recall.template_wording``). The second table: the share of answerable questions with a "

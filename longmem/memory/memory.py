@@ -19,10 +19,13 @@ the CPU meaning none) the mirror is float32 there and its scores are exact. On a
 bfloat16 natively, for a bfloat16 memory (the default there, ``matmul=None``), the mirror is bfloat16: half the
 bytes a search reads, which is what an exact search over a large memory costs on a CPU; the candidates its rounded
 scores rank first (``RESCORED`` more than asked) are ranked again by their exact float32 scores, computed from the
-stored keys as the index's are. Elsewhere faiss searches. The faiss indexes are kept in step either way and are what
-a bank writes to its index files. (faiss's own GPU build is not used: its PyPI wheel is built for another CUDA than
-PyTorch's, see ``docs/design.md``.) The keys and values stay in host RAM; what a search retrieves is gathered there
-and moved to the device.
+stored keys as the index's are. Elsewhere faiss searches, unless a matrix product is asked for (``matmul=True``), over
+a float32 mirror where bfloat16 is not native (``mirror_dtype``): how a large bank's memory is searched on every CPU
+(~3x faster than faiss's flat search on an AVX2 CPU, ``docs/design.md``). The faiss indexes are kept in step, unless
+released (``release_indexes``) or never held (``StoredKeys``: a large bank's chunk keys read where its index files
+lie). (faiss's own GPU build is not used: its PyPI wheel is built for another CUDA than PyTorch's, see
+``docs/design.md``.) The keys and values stay in host RAM; what a search retrieves is gathered there and moved to the
+device.
 
 Tokens that do not fill a chunk wait in a small pending buffer and become searchable once the chunk is full.
 With a ``capacity`` (M tokens, the paper's FIFO queue) the oldest chunks are evicted first.
@@ -66,6 +69,21 @@ class Selected:
     values: torch.Tensor  # (B, Hkv, N, d)
     mask: torch.Tensor  # (B, Hq, T, N) bool, True on the tokens of the query's top chunks
     chunk_ids: torch.Tensor  # (B, Hq, T, n_chunks) as in Retrieved
+
+
+class StoredKeys:
+    """Chunk keys as a bank's index files hold them, read where they lie (mapped), for a memory that holds no faiss
+    index of its own (``Memory.from_chunks(..., stored_keys=)``): per KV head the float32 mean-pooled keys of the
+    memory's first chunks, ``keys[j]`` (n_j, d), n_j <= the chunks adopted (the rest are pooled from the chunks'
+    own keys). ``owner`` keeps the mapping alive while the views are read (the mapped faiss indexes themselves: such
+    an index must never be added to or have ids removed, which faiss refuses by aborting the process); the memory
+    drops both once its search copy is built."""
+
+    def __init__(self, keys: list[torch.Tensor], owner: object = None):
+        if any(k.dtype != torch.float32 or k.dim() != 2 for k in keys):
+            raise ValueError(f"stored chunk keys are (n, d) float32 per head, got "
+                             f"{[(tuple(k.shape), k.dtype) for k in keys]}")
+        self.keys, self.owner = keys, owner
 
 
 class MemoryView:
@@ -135,12 +153,11 @@ class _Row:
     """Memory of one stream: per KV head a faiss index plus the chunk key/value tensors, aligned by position."""
 
     def __init__(self, n_kv_heads: int, head_dim: int, chunk_size: int, dtype: torch.dtype,
-                 search_device: torch.device | None, matmul: bool):
+                 search_device: torch.device | None, matmul: bool, mirror_dtype: torch.dtype):
         self.hkv, self.d, self.chunk_size, self.dtype = n_kv_heads, head_dim, chunk_size, dtype
         self.search_device = search_device  # where a matmul search runs (None: the CPU)
         self.matmul = matmul  # search by matrix product over ``mirror`` (else faiss)
-        # the mirror's dtype: bfloat16 (then re-ranked exactly) for a bfloat16 memory searched on the CPU
-        self.mirror_dtype = torch.bfloat16 if search_device is None and dtype == torch.bfloat16 else torch.float32
+        self.mirror_dtype = mirror_dtype  # bfloat16 (then re-ranked exactly) or float32 (exact)
         self.mirror: torch.Tensor | None = None  # (Hkv, room, d) chunk keys on search_device, the first mirror_n
         #                                          filled (mirror_n <= n: the rest is added at the next search; None:
         #                                          built then)
@@ -148,6 +165,7 @@ class _Row:
         self.center: torch.Tensor | None = None  # (Hkv, 1, d) float32 subtracted from a bfloat16 mirror's keys
         self.indexes: list | None = [self._new_index() for _ in range(n_kv_heads)]  # None: released (``release``)
         self.release = False  # free the exact indexes once the search copy is built (``Memory.release_indexes``)
+        self.stored: StoredKeys | None = None  # where the search copy's first keys are read (no indexes held)
         self.k = torch.empty(n_kv_heads, 0, chunk_size, head_dim, dtype=dtype)  # (Hkv, capacity, C, d)
         self.v = torch.empty_like(self.k)
         self.tokens = torch.empty(0, chunk_size, dtype=torch.int64)  # (capacity, C), -1 when unknown
@@ -221,6 +239,8 @@ class _Row:
         self.evicted += e
         self._sinks = (0, self._sinks[1][:0])  # positions moved: found again at the next search
         self.coarse = None  # positions moved: built again at the next search
+        if self.stored is not None:
+            self.stored = StoredKeys([keys[e:] for keys in self.stored.keys], self.stored.owner)
         if self.mirror is not None:
             self.mirror_n = max(0, self.mirror_n - e)
             self.mirror = self.mirror[:, e:e + self.mirror_n].clone() if self.mirror_n else None
@@ -232,6 +252,8 @@ class _Row:
         for index in self.indexes or []:
             index.remove_ids(faiss.IDSelectorRange(keep, self.n))
         self.mirror_n = min(self.mirror_n, keep)  # the mirror keeps its room: the next add writes over the tail
+        if self.stored is not None:
+            self.stored = StoredKeys([keys[:keep] for keys in self.stored.keys], self.stored.owner)
         if self.coarse is not None and self.coarse_n > keep:
             for index in self.coarse:  # the tail's ids go; later adds are numbered from ``keep`` again
                 index.remove_ids(faiss.IDSelectorRange(keep, self.coarse_n))
@@ -276,20 +298,37 @@ class _Row:
         return [torch.from_numpy(faiss.rev_swig_ptr(index.get_xb(), self.n * self.d)).view(self.n, self.d)
                 for index in self.indexes]
 
+    def key_blocks(self, start: int):
+        """The chunk keys from position ``start`` to ``n``, float32, as (head, position, (b, d) block) in blocks of at
+        most ``INDEX_BLOCK``: views of the exact indexes' memory or of the stored keys (``StoredKeys``) where they hold
+        them, else pooled from the chunks' own keys (``chunk_keys``: the same numbers). Valid until the next add or
+        eviction; no float32 copy of them all is made on the way."""
+        exact = self.index_keys() if self.indexes is not None else None
+        for j in range(self.hkv):
+            held = exact[j] if exact is not None else self.stored.keys[j] if self.stored is not None else None
+            upto = 0 if held is None else min(held.shape[0], self.n)  # positions ``held`` holds
+            for s in range(start, self.n, INDEX_BLOCK):
+                e = min(s + INDEX_BLOCK, self.n)
+                if e <= upto:
+                    yield j, s, held[s:e]
+                elif s >= upto:
+                    yield j, s, torch.from_numpy(chunk_keys(self.k[j:j + 1, s:e])[0])
+                else:
+                    yield j, s, torch.cat([held[s:upto], torch.from_numpy(chunk_keys(self.k[j:j + 1, upto:e])[0])])
+
     def mirror_keys(self) -> torch.Tensor:
-        """The chunk keys (Hkv, n, d) in ``mirror_dtype`` on the search device, brought up to date first: copied from
-        the exact faiss indexes, which hold them in float32 (``chunk_keys``) in step with the row. A bfloat16 mirror
-        holds them less their mean at its making (``center``): a query's ranking is the same, and the smaller
+        """The chunk keys (Hkv, n, d) in ``mirror_dtype`` on the search device, brought up to date first from the
+        float32 keys of ``key_blocks`` (the exact indexes', the stored ones, or pooled from the chunks'). A bfloat16
+        mirror holds them less their mean at its making (``center``): a query's ranking is the same, and the smaller
         scores round more finely (a layer's keys share a large common part: ``docs/design.md``)."""
         have = self.mirror_n
         if have < self.n:
-            # the new chunks' keys, (n - have, d) float32 per KV head: views of the indexes' memory, or (released)
-            # made from the chunks' own
-            new = ([keys[have:] for keys in self.index_keys()] if self.indexes is not None
-                   else list(torch.from_numpy(chunk_keys(self.k[:, have:self.n]))))
             centred = self.mirror_dtype != torch.float32
             if centred and self.mirror is None:
-                self.center = torch.stack([keys.mean(dim=0, keepdim=True) for keys in new])  # (Hkv, 1, d)
+                total = torch.zeros(self.hkv, self.d, dtype=torch.float64)
+                for j, _, block in self.key_blocks(have):
+                    total[j] += block.sum(dim=0, dtype=torch.float64)
+                self.center = (total / (self.n - have)).float()[:, None, :]  # (Hkv, 1, d)
             room = 0 if self.mirror is None else self.mirror.shape[1]
             if self.n > room:  # with room: a question's few chunks, added and then truncated, copy nothing
                 grown = torch.empty(self.hkv, max(self.n + max(2048, self.n // 32), room + room // 4), self.d,
@@ -297,11 +336,10 @@ class _Row:
                 if have:
                     grown[:, :have] = self.mirror[:, :have]
                 self.mirror = grown
-            for j, keys in enumerate(new):  # in blocks: no float32 copy of them all on the way
-                for s in range(0, keys.shape[0], INDEX_BLOCK):
-                    part = keys[s:s + INDEX_BLOCK]
-                    self.mirror[j, have + s:have + s + part.shape[0]] = part - self.center[j] if centred else part
+            for j, s, block in self.key_blocks(have):
+                self.mirror[j, s:s + block.shape[0]] = block - self.center[j] if centred else block
             self.mirror_n = self.n
+            self.stored = None  # the copy serves from now on (a mapping is let go)
             if self.release:  # the copy and the chunks' own keys serve from now on
                 self.indexes = None
         return self.mirror[:, :self.n]
@@ -311,41 +349,40 @@ class _Row:
         return self.indexes is None or self.matmul and not (self.approx is not None and self.search_device is None
                                                             and self.n >= self.approx[0])
 
-    def _exact_scores(self, block: torch.Tensor, cand: torch.Tensor, exact: list[torch.Tensor] | None) -> torch.Tensor:
-        """Float32 scores (Hkv, b, m) of the candidate positions ``cand`` (Hkv, b, m) for the query rows ``block``
-        (Hkv, b, d), against the keys the faiss indexes hold (``exact``, per KV head), or (None: released) the same
-        keys made again from the candidates' own (``chunk_keys``)."""
-        out = torch.empty(cand.shape, dtype=torch.float32)
-        for j in range(self.hkv):
-            flat = cand[j].reshape(-1)
-            if exact is None:
-                vecs = self.k[j].index_select(0, flat).float().mean(dim=1).view(*cand[j].shape, self.d)
-            else:
-                vecs = exact[j].index_select(0, flat).view(*cand[j].shape, self.d)  # (b, m, d)
-            out[j] = (block[j, :, None, :].cpu() * vecs).sum(-1)
-        return out
+    def _exact_scores(self, j: int, rows: torch.Tensor, cand: torch.Tensor,
+                      exact: list[torch.Tensor] | None) -> torch.Tensor:
+        """Float32 scores (b, m) of KV head ``j``'s candidate positions ``cand`` (b, m) for the query rows ``rows``
+        (b, d), against the keys the faiss indexes hold (``exact``, per KV head), or (None: released) the same keys
+        made again from the candidates' own (``chunk_keys``)."""
+        flat = cand.reshape(-1)
+        if exact is None:
+            vecs = self.k[j].index_select(0, flat).float().mean(dim=1).view(*cand.shape, self.d)
+        else:
+            vecs = exact[j].index_select(0, flat).view(*cand.shape, self.d)  # (b, m, d)
+        return (rows[:, None, :].cpu() * vecs).sum(-1)
 
-    def _ranked(self, block: torch.Tensor, scores: torch.Tensor, m: int, rankable: int, rescore: bool,
+    def _ranked(self, j: int, rows: torch.Tensor, scores: torch.Tensor, m: int, rankable: int, rescore: bool,
                 exact: list[torch.Tensor] | None,
                 cols: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The best ``m`` columns of ``scores`` (Hkv, b, n), of which ``rankable`` are not -inf (positions
-        ``cols[column]`` when given), and their float32 scores: with ``rescore`` (a bfloat16 product) its best
-        ``m + RESCORED`` ranked again by exact scores (``_exact_scores``, from ``exact``)."""
+        """The best ``m`` columns of KV head ``j``'s ``scores`` (b, n), of which ``rankable`` are not -inf
+        (positions ``cols[column]`` when given), and their float32 scores: with ``rescore`` (a bfloat16 product) its
+        best ``m + RESCORED`` ranked again by exact scores (``_exact_scores``, from ``exact``)."""
         values, at = topk_blocked(scores, min(rankable, m + RESCORED) if rescore else m)
         at = at if cols is None else cols[at]
         if not rescore:
             return values.float().cpu(), at.cpu()
         at = at.cpu()
-        values = self._exact_scores(block, at, exact)
-        values, order = torch.topk(values, m, dim=2)
-        return values, at.gather(2, order)
+        values = self._exact_scores(j, rows, at, exact)
+        values, order = torch.topk(values, m, dim=1)
+        return values, at.gather(1, order)
 
     def _matmul_found(self, q: torch.Tensor, group: int, n_chunks: int, max_sinks: int | None) -> list[np.ndarray]:
-        """``_found`` by matrix product over the mirror, ``QUERY_BLOCK`` query rows at a time, outside any autocast
-        (a float32 search stays float32), with at most ``max_sinks`` sink chunks among a query's best (None: any): the
-        sink chunks are left out of the product's ranking (their scores set to -inf) and their own best
-        ``max_sinks`` ranked with the rest. A bfloat16 mirror's candidates are ranked again by exact float32 scores
-        (``_ranked``). Rows may hold fewer than ``n_chunks`` positions when fewer chunks may be returned."""
+        """``_found`` by matrix product over the mirror, ``QUERY_BLOCK`` query rows of one KV head at a time (the
+        scores of one head's block: (b, n), 640 MB in float32 at 10M tokens), outside any autocast (a float32 search
+        stays float32), with at most ``max_sinks`` sink chunks among a query's best (None: any): the sink chunks are
+        left out of the product's ranking (their scores set to -inf) and their own best ``max_sinks`` ranked with the
+        rest. A bfloat16 mirror's candidates are ranked again by exact float32 scores (``_ranked``). Rows may hold
+        fewer than ``n_chunks`` positions when fewer chunks may be returned."""
         _, T, d = q.shape
         keys = self.mirror_keys()  # (Hkv, n, d)
         qd = q.detach().to(keys.device, torch.float32).reshape(self.hkv, group * T, d)
@@ -359,23 +396,24 @@ class _Row:
         out = np.full((self.hkv, group * T, fetch), -1, dtype=np.int64)
         if fetch == 0:
             return list(out)
+        buffer = keys.new_empty(min(QUERY_BLOCK, group * T), self.n)  # one head's scores, reused
         with torch.autocast(keys.device.type, enabled=False):
-            for s in range(0, group * T, QUERY_BLOCK):
-                block = qd[:, s:s + QUERY_BLOCK]  # (Hkv, b, d)
-                scores = keys.new_empty(self.hkv, block.shape[1], self.n)  # (Hkv, b, n)
-                for j in range(self.hkv):  # per head: keys[j] is contiguous where the (Hkv, n, d) view is not
-                    torch.mm(block[j].to(keys.dtype), keys[j].T, out=scores[j])
-                found = []  # (float32 scores, positions) of the candidates
-                if kept_sinks:
-                    found.append(self._ranked(block, scores.index_select(2, sinks), kept_sinks, n_sinks, rescore, exact,
-                                              sinks))
-                if n_sinks:
-                    scores.index_fill_(2, sinks, float("-inf"))
-                if plain:
-                    found.append(self._ranked(block, scores, min(plain, fetch), plain, rescore, exact))
-                values, at = (torch.cat(x, dim=2) for x in zip(*found))
-                order = torch.topk(values, fetch, dim=2).indices
-                out[:, s:s + QUERY_BLOCK] = at.gather(2, order).numpy()
+            for j in range(self.hkv):  # per head: keys[j] is contiguous where the (Hkv, n, d) view is not
+                for s in range(0, group * T, QUERY_BLOCK):
+                    rows = qd[j, s:s + QUERY_BLOCK]  # (b, d)
+                    scores = buffer[:rows.shape[0]]  # (b, n)
+                    torch.mm(rows.to(keys.dtype), keys[j].T, out=scores)
+                    found = []  # (float32 scores, positions) of the candidates
+                    if kept_sinks:
+                        found.append(self._ranked(j, rows, scores.index_select(1, sinks), kept_sinks, n_sinks,
+                                                  rescore, exact, sinks))
+                    if n_sinks:
+                        scores.index_fill_(1, sinks, float("-inf"))
+                    if plain:
+                        found.append(self._ranked(j, rows, scores, min(plain, fetch), plain, rescore, exact))
+                    values, at = (torch.cat(x, dim=1) for x in zip(*found))
+                    order = torch.topk(values, fetch, dim=1).indices
+                    out[j, s:s + QUERY_BLOCK] = at.gather(1, order).numpy()
         return list(out)
 
     def _found(self, q: torch.Tensor, group: int, fetch: int) -> list[np.ndarray]:
@@ -454,7 +492,7 @@ class Memory:
     def __init__(self, n_kv_heads: int, head_dim: int, *, chunk_size: int = 4, capacity: int | None = 65536,
                  batch_size: int = 1, dtype: torch.dtype = torch.bfloat16,
                  search_device: str | torch.device | None = None, matmul: bool | None = None,
-                 max_sinks: int | None = MAX_SINKS):
+                 max_sinks: int | None = MAX_SINKS, mirror_dtype: torch.dtype | None = None):
         if chunk_size < 1:
             raise ValueError(f"chunk size must be >= 1, got {chunk_size}")
         if capacity is not None and capacity < chunk_size:
@@ -471,18 +509,29 @@ class Memory:
         if self.search_device is not None and not matmul:
             raise ValueError(f"a memory searched on {self.search_device} searches by matrix product (matmul=True)")
         self.matmul = matmul
+        if mirror_dtype is None:  # bfloat16 for a bfloat16 memory searched on the CPU (see the module doc)
+            mirror_dtype = torch.bfloat16 if self.search_device is None and dtype == torch.bfloat16 else torch.float32
+        if mirror_dtype not in (torch.bfloat16, torch.float32) or (self.search_device is not None
+                                                                  and mirror_dtype != torch.float32):
+            raise ValueError(f"a memory's search copy is float32, or bfloat16 on the CPU; got {mirror_dtype} "
+                             f"searched on {self.search_device or 'cpu'}")
+        self.mirror_dtype = mirror_dtype  # the dtype of a matmul search's copy of the chunk keys
         self.rows = [self._row() for _ in range(batch_size)]
 
     @classmethod
     def from_chunks(cls, k: torch.Tensor, v: torch.Tensor, tokens: torch.Tensor, indexes: list | None = None, *,
                     n: int | None = None, first_serial: int = 0, capacity: int | None = None,
                     search_device: str | torch.device | None = None, matmul: bool | None = None,
-                    starts: torch.Tensor | None = None, max_sinks: int | None = MAX_SINKS) -> "Memory":
+                    starts: torch.Tensor | None = None, max_sinks: int | None = MAX_SINKS,
+                    mirror_dtype: torch.dtype | None = None, stored_keys: StoredKeys | None = None) -> "Memory":
         """A one-row memory that adopts keys/values already cut into chunks, without copying it: k, v (Hkv, N, C, d) and
         tokens (N, C) of which the first ``n`` (default N) are filled (the rest is room to grow), and optionally
         one faiss index per KV head holding the n mean-pooled chunk keys (built here when None) and which tokens
         began a forward pass, (N, C) bool (the sinks, see the module doc; None = none). Chunk serial numbers start at
-        ``first_serial``. This is how a persistent bank is restored without the backbone."""
+        ``first_serial``. This is how a persistent bank is restored without the backbone. With ``stored_keys``
+        instead of indexes, the memory holds no faiss index at all: it is searched by matrix product
+        (``matmul``), its search copy made from those keys (and, past them, the chunks' own), as a memory whose
+        indexes were released (``release_indexes``)."""
         hkv, room, chunk_size, d = k.shape
         n = room if n is None else n
         starts = torch.zeros(room, chunk_size, dtype=torch.bool) if starts is None else starts.to(torch.bool)
@@ -490,10 +539,20 @@ class Memory:
                 or tuple(starts.shape) != (room, chunk_size)):
             raise ValueError(f"chunks do not line up: k {tuple(k.shape)}, v {tuple(v.shape)}, "
                              f"tokens {tuple(tokens.shape)}, starts {tuple(starts.shape)}")
+        if stored_keys is not None and (indexes is not None or matmul is False):
+            raise ValueError("a memory made from stored chunk keys holds no faiss index and searches by matrix "
+                             "product: give no indexes, and matmul True or None")
+        if stored_keys is not None and (len(stored_keys.keys) != hkv
+                                        or any(x.shape[0] > n or x.shape[1] != d for x in stored_keys.keys)):
+            raise ValueError(f"expected stored keys of at most {n} chunks of dimension {d} for {hkv} heads, got "
+                             f"{[tuple(x.shape) for x in stored_keys.keys]}")
         memory = cls(hkv, d, chunk_size=chunk_size, capacity=None, batch_size=1, dtype=k.dtype,
-                     search_device=search_device, matmul=matmul, max_sinks=max_sinks)
+                     search_device=search_device, matmul=True if stored_keys is not None else matmul,
+                     max_sinks=max_sinks, mirror_dtype=mirror_dtype)
         row = memory.rows[0]
-        if indexes is None:
+        if stored_keys is not None:
+            row.indexes, row.release, row.stored = None, True, stored_keys
+        elif indexes is None:
             for s in range(0, n, INDEX_BLOCK):  # in blocks: the float32 mean of all keys at once could be large
                 keys = chunk_keys(k[:, s:min(s + INDEX_BLOCK, n)])
                 for j, index in enumerate(row.indexes):
@@ -510,7 +569,8 @@ class Memory:
         return memory
 
     def _row(self) -> _Row:
-        return _Row(self.n_kv_heads, self.head_dim, self.chunk_size, self.dtype, self.search_device, self.matmul)
+        return _Row(self.n_kv_heads, self.head_dim, self.chunk_size, self.dtype, self.search_device, self.matmul,
+                    self.mirror_dtype)
 
     @property
     def batch_size(self) -> int:
@@ -639,7 +699,7 @@ class Memory:
         starts = r.starts[: r.n].reshape(r.n * f, chunk_size)
         out = Memory.from_chunks(k, v, tokens, first_serial=r.evicted * f, capacity=self.capacity,
                                  search_device=self.search_device, matmul=self.matmul, starts=starts,
-                                 max_sinks=self.max_sinks)
+                                 max_sinks=self.max_sinks, mirror_dtype=self.mirror_dtype)
         if r.pend_t.numel():  # an unfinished chunk of the coarse memory may already fill finer chunks
             out.add(r.pend_k[None], r.pend_v[None], r.pend_t[None], r.pend_s[None])
         if r.approx is not None:

@@ -32,7 +32,7 @@ import numpy as np
 import sqlite_utils
 import torch
 
-from longmem.memory.memory import MAX_SINKS, Memory, chunk_keys
+from longmem.memory.memory import MAX_SINKS, Memory, StoredKeys, chunk_keys
 from longmem.memory.ranking import INDEX_BLOCK
 from longmem.storage import passages as bank_passages
 from longmem.storage.app_records import AppRecords
@@ -54,6 +54,7 @@ from longmem.storage.records import (
 from longmem.storage.schema import SchemaTooNew, migrate, now, pending_migrations
 from longmem.storage.writes import DB_NAME, BankWrites, file_identity
 from longmem.text.passages import excerpt
+from longmem.util.cpu import cpu_bf16_features
 
 log = logging.getLogger(__name__)
 
@@ -219,8 +220,10 @@ class Bank(AppRecords, BankWrites):
         arr = np.array(rows, dtype=np.int64).reshape(-1, 2)
         return arr[:, 0], arr[:, 1]
 
-    def _stored_indexes(self, seg_ids: np.ndarray, seg_chunks: np.ndarray) -> list[tuple[object, int]]:
-        """Per head, the index file's index and how many leading chunks of the bank it holds (None, 0 if unusable)."""
+    def _stored_indexes(self, seg_ids: np.ndarray, seg_chunks: np.ndarray,
+                        mapped: bool = False) -> list[tuple[object, int]]:
+        """Per head, the index file's index and how many leading chunks of the bank it holds (None, 0 if unusable);
+        ``mapped``: read where it lies (``indexfiles.read_index``: to be read only, never added to)."""
         info = self.info
         records = {r["head"]: IndexRecord(**{k: r[k] for k in IndexRecord.__dataclass_fields__})
                    for r in self.db.query("SELECT * FROM index_files")}
@@ -235,7 +238,7 @@ class Bank(AppRecords, BankWrites):
                 log.info("index file %s is stale (bank changed since it was written); rebuilding it", rec.file)
                 out.append((None, 0))
                 continue
-            index = read_index(self.path / rec.file, rec, info.head_dim)
+            index = read_index(self.path / rec.file, rec, info.head_dim, mapped)
             out.append((index, rec.n_chunks) if index is not None else (None, 0))
         return out
 
@@ -367,10 +370,12 @@ class Bank(AppRecords, BankWrites):
                     search_device: str | torch.device | None = "model", repair: bool = True, progress=None,
                     mapped: bool | None = None, moving=None) -> Memory:
         """Restore the bank's memory without running the backbone. A large bank's keys and values (``mapped``; None:
-        from ``MAP_MIN_CHUNKS`` chunks on) are its K/V files mapped copy-on-write, read only where a search gathers; a
-        small one's are copied into RAM (peak RAM ~ the K/V size plus the indexes). Indexes come from the index files
-        (checked), and whatever the files lack is added from the keys; a mapped memory searched by matrix product frees
-        them once its search copy is built (``Memory.release_indexes``). With ``model``, first refuse a model the bank
+        from ``MAP_MIN_CHUNKS`` chunks on) are its K/V files mapped copy-on-write, read only where a search gathers, and
+        its chunk keys are read where its index files lie (mapped, ``StoredKeys``): such a memory holds no faiss index,
+        is searched by matrix product on every CPU (a bfloat16 search copy where bfloat16 is native, else float32) and
+        its copy is made at the first search. A small one's keys and values are copied into RAM (peak RAM ~ the K/V
+        size plus the indexes), its indexes read from the index files. Index files are checked, and whatever they lack
+        is added from the keys. With ``model``, first refuse a model the bank
         was not built for (``BankMismatch``). ``search_device``: where the memory is searched ("model": on the model's
         GPU when it runs on one; None: on the CPU). ``repair`` rewrites missing or stale index files, and moves a bank's
         keys/values out of SQLite into its K/V files (``move_kv_to_files``; ``moving(done, total)`` counts segments),
@@ -396,13 +401,36 @@ class Bank(AppRecords, BankWrites):
                                       "backup or delete it") from None
         total = int(seg_chunks.sum())
         n = total - first
+        self.layout = _Layout(epoch, seg_ids, np.concatenate([[0], np.cumsum(seg_chunks)]))
+        if search_device == "model":
+            search_device = None if model is None else model.backbone.device
+        max_sinks = MAX_SINKS if model is None else model.max_sinks
+        stale = first == 0 and any(ix is None or done < total for ix, done in stored)  # index files to write again
+        # a mapped memory is searched by matrix product: a bfloat16 copy where the CPU multiplies bfloat16 natively,
+        # else float32 (~3x faster than faiss's flat search there: docs/design.md)
+        native = k.dtype == torch.bfloat16 and bool(cpu_bf16_features())
+        on_cpu = search_device is None or torch.device(search_device).type == "cpu"
+        mirror_dtype = torch.float32 if on_cpu and not native else None
+        if mapped and not (repair and stale):  # the keys as the index files hold them; the rest pooled at the search
+            stored_keys = StoredKeys([torch.zeros(0, d) if ix is None or done == 0 else
+                                      torch.from_numpy(faiss.rev_swig_ptr(ix.get_xb(), done * d)).view(done, d)
+                                      for ix, done in stored], owner=[ix for ix, _ in stored])
+            return Memory.from_chunks(k, v, tokens, n=n, first_serial=first, capacity=capacity,
+                                      search_device=search_device, starts=starts, max_sinks=max_sinks,
+                                      mirror_dtype=mirror_dtype, stored_keys=stored_keys)
         indexes = []
         for h, (index, done) in enumerate(stored):
-            index = index if index is not None else faiss.IndexFlatIP(d)
+            if index is None:
+                index = faiss.IndexFlatIP(d)
+            elif mapped:  # a mapped index is never added to: copied first (a bank whose index files are behind)
+                owned = faiss.IndexFlatIP(d)
+                if done:
+                    owned.add(faiss.rev_swig_ptr(index.get_xb(), done * d).reshape(done, d))
+                index = owned
             for s in range(done, n, INDEX_BLOCK):
                 index.add(chunk_keys(k[h:h + 1, s:min(s + INDEX_BLOCK, n)])[0])
             indexes.append(index)
-        if repair and first == 0 and any(ix is None or done < total for ix, done in stored):
+        if repair and stale:
             try:
                 with self.writing():
                     if self.info.epoch == epoch:
@@ -410,15 +438,13 @@ class Bank(AppRecords, BankWrites):
             except BankBusy:
                 log.info("bank %s is being written; its index files will be brought up to date by the writer",
                          self.name)
-        self.layout = _Layout(epoch, seg_ids, np.concatenate([[0], np.cumsum(seg_chunks)]))
-        if search_device == "model":
-            search_device = None if model is None else model.backbone.device
+        if not mapped:
+            return Memory.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
+                                      search_device=search_device, starts=starts, max_sinks=max_sinks)
         memory = Memory.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
-                                    search_device=search_device, starts=starts,
-                                    max_sinks=MAX_SINKS if model is None else model.max_sinks)
-        if mapped and memory.rows[0].matmul:  # a large bank: its search copy alone stays in RAM (docs/design.md)
-            memory.release_indexes()
-        return memory
+                                    search_device=search_device, starts=starts, max_sinks=max_sinks, matmul=True,
+                                    mirror_dtype=mirror_dtype)
+        return memory.release_indexes()  # its search copy alone stays in RAM once made (docs/design.md)
 
     def _restore(self, capacity: int | None, mapped: bool | None, progress) -> "_Restored":
         """One consistent snapshot of the bank's memory (``load_memory`` less the indexes it builds): the keys and
@@ -476,7 +502,7 @@ class Bank(AppRecords, BankWrites):
             if pos != n:
                 raise BankCorrupt(f"bank {self.name!r}: {n - pos} chunks have no keys/values stored")
             # index files hold every chunk from the first: usable only when nothing was left out
-            stored = self._stored_indexes(seg_ids, seg_chunks) if first == 0 else [(None, 0)] * hkv
+            stored = self._stored_indexes(seg_ids, seg_chunks, mapped) if first == 0 else [(None, 0)] * hkv
         return _Restored(epoch, seg_ids, seg_chunks, first, k, v, tokens, starts, stored, mapped)
 
     def chunk_text(self, serial: int, context_chunks: int = 12) -> ChunkText:

@@ -53,8 +53,11 @@ def write_index(index: faiss.Index, path: Path) -> tuple[str, int]:
     return digest, len(buf)
 
 
-def read_index(path: Path, record: IndexRecord, dim: int) -> faiss.Index | None:
-    """The index at ``path`` if it matches ``record`` (size, checksum, entry count, dimension), else None (logged)."""
+def read_index(path: Path, record: IndexRecord, dim: int, mapped: bool = False) -> faiss.Index | None:
+    """The index at ``path`` if it matches ``record`` (size, checksum, entry count, dimension), else None (logged).
+    ``mapped``: the index's keys are read where they lie in the file (mapped read-only, nothing copied); such an index
+    is to be searched or read (``faiss.rev_swig_ptr(index.get_xb(), ...)``) only: adding to it or removing from it
+    aborts the process (a faiss assertion)."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -67,7 +70,8 @@ def read_index(path: Path, record: IndexRecord, dim: int) -> faiss.Index | None:
         problem = "checksum mismatch (corrupt or stale)"
     else:
         try:
-            index = faiss.read_index(str(path))  # straight from the file: no second copy in RAM
+            flags = faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY if mapped else 0
+            index = faiss.read_index(str(path), flags)  # straight from the file: no second copy in RAM
         except RuntimeError as e:
             problem = f"faiss cannot read it ({str(e).splitlines()[0]})"
         else:

@@ -140,6 +140,44 @@ class BankWrites:
             bank_passages.set_chapters(self.db, doc_id, bank_passages.document_text(self.db, doc_id))
             self.db.execute("UPDATE documents SET status = 'complete', updated = ? WHERE id = ?", [now(), doc_id])
 
+    def copy_document(self, src, doc_id: int, *, title: str | None = None, sha256: str | None = None,
+                      passages: bool = True) -> int:
+        """Commit a complete document of another bank ``src`` (made with the same backbone, layer and shape) into this
+        one, segment by segment through ``add_segment``, without running the model: its tokens, text and keys/values
+        as they are there; returns the new document's id. ``title`` and ``sha256`` replace the source document's
+        (``sha256`` tells copies of one book apart: a bank holds a file once per identity). ``passages``: cut the
+        document's passages and rebuild the full-text index now (False: the caller calls ``rebuild_passages`` once,
+        after many copies). Needs the write lock; the index files are the caller's to bring up to date
+        (``sync_index``)."""
+        self._require_lock()
+        mine, theirs = self.info_cached, src.info_cached
+        shape = ("backbone_sha256", "cached_layer", "chunk_size", "n_kv_heads", "head_dim", "segment_len", "kv_dtype")
+        if any(getattr(mine, f) != getattr(theirs, f) for f in shape):
+            raise BankError(f"bank {src.name!r} was made with another model or shape than bank {self.name!r}: "
+                            + ", ".join(f"{f} {getattr(theirs, f)} vs {getattr(mine, f)}" for f in shape
+                                        if getattr(mine, f) != getattr(theirs, f)))
+        doc = src.document(doc_id)
+        if doc.status != "complete":
+            raise BankError(f"document {doc_id} of bank {src.name!r} is not complete ({doc.status}); finish it first")
+        ref: dict | int = {"title": title or doc.title, "source": doc.source, "kind": doc.kind,
+                           "sha256": sha256 or doc.sha256, "options": doc.options, "meta": doc.meta}
+        rows = src.db.execute("SELECT id, seq, tokens, text, chunk_chars FROM segments WHERE document_id = ? "
+                              "ORDER BY seq", [doc_id]).fetchall()
+        for sid, seq, tok, text, chars in rows:
+            k, v = src.segment_kv(sid)
+            ref = self.add_segment(ref, seq, torch.frombuffer(bytearray(tok), dtype=torch.int32), text,
+                                   np.frombuffer(chars, dtype=np.int32).copy(), k, v, (0, 0))
+        if isinstance(ref, dict):
+            raise BankError(f"document {doc_id} of bank {src.name!r} has no segments")
+        if passages:
+            with self.db.atomic():
+                bank_passages.recut(self.db, ref, doc.kind == "demos", True)
+        self.finish_document(ref)  # names the passages' chapters, and marks it complete
+        if passages:
+            with self.db.atomic():
+                bank_passages.rebuild_fts(self.db)
+        return ref
+
     def passage_cutter(self, doc_id: int | None, demonstrations: bool) -> PassageCutter:
         """The passage cutter for the next segments of a document: a new one (``doc_id`` None), or one that goes on
         where an interrupted ingestion's stored passages end."""
