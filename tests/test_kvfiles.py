@@ -120,7 +120,8 @@ def test_a_mapped_bank_retrieves_what_a_copied_one_does(directory, model, tmp_pa
 def test_a_mapped_bank_s_memory_holds_no_faiss_index_and_searches_its_index_files_keys(
         directory, model, tmp_path, kv_dtype, native, monkeypatch):
     """A mapped memory reads its chunk keys where its index files lie (``StoredKeys``) and is searched by matrix
-    product, over a bfloat16 copy where bfloat16 is native and the bank's keys are bfloat16, else float32."""
+    product, over a bfloat16 copy of a bfloat16 bank's keys (multiplied in float32 blocks where bfloat16 is not
+    native), a float32 copy of a float32 bank's."""
     monkeypatch.setattr(bank_module, "cpu_bf16_features", lambda: ["avx512_bf16"] if native else [])
     bank = directory.create("b", model, kv_dtype=kv_dtype)
     ingest(bank, model, text(tmp_path))
@@ -131,8 +132,7 @@ def test_a_mapped_bank_s_memory_holds_no_faiss_index_and_searches_its_index_file
     assert copied.rows[0].indexes is not None and row.indexes is None and row.matmul
     assert [tuple(k.shape) for k in row.stored.keys] == [(row.n, model.backbone.spec.head_dim)] * len(row.stored.keys)
     assert same_chunks(search_all(copied, q), search_all(mapped, q))
-    bf16 = native and kv_dtype == "bfloat16"
-    assert row.stored is None and row.mirror.dtype == (torch.bfloat16 if bf16 else torch.float32)
+    assert row.stored is None and row.mirror.dtype == getattr(torch, kv_dtype) and row.upcast is not native
 
 
 @pytest.mark.parametrize("repair", [False, True])

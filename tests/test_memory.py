@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from longmem.memory.memory import RESCORED, Memory, StoredKeys
+from longmem.memory import memory as memory_module
+from longmem.memory.memory import RESCORED, Memory, StoredKeys, upcast_product
 from longmem.memory.ranking import TOPK_BLOCK, topk_blocked
 
 
@@ -442,7 +443,7 @@ def test_a_memory_that_released_its_indexes_refuses_faiss_search():
         memory.rows[0].index_keys()
 
 
-def _stored_twin(dtype, mirror_dtype, covered):
+def _stored_twin(dtype, mirror_dtype, covered, native=True):
     """A faiss memory of 50 chunks, and the same chunks adopted by a memory that holds no faiss index, its search copy
     made from stored float32 keys of the first ``covered`` chunks (as a bank's index files hold them)."""
     faiss_bank = _bank(matmul=False, dtype=dtype, max_sinks=1, capacity=4 * 300)
@@ -460,18 +461,20 @@ def _stored_twin(dtype, mirror_dtype, covered):
     st = torch.zeros(room, 4, dtype=torch.bool)
     st[:50] = row.starts[:50]
     twin = Memory.from_chunks(kk, vv, tokens, n=50, capacity=4 * 300, starts=st, max_sinks=1,
-                              mirror_dtype=mirror_dtype, stored_keys=stored)
+                              mirror_dtype=mirror_dtype, stored_keys=stored, native_bf16=native)
     return faiss_bank, twin
 
 
 @pytest.mark.parametrize("covered", [50, 30, 0])  # the stored keys hold all chunks, the first ones, none
-@pytest.mark.parametrize("dtype,mirror_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
-                                                (torch.bfloat16, torch.bfloat16)])
-def test_a_memory_made_from_stored_keys_searches_as_faiss_does(dtype, mirror_dtype, covered):
-    """A large bank's memory (``StoredKeys``: no faiss index, a float32 or bfloat16 search copy) finds what faiss
-    finds through adds, a truncation below what the stored keys cover, and evictions; it lets the stored keys go once
-    its copy is made."""
-    faiss_bank, twin = _stored_twin(dtype, mirror_dtype, covered)
+@pytest.mark.parametrize("dtype,mirror_dtype,native", [
+    (torch.float32, torch.float32, True), (torch.bfloat16, torch.float32, True),
+    (torch.bfloat16, torch.bfloat16, True), (torch.bfloat16, torch.bfloat16, False)])  # native: bfloat16 products
+def test_a_memory_made_from_stored_keys_searches_as_faiss_does(dtype, mirror_dtype, native, covered, monkeypatch):
+    """A large bank's memory (``StoredKeys``: no faiss index, a float32 or bfloat16 search copy, the latter multiplied
+    in bfloat16 or, where that is not native, in float32 blocks) finds what faiss finds through adds, a truncation
+    below what the stored keys cover, and evictions; it lets the stored keys go once its copy is made."""
+    monkeypatch.setattr(memory_module, "UPCAST_BLOCK", 7)  # several blocks of 50-chunk memories
+    faiss_bank, twin = _stored_twin(dtype, mirror_dtype, covered, native)
     row = twin.rows[0]
     assert row.indexes is None and row.matmul and row.stored is not None
     q = torch.randn(1, 6, 7, 8, generator=torch.Generator().manual_seed(5))
@@ -482,7 +485,7 @@ def test_a_memory_made_from_stored_keys_searches_as_faiss_does(dtype, mirror_dty
 
     same()
     assert row.stored is None and row.mirror.dtype == mirror_dtype  # the copy serves from now on
-    faiss_bank2, twin2 = _stored_twin(dtype, mirror_dtype, covered)  # truncated before its first search
+    faiss_bank2, twin2 = _stored_twin(dtype, mirror_dtype, covered, native)  # truncated before its first search
     for bank in (faiss_bank2, twin2):
         bank.truncate(4 * 20)
         bank.add(*(x.to(dtype) for x in _kv(4 * 30, seed=6)))  # new chunks where the stored keys' used to be
@@ -492,6 +495,16 @@ def test_a_memory_made_from_stored_keys_searches_as_faiss_does(dtype, mirror_dty
         bank.add(*(x.to(dtype) for x in _kv(4 * 400, seed=7)))  # past the capacity: evicted
     assert row.evicted > 0
     same()
+
+
+def test_a_bfloat16_copy_multiplied_in_float32_blocks_scores_as_its_float32_product(monkeypatch):
+    """``upcast_product``: blocks of any size, the last one short, give the float32 product of the bfloat16 keys."""
+    monkeypatch.setattr(memory_module, "UPCAST_BLOCK", 16)
+    g = torch.Generator().manual_seed(9)
+    keys, rows = torch.randn(50, 8, generator=g).bfloat16(), torch.randn(3, 8, generator=g)
+    out = torch.full((3, 50), float("nan"))
+    upcast_product(rows, keys, out)
+    torch.testing.assert_close(out, rows @ keys.float().T, rtol=1e-6, atol=1e-6)
 
 
 def test_stored_keys_are_refused_where_they_do_not_fit():

@@ -19,13 +19,14 @@ the CPU meaning none) the mirror is float32 there and its scores are exact. On a
 bfloat16 natively, for a bfloat16 memory (the default there, ``matmul=None``), the mirror is bfloat16: half the
 bytes a search reads, which is what an exact search over a large memory costs on a CPU; the candidates its rounded
 scores rank first (``RESCORED`` more than asked) are ranked again by their exact float32 scores, computed from the
-stored keys as the index's are. Elsewhere faiss searches, unless a matrix product is asked for (``matmul=True``), over
-a float32 mirror where bfloat16 is not native (``mirror_dtype``): how a large bank's memory is searched on every CPU
-(~3x faster than faiss's flat search on an AVX2 CPU, ``docs/design.md``). The faiss indexes are kept in step, unless
-released (``release_indexes``) or never held (``StoredKeys``: a large bank's chunk keys read where its index files
-lie). (faiss's own GPU build is not used: its PyPI wheel is built for another CUDA than PyTorch's, see
-``docs/design.md``.) The keys and values stay in host RAM; what a search retrieves is gathered there and moved to the
-device.
+stored keys as the index's are. Elsewhere faiss searches, unless a matrix product is asked for (``matmul=True``):
+how a large bank's memory is searched on every CPU (faster than faiss's flat search for a search's several query
+rows, ``docs/design.md``). Where bfloat16 is not native (``native_bf16``), a bfloat16 mirror is multiplied in float32,
+``UPCAST_BLOCK`` keys at a time: half the RAM of a float32 mirror, as fast, and re-ranked as above. The faiss
+indexes are kept in step, unless released (``release_indexes``) or never held (``StoredKeys``: a large bank's chunk
+keys read where its index files lie). (faiss's own GPU build is not used: its PyPI wheel is built for another CUDA
+than PyTorch's, see ``docs/design.md``.) The keys and values stay in host RAM; what a search retrieves is gathered
+there and moved to the device.
 
 Tokens that do not fill a chunk wait in a small pending buffer and become searchable once the chunk is full.
 With a ``capacity`` (M tokens, the paper's FIFO queue) the oldest chunks are evicted first.
@@ -50,6 +51,7 @@ from longmem.util.cpu import cpu_bf16_features
 MAX_SINKS = 0  # default: sink chunks a query may retrieve (see the module doc for the measurement)
 RESCORED = 64  # a bfloat16 matmul search ranks this many more candidates than asked again by exact scores
 QUERY_BLOCK = 64  # query rows per KV head scored at once by a matmul search (bounds its (rows, chunks) scores)
+UPCAST_BLOCK = 16384  # keys of a bfloat16 mirror made float32 at once where bfloat16 is not native (4 MB of float32)
 
 
 @dataclass
@@ -69,6 +71,19 @@ class Selected:
     values: torch.Tensor  # (B, Hkv, N, d)
     mask: torch.Tensor  # (B, Hq, T, N) bool, True on the tokens of the query's top chunks
     chunk_ids: torch.Tensor  # (B, Hq, T, n_chunks) as in Retrieved
+
+
+def upcast_product(rows: torch.Tensor, keys: torch.Tensor, out: torch.Tensor) -> None:
+    """``out`` (b, n) float32 = ``rows`` (b, d) float32 @ ``keys`` (n, d) bfloat16 ``.T`` in float32, ``UPCAST_BLOCK``
+    keys at a time (each block made float32 in a small reused buffer): what a CPU without native bfloat16 multiplies
+    as fast as a float32 copy of the keys while reading half the bytes (``docs/design.md``); PyTorch's own bfloat16
+    product is emulated there, several times slower."""
+    n, d = keys.shape
+    block = torch.empty(min(UPCAST_BLOCK, n), d)
+    for s in range(0, n, UPCAST_BLOCK):
+        part = block[:min(UPCAST_BLOCK, n - s)]
+        part.copy_(keys[s:s + part.shape[0]])
+        torch.mm(rows, part.T, out=out[:, s:s + part.shape[0]])
 
 
 class StoredKeys:
@@ -153,11 +168,12 @@ class _Row:
     """Memory of one stream: per KV head a faiss index plus the chunk key/value tensors, aligned by position."""
 
     def __init__(self, n_kv_heads: int, head_dim: int, chunk_size: int, dtype: torch.dtype,
-                 search_device: torch.device | None, matmul: bool, mirror_dtype: torch.dtype):
+                 search_device: torch.device | None, matmul: bool, mirror_dtype: torch.dtype, upcast: bool):
         self.hkv, self.d, self.chunk_size, self.dtype = n_kv_heads, head_dim, chunk_size, dtype
         self.search_device = search_device  # where a matmul search runs (None: the CPU)
         self.matmul = matmul  # search by matrix product over ``mirror`` (else faiss)
         self.mirror_dtype = mirror_dtype  # bfloat16 (then re-ranked exactly) or float32 (exact)
+        self.upcast = upcast  # a bfloat16 mirror is multiplied in float32 blocks (bfloat16 not native here)
         self.mirror: torch.Tensor | None = None  # (Hkv, room, d) chunk keys on search_device, the first mirror_n
         #                                          filled (mirror_n <= n: the rest is added at the next search; None:
         #                                          built then)
@@ -396,13 +412,18 @@ class _Row:
         out = np.full((self.hkv, group * T, fetch), -1, dtype=np.int64)
         if fetch == 0:
             return list(out)
-        buffer = keys.new_empty(min(QUERY_BLOCK, group * T), self.n)  # one head's scores, reused
+        upcast = self.upcast and keys.dtype == torch.bfloat16 and keys.device.type == "cpu"
+        buffer = torch.empty(min(QUERY_BLOCK, group * T), self.n, dtype=torch.float32 if upcast else keys.dtype,
+                             device=keys.device)  # one head's scores, reused
         with torch.autocast(keys.device.type, enabled=False):
             for j in range(self.hkv):  # per head: keys[j] is contiguous where the (Hkv, n, d) view is not
                 for s in range(0, group * T, QUERY_BLOCK):
                     rows = qd[j, s:s + QUERY_BLOCK]  # (b, d)
                     scores = buffer[:rows.shape[0]]  # (b, n)
-                    torch.mm(rows.to(keys.dtype), keys[j].T, out=scores)
+                    if upcast:
+                        upcast_product(rows, keys[j], scores)
+                    else:
+                        torch.mm(rows.to(keys.dtype), keys[j].T, out=scores)
                     found = []  # (float32 scores, positions) of the candidates
                     if kept_sinks:
                         found.append(self._ranked(j, rows, scores.index_select(1, sinks), kept_sinks, n_sinks,
@@ -492,7 +513,8 @@ class Memory:
     def __init__(self, n_kv_heads: int, head_dim: int, *, chunk_size: int = 4, capacity: int | None = 65536,
                  batch_size: int = 1, dtype: torch.dtype = torch.bfloat16,
                  search_device: str | torch.device | None = None, matmul: bool | None = None,
-                 max_sinks: int | None = MAX_SINKS, mirror_dtype: torch.dtype | None = None):
+                 max_sinks: int | None = MAX_SINKS, mirror_dtype: torch.dtype | None = None,
+                 native_bf16: bool | None = None):
         if chunk_size < 1:
             raise ValueError(f"chunk size must be >= 1, got {chunk_size}")
         if capacity is not None and capacity < chunk_size:
@@ -516,6 +538,9 @@ class Memory:
             raise ValueError(f"a memory's search copy is float32, or bfloat16 on the CPU; got {mirror_dtype} "
                              f"searched on {self.search_device or 'cpu'}")
         self.mirror_dtype = mirror_dtype  # the dtype of a matmul search's copy of the chunk keys
+        # whether this CPU multiplies bfloat16 natively (None: asked of it); where not, a bfloat16 mirror is
+        # multiplied in float32 blocks (``upcast_product``)
+        self.native_bf16 = bool(cpu_bf16_features()) if native_bf16 is None else native_bf16
         self.rows = [self._row() for _ in range(batch_size)]
 
     @classmethod
@@ -523,7 +548,8 @@ class Memory:
                     n: int | None = None, first_serial: int = 0, capacity: int | None = None,
                     search_device: str | torch.device | None = None, matmul: bool | None = None,
                     starts: torch.Tensor | None = None, max_sinks: int | None = MAX_SINKS,
-                    mirror_dtype: torch.dtype | None = None, stored_keys: StoredKeys | None = None) -> "Memory":
+                    mirror_dtype: torch.dtype | None = None, stored_keys: StoredKeys | None = None,
+                    native_bf16: bool | None = None) -> "Memory":
         """A one-row memory that adopts keys/values already cut into chunks, without copying it: k, v (Hkv, N, C, d) and
         tokens (N, C) of which the first ``n`` (default N) are filled (the rest is room to grow), and optionally
         one faiss index per KV head holding the n mean-pooled chunk keys (built here when None) and which tokens
@@ -548,7 +574,7 @@ class Memory:
                              f"{[tuple(x.shape) for x in stored_keys.keys]}")
         memory = cls(hkv, d, chunk_size=chunk_size, capacity=None, batch_size=1, dtype=k.dtype,
                      search_device=search_device, matmul=True if stored_keys is not None else matmul,
-                     max_sinks=max_sinks, mirror_dtype=mirror_dtype)
+                     max_sinks=max_sinks, mirror_dtype=mirror_dtype, native_bf16=native_bf16)
         row = memory.rows[0]
         if stored_keys is not None:
             row.indexes, row.release, row.stored = None, True, stored_keys
@@ -570,7 +596,7 @@ class Memory:
 
     def _row(self) -> _Row:
         return _Row(self.n_kv_heads, self.head_dim, self.chunk_size, self.dtype, self.search_device, self.matmul,
-                    self.mirror_dtype)
+                    self.mirror_dtype, upcast=not self.native_bf16)
 
     @property
     def batch_size(self) -> int:
@@ -699,7 +725,8 @@ class Memory:
         starts = r.starts[: r.n].reshape(r.n * f, chunk_size)
         out = Memory.from_chunks(k, v, tokens, first_serial=r.evicted * f, capacity=self.capacity,
                                  search_device=self.search_device, matmul=self.matmul, starts=starts,
-                                 max_sinks=self.max_sinks, mirror_dtype=self.mirror_dtype)
+                                 max_sinks=self.max_sinks, mirror_dtype=self.mirror_dtype,
+                                 native_bf16=self.native_bf16)
         if r.pend_t.numel():  # an unfinished chunk of the coarse memory may already fill finer chunks
             out.add(r.pend_k[None], r.pend_v[None], r.pend_t[None], r.pend_s[None])
         if r.approx is not None:

@@ -372,14 +372,14 @@ class Bank(AppRecords, BankWrites):
         """Restore the bank's memory without running the backbone. A large bank's keys and values (``mapped``; None:
         from ``MAP_MIN_CHUNKS`` chunks on) are its K/V files mapped copy-on-write, read only where a search gathers, and
         its chunk keys are read where its index files lie (mapped, ``StoredKeys``): such a memory holds no faiss index,
-        is searched by matrix product on every CPU (a bfloat16 search copy where bfloat16 is native, else float32) and
-        its copy is made at the first search. A small one's keys and values are copied into RAM (peak RAM ~ the K/V
-        size plus the indexes), its indexes read from the index files. Index files are checked, and whatever they lack
-        is added from the keys. With ``model``, first refuse a model the bank
-        was not built for (``BankMismatch``). ``search_device``: where the memory is searched ("model": on the model's
-        GPU when it runs on one; None: on the CPU). ``repair`` rewrites missing or stale index files, and moves a bank's
-        keys/values out of SQLite into its K/V files (``move_kv_to_files``; ``moving(done, total)`` counts segments),
-        when no other process is writing. ``progress(done, total)`` counts chunks restored."""
+        is searched by matrix product on every CPU (over a bfloat16 copy of a bfloat16 bank's keys, multiplied in
+        float32 blocks where bfloat16 is not native) and its copy is made at the first search. A small one's keys and
+        values are copied into RAM (peak RAM ~ the K/V size plus the indexes), its indexes read from the index files.
+        Index files are checked, and whatever they lack is added from the keys. With ``model``, first refuse a model
+        the bank was not built for (``BankMismatch``). ``search_device``: where the memory is searched ("model": on
+        the model's GPU when it runs on one; None: on the CPU). ``repair`` rewrites missing or stale index files, and
+        moves a bank's keys/values out of SQLite into its K/V files (``move_kv_to_files``; ``moving(done, total)``
+        counts segments), when no other process is writing. ``progress(done, total)`` counts chunks restored."""
         import faiss
 
         if model is not None:
@@ -406,18 +406,17 @@ class Bank(AppRecords, BankWrites):
             search_device = None if model is None else model.backbone.device
         max_sinks = MAX_SINKS if model is None else model.max_sinks
         stale = first == 0 and any(ix is None or done < total for ix, done in stored)  # index files to write again
-        # a mapped memory is searched by matrix product: a bfloat16 copy where the CPU multiplies bfloat16 natively,
-        # else float32 (~3x faster than faiss's flat search there: docs/design.md)
-        native = k.dtype == torch.bfloat16 and bool(cpu_bf16_features())
-        on_cpu = search_device is None or torch.device(search_device).type == "cpu"
-        mirror_dtype = torch.float32 if on_cpu and not native else None
+        # a mapped memory is searched by matrix product on every CPU, over a bfloat16 copy of a bfloat16 bank's chunk
+        # keys, multiplied in float32 blocks where bfloat16 is not native (as fast as a float32 copy, half its RAM:
+        # docs/design.md)
+        native = bool(cpu_bf16_features())
         if mapped and not (repair and stale):  # the keys as the index files hold them; the rest pooled at the search
             stored_keys = StoredKeys([torch.zeros(0, d) if ix is None or done == 0 else
                                       torch.from_numpy(faiss.rev_swig_ptr(ix.get_xb(), done * d)).view(done, d)
                                       for ix, done in stored], owner=[ix for ix, _ in stored])
             return Memory.from_chunks(k, v, tokens, n=n, first_serial=first, capacity=capacity,
                                       search_device=search_device, starts=starts, max_sinks=max_sinks,
-                                      mirror_dtype=mirror_dtype, stored_keys=stored_keys)
+                                      native_bf16=native, stored_keys=stored_keys)
         indexes = []
         for h, (index, done) in enumerate(stored):
             if index is None:
@@ -443,7 +442,7 @@ class Bank(AppRecords, BankWrites):
                                       search_device=search_device, starts=starts, max_sinks=max_sinks)
         memory = Memory.from_chunks(k, v, tokens, indexes, n=n, first_serial=first, capacity=capacity,
                                     search_device=search_device, starts=starts, max_sinks=max_sinks, matmul=True,
-                                    mirror_dtype=mirror_dtype)
+                                    native_bf16=native)
         return memory.release_indexes()  # its search copy alone stays in RAM once made (docs/design.md)
 
     def _restore(self, capacity: int | None, mapped: bool | None, progress) -> "_Restored":
