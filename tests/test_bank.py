@@ -21,6 +21,7 @@ from longmem.ingest.pipeline import cut_segments, ingest
 from longmem.ingest.readers import Block
 from longmem.model.longmem import LongMemModel
 from longmem.storage import BankBusy, BankCorrupt, BankDirectory, BankError, BankExists, BankMismatch, UnknownBank
+from longmem.storage.writes import COPYING
 from longmem.text.io import InputError
 
 TESTS = Path(__file__).parent
@@ -72,21 +73,34 @@ def interrupt_after(n: int, seen: list | None = None):
 
 
 def search_all(memory, q):
+    """A search's keys, values, mask and chunk serials (B, H, T, n), and for each serial the first serial in
+    ``memory`` of a chunk with the same keys and values (-1 for none): two searches that retrieve twins of one chunk
+    (which attention cannot tell apart) have the same; a wrong numbering of the chunks differs."""
     r = memory.search(q, n_chunks=4)
-    return r.keys, r.values, r.mask, r.chunk_ids
+    first = []
+    for row in memory.rows:
+        kv = torch.cat([row.k[:, :row.n], row.v[:, :row.n]]).transpose(0, 1).reshape(row.n, -1)  # (n, 2 Hkv C d)
+        _, inverse = torch.unique(kv.float(), dim=0, return_inverse=True)
+        lowest = torch.full((row.n,), row.n, dtype=torch.int64).scatter_reduce(0, inverse, torch.arange(row.n), "amin")
+        first.append(torch.cat([lowest[inverse] + row.evicted, torch.tensor([-1])]))  # position -1 -> -1
+    twins = torch.stack([f[torch.where(ids >= 0, ids - row.evicted, -1)]
+                         for f, ids, row in zip(first, r.chunk_ids, memory.rows)])
+    return r.keys, r.values, r.mask, r.chunk_ids, twins
 
 
 def same_chunks(a, b) -> bool:
-    """Whether two ``search_all`` results retrieved the same keys, values and masks for every query, in any order and
-    from either of two chunks with the same keys: a search by float32 matrix product and faiss's may order near-equal
-    scores apart and keep another of equal ones (a repeated passage); attention over the retrieved keys depends on
-    neither."""
+    """Whether two ``search_all`` results retrieved the same chunks for every query, in any order and either of two
+    chunks with the same keys and values: a search by float32 matrix product and faiss's may order near-equal scores
+    apart and keep another of equal ones (the tiny models' banks hold such twins); attention over the retrieved keys
+    depends on neither."""
     n = a[3].shape[-1]
     if a[3].shape != b[3].shape:
         return False
+    if not torch.equal(a[4].sort(dim=-1).values, b[4].sort(dim=-1).values):  # the same chunks, up to twins
+        return False
 
     def canonical(found):  # the chunks of each query ordered by their keys' sum, then by their serial
-        keys, values, mask, ids = found
+        keys, values, mask, ids, _ = found
         chunks = [t.reshape(*t.shape[:3], n, -1) for t in (keys, values, mask)]  # (B, H, T, n, C * ...)
         order = ids.argsort(dim=-1, stable=True)
         sums = chunks[0].double().sum(-1).gather(-1, order)
@@ -661,6 +675,32 @@ def test_a_document_copied_from_another_bank_is_the_same_document(directory, mod
     for a, b in zip(search_all(src.load_memory(), q), search_all(lib.load_memory(), q)):
         assert torch.equal(a, b)
     assert lib.verify().ok
+
+
+def test_an_interrupted_copy_is_a_document_of_its_own_not_the_books_ingestion(directory, model, text_file,
+                                                                               monkeypatch):
+    """A copy cut off after its first segment is left unfinished under ``COPYING`` + the book's sha256: ingesting the
+    book's file later makes a whole document of its own, it does not resume the copy (which would append the book
+    again after the copied segments)."""
+    src = directory.create("src", model)
+    doc = ingest(src, model, text_file).document
+    lib = directory.create("lib", model)
+    real, calls = src.segment_kv, []
+
+    def cut_off(seg_id):
+        calls.append(seg_id)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(seg_id)
+    monkeypatch.setattr(src, "segment_kv", cut_off)
+    with lib.writing(), pytest.raises(KeyboardInterrupt):
+        lib.copy_document(src, doc.id)
+    (partial,) = lib.documents()
+    assert partial.status == "ingesting" and partial.sha256 == COPYING + doc.sha256 and partial.n_segments == 1
+    book_doc = ingest(lib, model, text_file).document
+    assert book_doc.id != partial.id and book_doc.status == "complete" and book_doc.sha256 == doc.sha256
+    assert (book_doc.n_segments, book_doc.n_tokens) == (doc.n_segments, doc.n_tokens)
+    assert lib.document(partial.id).n_segments == 1 and lib.verify().ok
 
 
 def test_a_document_of_another_shape_or_unfinished_is_not_copied(directory, model, text_file, tmp_path):

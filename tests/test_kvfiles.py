@@ -135,6 +135,18 @@ def test_a_mapped_bank_s_memory_holds_no_faiss_index_and_searches_its_index_file
     assert row.stored is None and row.mirror.dtype == getattr(torch, kv_dtype) and row.upcast is not native
 
 
+def test_a_mapped_bank_s_memory_searches_approximately_without_a_faiss_index(directory, model, tmp_path):
+    """``Memory.approximate`` on a mapped bank's memory (no exact index held): IVF copies made from the chunks' keys;
+    comparing every list, it finds what exact search finds."""
+    bank = directory.create("b", model)
+    ingest(bank, model, text(tmp_path))
+    q = queries(model)
+    want = search_all(bank.load_memory(mapped=False), q)
+    mapped = bank.load_memory(model, mapped=True).approximate(1, probes=10 ** 6)
+    assert mapped.rows[0].indexes is None
+    assert same_chunks(want, search_all(mapped, q)) and mapped.rows[0].coarse is not None
+
+
 @pytest.mark.parametrize("repair", [False, True])
 def test_a_mapped_bank_whose_index_file_is_missing_pools_the_keys_or_writes_the_file_again(
         directory, model, tmp_path, repair):

@@ -425,18 +425,18 @@ def test_a_large_memory_s_matmul_search_finds_what_faiss_finds(dtype):
     assert all(sum(int(c) in sinks for c in row) <= 1 for row in b.chunk_ids.reshape(-1, 5))
 
 
-def test_a_memory_that_released_its_indexes_refuses_faiss_search():
-    kept = _bank(matmul=True).release_indexes().approximate(1)  # asked before its first search: indexes kept
-    kept.add(*_kv(64))
-    kept.search(torch.randn(1, 6, 3, 8), 2)
-    assert kept.rows[0].indexes is not None and kept.rows[0].coarse is not None
+def test_a_memory_that_released_its_indexes_searches_by_product_or_approximately_never_by_exact_faiss():
     memory = _bank(matmul=True).release_indexes()
-    k, v = _kv(64)
+    k, v = _kv(4 * 64)
     memory.add(k, v)
-    memory.search(torch.randn(1, 6, 3, 8), 2)
-    assert memory.rows[0].indexes is None
-    with pytest.raises(ValueError, match="released"):
-        memory.approximate(1)
+    q = torch.randn(1, 6, 3, 8, generator=torch.Generator().manual_seed(3))
+    exact = memory.search(q, 2).chunk_ids
+    assert memory.rows[0].indexes is None and memory.rows[0].coarse is None
+    memory.approximate(min_chunks=32, probes=10 ** 6)  # every IVF list compared: the exact best chunks again
+    assert torch.equal(memory.search(q, 2).chunk_ids, exact) and memory.rows[0].coarse is not None
+    memory.add(*_kv(4 * 8, seed=5))  # the IVF copies follow adds with no exact index to add to
+    memory.search(q, 2)
+    assert memory.rows[0].coarse_n == 72
     with pytest.raises(ValueError, match="matrix product"):
         _bank(matmul=False).release_indexes()
     with pytest.raises(RuntimeError, match="released"):
@@ -491,6 +491,12 @@ def test_a_memory_made_from_stored_keys_searches_as_faiss_does(dtype, mirror_dty
         bank.add(*(x.to(dtype) for x in _kv(4 * 30, seed=6)))  # new chunks where the stored keys' used to be
     a, b = faiss_bank2.search(q, 5), twin2.search(q, 5)
     assert torch.equal(a.chunk_ids, b.chunk_ids)
+    faiss_bank3, twin3 = _stored_twin(dtype, mirror_dtype, covered, native)  # evicted before its first search
+    for bank in (faiss_bank3, twin3):
+        bank.add(*(x.to(dtype) for x in _kv(4 * 260, seed=8)))  # 310 chunks where 300 fit: the oldest go
+    assert twin3.rows[0].evicted > 0 and twin3.rows[0].stored is not None
+    a, b = faiss_bank3.search(q, 5), twin3.search(q, 5)
+    assert torch.equal(a.chunk_ids, b.chunk_ids) and torch.equal(a.keys, b.keys)
     for bank in (faiss_bank, twin):
         bank.add(*(x.to(dtype) for x in _kv(4 * 400, seed=7)))  # past the capacity: evicted
     assert row.evicted > 0

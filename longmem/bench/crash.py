@@ -29,6 +29,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,13 +73,15 @@ def segments_of(bank, doc_id: int) -> list[tuple[bytes, int]]:
 def kill_mid_ingest(argv: list[str], db: Path, after: int, timeout: float) -> tuple[int, float]:
     """Start ``argv``, SIGKILL it once ``after`` segments of ``TITLE`` are committed; (segments seen, seconds run)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = tempfile.TemporaryFile("w+")  # not a pipe: a child that writes much to it never blocks on it
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, text=True)
     try:
         seen = 0
         while seen < after:
             if proc.poll() is not None:
+                err.seek(0)
                 raise SystemExit(f"error: the ingestion ended ({proc.returncode}) before {after} segments: "
-                                 f"{proc.stderr.read()[-4000:]}")
+                                 f"{err.read()[-4000:]}")
             if time.perf_counter() - t0 > timeout:
                 raise SystemExit(f"error: {after} segments not committed within {timeout:.0f} s ({seen} were)")
             time.sleep(0.05)
@@ -93,10 +96,12 @@ def kill_mid_ingest(argv: list[str], db: Path, after: int, timeout: float) -> tu
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        err.close()
 
 
 def scenario(args) -> dict:
     from longmem.storage import BankDirectory
+    from longmem.storage.writes import DB_NAME
 
     directory = BankDirectory(Path(args.work) / "banks")
     if not directory.exists(args.bank):
@@ -112,7 +117,7 @@ def scenario(args) -> dict:
             raise SystemExit(f"error: bank {args.bank!r} already holds {TITLE!r} (an earlier run that stopped "
                              "midway): delete that document first (`longmem bank delete --document`)")
         before = bank.stats()
-        db = bank.path / "bank.db"
+        db = bank.path / DB_NAME
     with directory.open(f"src-{stem}") as src:
         whole = src.documents()[0].n_segments
     after = args.after or max(1, whole // 2)

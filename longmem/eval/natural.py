@@ -16,7 +16,8 @@ change is chosen and never tuned on, so that a choice that only fits the sets it
 Each book is ingested once into a bank under the output folder (kept and reused by later runs). With
 ``natural.library`` every question is asked of one bank holding all the books the sets ask about instead (a library:
 the books' banks copied into it, ``Bank.copy_document``), as a user who keeps a folder of books in one bank asks,
-without naming the book; the finders rank the whole library's passages. A passage read is
+without naming the book; the finders rank the whole library's passages (the backbone reading its native context
+still reads the question's own book: a library is longer than any context). A passage read is
 gold when it overlaps the evidence; the oracles read the gold passages alone and skip unanswerable questions. An
 answer to an answerable question counts when it contains an accepted answer; to an unanswerable one, when it says
 that the book does not say (``answering.says_not_said``). Each set's questions about one book are one recorded work
@@ -162,20 +163,19 @@ def run(ctx: EvalContext) -> SuiteResult:
     done: dict[str, dict] = {}
     asked = {name: read_questions(path)[: size.questions or None] for name, path in paths.items()}
     library = None  # with natural.library: (the bank of all the books, its memory), made at its first unit
-    for name, questions in asked.items():
-        for book in dict.fromkeys(q.book for q in questions):  # in file order
-            key = f"{name}/{book}"
-            done[key] = units.get(key)
-            if done[key] is None:
-                if size.library and library is None:
-                    books = list(dict.fromkeys(q.book for qs in asked.values() for q in qs))
-                    bank = library_bank(ctx, size, books)
-                    library = (bank, bank.load_memory(ctx.model))
-                done[key] = _book(ctx, size, book, [q for q in questions if q.book == book], entrants, timer,
-                                  library)
-                units.put(key, done[key])
-    if library is not None:
-        library[0].close()
+    with contextlib.ExitStack() as opened:  # the library's bank is closed however the run ends
+        for name, questions in asked.items():
+            for book in dict.fromkeys(q.book for q in questions):  # in file order
+                key = f"{name}/{book}"
+                done[key] = units.get(key)
+                if done[key] is None:
+                    if size.library and library is None:
+                        books = list(dict.fromkeys(q.book for qs in asked.values() for q in qs))
+                        bank = opened.enter_context(library_bank(ctx, size, books))
+                        library = (bank, bank.load_memory(ctx.model))
+                    done[key] = _book(ctx, size, book, [q for q in questions if q.book == book], entrants, timer,
+                                      library)
+                    units.put(key, done[key])
     if not any(u["questions"] for u in done.values()):
         raise ValueError("natural: no question's evidence lies within the books as cut (natural.max_tokens)")
     return _result(ctx, size, done, units.commits())
@@ -202,11 +202,15 @@ def library_bank(ctx: EvalContext, size: Size, books: list[str]) -> Bank:
     t0 = time.perf_counter()
     bank = directory.create(name, ctx.model)
     sources = BankDirectory(ctx.out_dir / "natural-banks")
-    with bank.writing():
-        for src_name in own:
-            with sources.open(src_name) as src:
-                bank.copy_document(src, src.documents()[0].id)
-        bank.sync_index()
+    try:
+        with bank.writing():
+            for src_name in own:
+                with sources.open(src_name) as src:
+                    bank.copy_document(src, src.documents()[0].id)
+            bank.sync_index()
+    except BaseException:
+        bank.close()  # left unfinished: the next run makes it again
+        raise
     ctx.log(f"natural-library/{name}: {len(books)} books, {bank.stats()['tokens']:,} tokens "
             f"({time.perf_counter() - t0:.0f} s)")
     return bank

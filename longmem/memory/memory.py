@@ -51,7 +51,7 @@ from longmem.util.cpu import cpu_bf16_features
 MAX_SINKS = 0  # default: sink chunks a query may retrieve (see the module doc for the measurement)
 RESCORED = 64  # a bfloat16 matmul search ranks this many more candidates than asked again by exact scores
 QUERY_BLOCK = 64  # query rows per KV head scored at once by a matmul search (bounds its (rows, chunks) scores)
-UPCAST_BLOCK = 16384  # keys of a bfloat16 mirror made float32 at once where bfloat16 is not native (4 MB of float32)
+UPCAST_BLOCK = 16384  # keys of a bfloat16 mirror made float32 at once where bfloat16 is not native (4 MB at d 64)
 
 
 @dataclass
@@ -75,9 +75,9 @@ class Selected:
 
 def upcast_product(rows: torch.Tensor, keys: torch.Tensor, out: torch.Tensor) -> None:
     """``out`` (b, n) float32 = ``rows`` (b, d) float32 @ ``keys`` (n, d) bfloat16 ``.T`` in float32, ``UPCAST_BLOCK``
-    keys at a time (each block made float32 in a small reused buffer): what a CPU without native bfloat16 multiplies
-    as fast as a float32 copy of the keys while reading half the bytes (``docs/design.md``); PyTorch's own bfloat16
-    product is emulated there, several times slower."""
+    keys at a time (each block made float32 in one small buffer, reused across the call's blocks): what a CPU without
+    native bfloat16 multiplies as fast as a float32 copy of the keys while reading half the bytes (``docs/design.md``);
+    PyTorch's own bfloat16 product is emulated there, several times slower."""
     n, d = keys.shape
     block = torch.empty(min(UPCAST_BLOCK, n), d)
     for s in range(0, n, UPCAST_BLOCK):
@@ -165,7 +165,8 @@ def _check_search_device(device: str | torch.device | None) -> torch.device | No
 
 
 class _Row:
-    """Memory of one stream: per KV head a faiss index plus the chunk key/value tensors, aligned by position."""
+    """Memory of one stream: the chunk key/value tensors and, per KV head, what searches their chunk keys (a faiss
+    index, a search copy, or both; stored keys until the copy is made), aligned by position."""
 
     def __init__(self, n_kv_heads: int, head_dim: int, chunk_size: int, dtype: torch.dtype,
                  search_device: torch.device | None, matmul: bool, mirror_dtype: torch.dtype, upcast: bool):
@@ -291,10 +292,10 @@ class _Row:
     def searched(self) -> list:
         """The faiss indexes a search reads: the exact ones, or (approximate search from its size on, on CPU) the
         IVF copies, built or brought up to date first."""
-        if self.indexes is None:
-            raise RuntimeError("this memory's faiss indexes were released (Memory.release_indexes): it is searched "
-                               "by matrix product only")
         if self.approx is None or self.n < self.approx[0]:
+            if self.indexes is None:
+                raise RuntimeError("this memory's faiss indexes were released (Memory.release_indexes): it is searched "
+                                   "by matrix product, or approximately")
             return self.indexes
         if self.coarse is None:
             self.coarse = [ivf_index(chunk_keys(self.k[j:j + 1, :self.n])[0], self.approx[1]) for j in range(self.hkv)]
@@ -361,9 +362,10 @@ class _Row:
         return self.mirror[:, :self.n]
 
     def by_matmul(self) -> bool:
-        """Whether a search now is a matrix product over the mirror (else faiss: no ``matmul``, or approximate)."""
-        return self.indexes is None or self.matmul and not (self.approx is not None and self.search_device is None
-                                                            and self.n >= self.approx[0])
+        """Whether a search now is a matrix product over the mirror (else faiss: no ``matmul``, or approximate; a row
+        without exact indexes searches by matrix product)."""
+        approx_now = self.approx is not None and self.search_device is None and self.n >= self.approx[0]
+        return (self.matmul or self.indexes is None) and not approx_now
 
     def _exact_scores(self, j: int, rows: torch.Tensor, cand: torch.Tensor,
                       exact: list[torch.Tensor] | None) -> torch.Tensor:
@@ -682,27 +684,23 @@ class Memory:
 
     def approximate(self, min_chunks: int | None, probes: int | None = None) -> "Memory":
         """Search approximately (see the module doc) in rows holding at least ``min_chunks`` chunks, comparing each
-        query with ``probes`` IVF lists (None: the default share); ``min_chunks=None``: exactly again. A memory
-        asked to release its indexes (``release_indexes``) keeps them if it has not searched yet. Returns self."""
+        query with ``probes`` IVF lists (None: the default share); ``min_chunks=None``: exactly again. The IVF copies
+        are made from the chunks' own keys, so a memory without exact faiss indexes (released, or made from stored
+        keys) searches approximately too; below ``min_chunks`` it searches as before. Returns self."""
         if min_chunks is not None and (min_chunks < 1 or (probes is not None and probes < 1)):
             raise ValueError(f"approximate search needs min_chunks >= 1 and probes >= 1, got {min_chunks}, {probes}")
-        if min_chunks is not None and any(r.indexes is None for r in self.rows):
-            raise ValueError("this memory's faiss indexes were released (release_indexes): it searches exactly")
         for r in self.rows:
             r.approx, r.coarse, r.coarse_n = (None if min_chunks is None else (min_chunks, probes)), None, 0
-            r.release = r.release and min_chunks is None  # not released before its first search: kept
         return self
 
     def release_indexes(self) -> "Memory":
         """For a memory searched by matrix product (``matmul``): free its exact faiss indexes (float32 chunk keys,
         twice the search copy's bytes in bfloat16) once the search copy is built, at the next search. From then on the
         copy alone is searched, a bfloat16 copy's candidates are scored again from their own keys (the same float32
-        means, ``chunk_keys``), adds go to the copy, and faiss search (``approximate`` included) is not available.
-        The results are the same. Returns self."""
+        means, ``chunk_keys``), and adds go to the copy (and to the IVF copies of ``approximate`` search, which need
+        no exact index). The results are the same. Returns self."""
         if not all(r.matmul for r in self.rows):
             raise ValueError("only a memory searched by matrix product can release its faiss indexes")
-        if any(r.approx is not None for r in self.rows):
-            raise ValueError("an approximately searched memory needs its faiss indexes")
         for r in self.rows:
             r.release = True
         return self

@@ -23,6 +23,7 @@ from longmem.text.passages import PassageCutter, Span
 
 DB_NAME = "bank.db"
 LOCK_NAME = "write.lock"
+COPYING = "copying:"  # the identity (sha256) prefix of a document being copied from another bank (``copy_document``)
 
 
 def file_identity(path: Path) -> tuple[int, int] | None:
@@ -146,9 +147,10 @@ class BankWrites:
         one, segment by segment through ``add_segment``, without running the model: its tokens, text and keys/values
         as they are there; returns the new document's id. ``title`` and ``sha256`` replace the source document's
         (``sha256`` tells copies of one book apart: a bank holds a file once per identity). ``passages``: cut the
-        document's passages and rebuild the full-text index now (False: the caller calls ``rebuild_passages`` once,
-        after many copies). Needs the write lock; the index files are the caller's to bring up to date
-        (``sync_index``)."""
+        document's passages now (False: the caller calls ``rebuild_passages`` once, after many copies). Until the
+        transaction that marks it complete, the copy's identity is ``COPYING`` + its sha256, so an interrupted copy is
+        an unfinished document of its own (to delete), never resumed as an ingestion of the book's file. Needs the
+        write lock; the index files are the caller's to bring up to date (``sync_index``)."""
         self._require_lock()
         mine, theirs = self.info_cached, src.info_cached
         shape = ("backbone_sha256", "cached_layer", "chunk_size", "n_kv_heads", "head_dim", "segment_len", "kv_dtype")
@@ -159,23 +161,23 @@ class BankWrites:
         doc = src.document(doc_id)
         if doc.status != "complete":
             raise BankError(f"document {doc_id} of bank {src.name!r} is not complete ({doc.status}); finish it first")
+        identity = sha256 or doc.sha256
         ref: dict | int = {"title": title or doc.title, "source": doc.source, "kind": doc.kind,
-                           "sha256": sha256 or doc.sha256, "options": doc.options, "meta": doc.meta}
-        rows = src.db.execute("SELECT id, seq, tokens, text, chunk_chars FROM segments WHERE document_id = ? "
-                              "ORDER BY seq", [doc_id]).fetchall()
-        for sid, seq, tok, text, chars in rows:
-            k, v = src.segment_kv(sid)
-            ref = self.add_segment(ref, seq, torch.frombuffer(bytearray(tok), dtype=torch.int32), text,
-                                   np.frombuffer(chars, dtype=np.int32).copy(), k, v, (0, 0))
+                           "sha256": COPYING + identity, "options": doc.options, "meta": doc.meta}
+        with src.db.atomic():  # one snapshot of the source
+            rows = src.db.execute("SELECT id, seq, tokens, text, chunk_chars FROM segments WHERE document_id = ? "
+                                  "ORDER BY seq", [doc_id]).fetchall()
+            for sid, seq, tok, text, chars in rows:
+                k, v = src.segment_kv(sid)
+                ref = self.add_segment(ref, seq, torch.frombuffer(bytearray(tok), dtype=torch.int32), text,
+                                       np.frombuffer(chars, dtype=np.int32).copy(), k, v, (0, 0))
         if isinstance(ref, dict):
             raise BankError(f"document {doc_id} of bank {src.name!r} has no segments")
-        if passages:
-            with self.db.atomic():
+        with self.db.atomic():  # passages, chapters, completion and the document's identity together
+            if passages:
                 bank_passages.recut(self.db, ref, doc.kind == "demos", True)
-        self.finish_document(ref)  # names the passages' chapters, and marks it complete
-        if passages:
-            with self.db.atomic():
-                bank_passages.rebuild_fts(self.db)
+            self.finish_document(ref)
+            self.db.execute("UPDATE documents SET sha256 = ? WHERE id = ?", [identity, ref])
         return ref
 
     def passage_cutter(self, doc_id: int | None, demonstrations: bool) -> PassageCutter:
