@@ -164,7 +164,7 @@ class BankWrites:
         identity = sha256 or doc.sha256
         ref: dict | int = {"title": title or doc.title, "source": doc.source, "kind": doc.kind,
                            "sha256": COPYING + identity, "options": doc.options, "meta": doc.meta}
-        with src.db.atomic():  # one snapshot of the source
+        with contextlib.nullcontext() if src.db is self.db else src.db.atomic():  # one snapshot of another bank
             rows = src.db.execute("SELECT id, seq, tokens, text, chunk_chars FROM segments WHERE document_id = ? "
                                   "ORDER BY seq", [doc_id]).fetchall()
             for sid, seq, tok, text, chars in rows:
