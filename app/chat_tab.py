@@ -130,11 +130,13 @@ def citations_message(citations: list[Citation], said: bool = True, reader: str 
     for c in citations:
         quote = c.quote()
         quoted = quote if quote[:1] in "“\"'‘" else f"“{quote}”"  # a quote that opens with its own mark keeps it
-        parts.append(f"<details><summary><b>[{c.number}]</b> {html.escape(c.place)}: {html.escape(quoted)}</summary>"
-                     f"<blockquote>{context_html(c)}</blockquote></details>")
+        rests = " <i>(the answer rests on this)</i>" if c.rests else ""
+        parts.append(f"<details><summary><b>[{c.number}]</b> {html.escape(c.place)}: {html.escape(quoted)}{rests}"
+                     f"</summary><blockquote>{context_html(c)}</blockquote></details>")
     n = len(citations)
-    title = (f"Read from the book: {n} passage{'s' * (n != 1)}" if said
-             else f"The closest passages the book has: {n}") + answered_by(reader, memory)
+    on = next((c.number for c in citations if c.rests), None)
+    title = (f"Read from the book: {n} passage{'s' * (n != 1)}" + (f", the answer rests on [{on}]" if on else "")
+             if said else f"The closest passages the book has: {n}") + answered_by(reader, memory)
     return {"role": "assistant", "content": "\n".join(parts), "metadata": {"title": title, "status": "done"}}
 
 

@@ -56,6 +56,22 @@ def test_the_supporting_sentence_holds_most_of_the_answer_s_added_words():
     assert support("Portland", q, text) is None
 
 
+def test_the_answer_rests_on_the_citation_whose_sentence_holds_most_of_its_words():
+    from longmem.tasks.answer import supported
+    from longmem.tasks.reading import Citation
+
+    def cite(n: int, text: str) -> Citation:
+        return Citation(number=n, document="d", place="p", text=text, context=text, passage_id=n, finders={})
+
+    q = "What is Harkness's hometown in Oregon?"
+    cited = [cite(1, "He went to Oregon."), cite(2, "He had made his home there--Baker at the portals of Oregon."),
+             cite(3, "Rain fell.")]
+    out = supported(cited, "His home was Baker, Oregon.", q)
+    assert [c.rests for c in out] == [False, True, False]
+    assert out[1].support == (0, len(cited[1].text)) and out[2].support is None
+    assert not any(c.rests for c in supported(cited, "Portland.", q))  # no sentence supports it: none is marked
+
+
 def test_the_checker_shows_supported_sentences_and_ends_at_the_first_unsupported_one():
     passages = ["He made his home there--Baker at the portals of Oregon. He never saw Portland."]
     checker = Checker("What is Harkness's hometown in Oregon?", passages, 0.5)

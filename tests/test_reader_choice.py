@@ -253,10 +253,11 @@ def test_a_reader_that_can_tell_is_asked_to_say_when_the_excerpts_do_not_answer(
 
 
 def test_another_reader_reads_as_it_was_tuned_but_for_what_the_asker_turns_off(monkeypatch):
-    from longmem.tasks import reading as reading_module
-    from longmem.tasks.reading import Reading, reading_for
+    from longmem.tasks import setup
+    from longmem.tasks.reading import Reading
+    from longmem.tasks.setup import ReaderProfile, reading_for
 
-    monkeypatch.setitem(reading_module.READER_READING, "r", {"prompt": "book-or-not", "abstain": 0.7})
+    monkeypatch.setitem(setup.READER_PROFILES, "r", ReaderProfile(reading={"prompt": "book-or-not", "abstain": 0.7}))
     tuned = reading_for("r", Reading(passages=3))
     assert (tuned.prompt, tuned.abstain, tuned.passages) == ("book-or-not", 0.7, 3)
     off = reading_for("r", Reading(abstain=0.0), {"abstain"})  # the check turned off stays off
@@ -270,17 +271,21 @@ def test_every_tuned_setting_of_a_reader_is_a_field_the_reading_and_the_eval_bot
     from dataclasses import fields
 
     from longmem.eval.answering import ReadingSize
-    from longmem.tasks.reading import READER_READING, Reading
+    from longmem.tasks.reading import Reading
+    from longmem.tasks.setup import READER_PROFILES
 
     names = {f.name for f in fields(Reading)} & {f.name for f in fields(ReadingSize)}
-    assert READER_READING and all(set(own) <= names for own in READER_READING.values())
+    assert READER_PROFILES and all(set(p.reading) <= names for p in READER_PROFILES.values())
+    Reading(**READER_PROFILES["qwen2.5-coder-1.5b"].reading)  # each profile is a valid reading
 
 
 def test_the_workspace_reads_with_the_readers_tuned_settings(tmp_path, qwen_gguf, monkeypatch):
     from longmem.service import sessions
-    from longmem.tasks import reading as reading_module
+    from longmem.tasks import setup
+    from longmem.tasks.setup import ReaderProfile
 
-    monkeypatch.setitem(reading_module.READER_READING, qwen_gguf, {"prompt": "book-or-not", "abstain": 0.7})
+    monkeypatch.setitem(setup.READER_PROFILES, qwen_gguf, ReaderProfile(reading={"prompt": "book-or-not",
+                                                                                 "abstain": 0.7}))
     seen = []
     real = sessions.answer
     monkeypatch.setattr(sessions, "answer", lambda chat, finder, q, reading, *a, **k:

@@ -263,38 +263,38 @@ def _reader_rates(lm, prompts: list) -> dict:
 
 
 def scenario_answer(args) -> dict:
-    from longmem.model.readers import choose, label, load_reader
     from longmem.storage import BankDirectory
     from longmem.tasks.answer import ANSWER_SAMPLING, answer
     from longmem.tasks.chat import Chat
-    from longmem.tasks.reading import PROMPTS, PassageFinder, Reading, reading_for, reading_prompt
+    from longmem.tasks.reading import PROMPTS, PassageFinder, Reading, reading_prompt
+    from longmem.tasks.setup import reading_setup
 
     model = _model(args)
-    reader, facts = model, {}
+    facts = {}
     with BankDirectory(Path(args.work) / "banks").open("big") as bank:
         t0 = time.perf_counter()
         memory = bank.load_memory(model)
         load_s = time.perf_counter() - t0
         rss0 = status_mb("VmRSS")  # the model and the bank's memory: what the process holds without the reader
-        if args.reader:
-            reader = load_reader(args.reader, model.backbone.dtype, model.backbone.device, model.segment_len)
+        # as the app's chat reads, unless told; another reader with its own window and settings (``tasks.setup``)
+        setup = reading_setup(model, args.reader or model.config.backbone, Reading(
+            topk=args.reading_topk or None, search_excerpts=args.search_excerpts == "yes"))
+        reader, reading = setup.lm, setup.reading
+        if not setup.own:
             params = list(reader.backbone.model.parameters())
-            facts = {"reader": label(args.reader), "reader_params": sum(p.numel() for p in params),
+            facts = {"reader": setup.label, "reader_params": sum(p.numel() for p in params),
+                     "reader_window": reader.segment_len,
                      "reader_weights_mb": sum(p.numel() * p.element_size() for p in params) / 2**20}
         if args.approx_from:  # the IVF copies are built at the first search: the first question pays for them
             memory.approximate(args.approx_from, args.probes)
         finder = PassageFinder(bank, model, memory)
-        reading = Reading(topk=args.reading_topk or None,  # as the app's chat reads, unless told
-                          search_excerpts=args.search_excerpts == "yes")
-        if args.reader:  # another reader reads as it was tuned to (``tasks.reading.reading_for``)
-            reading = reading_for(choose(args.reader), reading)
         rows, prompts = [], []
         for q in QUESTIONS[: args.questions]:
             chat = Chat(reader, memory if reader is model else None, ANSWER_SAMPLING)
             t1 = time.perf_counter()
             finder.find(q, reading)  # timed alone: what finding costs
             t2 = time.perf_counter()
-            reply = answer(chat, finder, q, reading)
+            reply = answer(chat, finder, q, reading, reader=setup.label)
             next(iter(reply))  # the first piece the reader sees (an answer that is checked: the whole answer)
             t3 = time.perf_counter()
             list(reply)
@@ -307,7 +307,7 @@ def scenario_answer(args) -> dict:
                          "prompt_tokens": int(prompts[-1].shape[1])})
             log(f"{q!r}: first answer piece {t3 - t1:.2f} s (find {1000 * (t2 - t1):.0f} ms), whole answer "
                 f"{t3b - t1:.2f} s, memory finder {t4 - t3b:.2f} s")
-    if args.reader and prompts:
+    if not setup.own and prompts:
         with torch.inference_mode():
             facts |= _reader_rates(reader, [p.to(reader.backbone.device) for p in prompts])
         grown = status_mb("VmRSS") - rss0  # after every answer: its weights read (mapped or not), its caches

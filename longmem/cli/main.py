@@ -134,37 +134,32 @@ def _questions(args, echo: bool = True) -> Iterator[str]:
             yield question
 
 
-def _chat_reader(args, model):
-    """The chat's reader, its name (``readers.choose``'s) and whether it is the bank's own model: ``--reader``
-    (None: the model loaded when ``--checkpoint``, ``--untrained`` or another ``--backbone`` is given, else the best
-    installed reader: ``readers.default_for``); the bank's own model when that is the reader named, else the named
-    model's frozen backbone, memory off."""
-    from longmem.model import readers
+def _chat_setup(args, model, reading):
+    """The chat's reading set-up (``tasks.setup``): ``--reader`` (None: the model loaded when ``--checkpoint`` or
+    ``--untrained`` is given, else ``readers.default_for`` the loaded backbone); the bank's own model when that is the
+    reader named, else the named model's frozen backbone with its own window and settings, memory off, but for what
+    the flags turn off."""
+    from longmem.tasks.setup import reading_setup
 
-    own = (model, model.config.backbone, True)
-    if args.reader is None and (args.checkpoint or args.untrained):
-        return own
-    name = readers.default_for(model.config.backbone, args.reader)
-    if readers.same_model(name, model.config.backbone):
-        return own
-    return readers.load_reader(name, model.backbone.dtype, model.backbone.device, model.segment_len), name, False
+    default = model.config.backbone if args.reader is None and (args.checkpoint or args.untrained) else None
+    return reading_setup(model, args.reader, reading, set() if args.abstain == "yes" else {"abstain"}, default)
 
 
 def _reply_json(reply, reader: str) -> str:
-    """One answer as ``--json`` prints it: {"answer", "said", "reader", "memory", "passages"}."""
+    """One answer as ``--json`` prints it: {"answer", "said", "reader", "memory", "passages"}, each passage read with
+    its document, place, text and whether the answer rests on it."""
     import json
 
-    passages = [{"document": c.document, "place": c.place, "text": c.text} for c in reply.citations]
+    passages = [{"document": c.document, "place": c.place, "text": c.text, "rests": c.rests} for c in reply.citations]
     return json.dumps({"answer": reply.text, "said": reply.said, "reader": reader, "memory": reply.memory,
                        "passages": passages}, ensure_ascii=False)
 
 
 def cmd_chat(args) -> int:
     from longmem.ingest.readers import open_source
-    from longmem.model.readers import label
     from longmem.tasks.answer import answer
     from longmem.tasks.chat import Chat
-    from longmem.tasks.reading import PassageFinder, Reading, reading_for
+    from longmem.tasks.reading import PassageFinder, Reading
 
     if args.file and args.bank:
         raise ValueError("give --file or --bank, not both (`longmem bank ingest NAME FILE` adds a file to a bank)")
@@ -177,10 +172,8 @@ def cmd_chat(args) -> int:
         source = stack.enter_context(open_source(args.file)) if args.file else None
         _check_bank(args)
         model = _load_model(args)
-        reader, chosen, own = _chat_reader(args, model)
-        name = label(chosen)
-        if not own:  # another reader reads as it was tuned to, but for what the flags turn off
-            reading = reading_for(chosen, reading, set() if args.abstain == "yes" else {"abstain"})
+        setup = _chat_setup(args, model, reading)
+        reader, own, name, reading = setup.lm, setup.own, setup.label, setup.reading
         bank = _chat_bank(args, model, stack, source)
         memory = cli_bank.load_memory(bank, model) if bank is not None else model.new_memory(capacity=None)
         finder = PassageFinder(bank, model, memory) if bank is not None and args.finder != "none" else None
@@ -204,7 +197,7 @@ def cmd_chat(args) -> int:
                 print(piece, end="", flush=True)
             print()
             for c in reply.citations:
-                print(f"  [{c.number}] {c.place}: \u201c{c.quote()}\u201d")
+                print(f"  [{c.number}] {c.place}: \u201c{c.quote()}\u201d" + " (the answer rests on this)" * c.rests)
     return 0
 
 

@@ -13,8 +13,11 @@ replaced by "the book does not say":
 - ``app_memory_off``: the same, with no memory attached (the SideNet alone);
 - ``longmem``: LongMem with the bank in memory, reading nothing (the paper's memory fusion alone);
 - ``longmem_memory``, ``longmem_fused``: as the app, with that finder;
+- ``rag_script``: the RAG script a user would write instead (``eval.ragscript``): the reader, with its own window,
+  reading BM25's best four 1,600-character windows of the book's raw text, a one-line prompt, greedy, no check: the
+  anchor the app is measured against, at full strength;
 - ``rag_bm25``: the frozen backbone (same window, no memory) reading BM25's best passages, as many as the app reads:
-  retrieval-augmented generation with the same backbone, what a user would pick instead; it always answers;
+  the app's own reading without its checks (it shares the app's passages and sizes, so it is no anchor);
 - ``rag_embed``: the backbone reading the passages closest to the question under all-MiniLM-L6-v2
   (``longmem.model.embedder``), what a document-chat app would use;
 - ``backbone_full``: the backbone reading the last tokens before the question that fit its native context (8k);
@@ -40,6 +43,7 @@ import numpy as np
 
 from longmem.eval.core import EvalContext, mean_std
 from longmem.eval.datasets.squad import exact_match, f1, normalize_answer
+from longmem.eval.ragscript import SCRIPT_WINDOW, RagScript, script_answer
 from longmem.ingest.pipeline import ingest
 from longmem.memory.memory import Memory
 from longmem.storage import BankDirectory
@@ -58,8 +62,9 @@ from longmem.tasks.reading import (
     PassageFinder,
     Reading,
     find_for_chat,
-    reader_settings,
 )
+from longmem.tasks.setup import load as load_reader
+from longmem.tasks.setup import reader_settings
 from longmem.util.files import write_file_atomic
 
 FINDER_ENTRANTS = {"app": DEFAULT_FINDER, "longmem_memory": "memory", "longmem_fused": "fused"}
@@ -70,6 +75,7 @@ LABELS = {
     "longmem": "LongMem, memory fusion alone (reads nothing)",
     "longmem_memory": "LongMem reading what its memory retrieval finds",
     "longmem_fused": "LongMem reading both, fused",
+    "rag_script": "the RAG script: the backbone reading BM25's best four 1,600-character windows, no check",
     "rag_bm25": "BM25-RAG: the backbone reading what BM25 finds",
     "rag_embed": "embedding RAG: the backbone reading what all-MiniLM-L6-v2 finds",
     "backbone_full": "the backbone, native context (8k) before the question",
@@ -84,6 +90,7 @@ READER_LABELS = {  # the entrants that read with another reader (``ReadingSize.r
     "app": "the app's answer: {reader} reading what lexical finding finds, memory off, with its checks",
     "longmem_memory": "{reader} reading what LongMem's memory retrieval finds, memory off",
     "longmem_fused": "{reader} reading what memory retrieval and BM25 find, fused, memory off",
+    "rag_script": "the RAG script: {reader} reading BM25's best four 1,600-character windows, no check",
     "rag_bm25": "BM25-RAG: {reader} reading what BM25 finds",
     "rag_embed": "embedding RAG: {reader} reading what all-MiniLM-L6-v2 finds",
     "oracle_backbone": "oracle: {reader} reading the gold passage",
@@ -128,6 +135,9 @@ class ReadingSize:
     #                                   for the app's reader to say it (``Reading.decline``; 0: greedy)
     sure: float = Reading.sure  # the least probability of each of the app's answer's first tokens for it to be shown
     #                             (``Reading.sure``; 0: off)
+    spans: bool = Reading.spans  # the app reads spans in book order (``Reading.spans``), as the chat does with a
+    #                              reader whose profile says so (``tasks.setup``)
+    neighbours: int = Reading.neighbours  # with spans, passages on either side of each found one
     reader: str = ""  # the model the app's entrants, the RAG baselines and the backbone's oracle read with ("": the
     #                   LongMem model's own backbone; a name as ``longmem chat --reader`` takes it: the app then reads
     #                   with memory off, as the chat does with another reader)
@@ -142,6 +152,7 @@ class Asked:
     gold: list[Found]  # what the oracles read
     is_gold: Callable[[Found], bool]  # whether a passage read holds the answer
     own_passages: list[tuple[int, str]]  # (id, text) of passages the item added, not in the embedding index
+    evidence: tuple[int, int] | None = None  # where the book's words that state the answer are in ``Haystack.text``
 
 
 @dataclass
@@ -154,6 +165,17 @@ class Haystack:
     places: ChunkPlaces | None = None  # which passage holds each memory chunk (None: the bank's own, as loaded)
     index: object = None  # an EmbeddingIndex over ``indexed`` (needed by ``rag_embed``)
     indexed: list[tuple[int, str]] | None = None  # (id, text) of the passages in ``index``, in its order
+    text: str = ""  # the raw text of the book asked about (what the RAG script reads: ``script``)
+    _script: RagScript | None = None
+
+    @property
+    def script(self) -> RagScript:
+        """The RAG script over ``text`` (``eval.ragscript``), made at first use."""
+        if not self.text:
+            raise ValueError("the RAG script needs the book's text (Haystack.text)")
+        if self._script is None:
+            self._script = RagScript(self.text)
+        return self._script
 
 
 def check_entrants(suite: str, entrants: list[str]) -> None:
@@ -170,7 +192,7 @@ def finders(entrants: list[str]) -> list[str]:
     out = [f for k, f in FINDER_ENTRANTS.items() if k in entrants]
     if {"rag_bm25", "app_memory_off"} & set(entrants) and "lexical" not in out:
         out.append("lexical")
-    return out + ["embed"] * ("rag_embed" in entrants)
+    return out + ["embed"] * ("rag_embed" in entrants) + ["script"] * ("rag_script" in entrants)
 
 
 def text_bank(ctx: EvalContext, folder: str, stem: str, text: str, title: str) -> Bank:
@@ -208,16 +230,17 @@ def bank_embeddings(bank: Bank, embedder, texts: list[str]) -> np.ndarray:
     return vectors
 
 
-def indexed_haystack(bank: Bank, memory: Memory, tokens: np.ndarray, embedder) -> Haystack:
-    """The haystack of ``bank`` (its memory loaded), its passages in an embedding index when ``embedder`` is given."""
+def indexed_haystack(bank: Bank, memory: Memory, tokens: np.ndarray, embedder, text: str = "") -> Haystack:
+    """The haystack of ``bank`` (its memory loaded), its passages in an embedding index when ``embedder`` is given;
+    ``text``: the raw text of the book asked about (the RAG script's)."""
     from longmem.model.embedder import EmbeddingIndex
 
     if embedder is None:
-        return Haystack(bank, memory, tokens)
+        return Haystack(bank, memory, tokens, text=text)
     indexed = bank.passage_texts()
     index = EmbeddingIndex(embedder)
     index.add_vectors(bank_embeddings(bank, embedder, [t for _, t in indexed]))
-    return Haystack(bank, memory, tokens, index=index, indexed=indexed)
+    return Haystack(bank, memory, tokens, index=index, indexed=indexed, text=text)
 
 
 def contains(answer: str, golds) -> float:
@@ -292,6 +315,7 @@ class Entrants:
     size: ReadingSize
     embedder: object = None  # needed by ``rag_embed``
     app: object = None  # the model the app's entrants read with (None: ``model``, with the bank's memory)
+    script: object = None  # the RAG script's reader: ``backbone``'s model with the script's own window (``rag_script``)
 
     @property
     def app_reader(self):
@@ -312,7 +336,8 @@ class Entrants:
             out = {"answer": text, "found": reply.found}
             if lm is app and reading.abstain > 0 and finder is not None:
                 out |= {"said": reply.said, "draft": " ".join((reply.draft or text).split()),
-                        "read": [f.passage.id for f in reply.found],  # what the check read (``eval.calibrate``)
+                        "read": [list(f.ids) if f.covers else f.passage.id for f in reply.found],  # what the
+                        #       check read (``eval.calibrate``): a passage's id, or a span's passages' ids
                         **({"decline": round(reply.trace.decline, 4)} if reply.trace.decline is not None else {}),
                         "probs": [round(p, 3) for p in reply.trace.probs],  # each draft token's probability
                         "quoted": [c.quote().removesuffix("…") for c in reply.citations]}  # the scorer keeps "…"
@@ -338,6 +363,12 @@ class Entrants:
             reply = ask(self.backbone, None, embedded, self.reading("lexical", app=False))
             reads["embed"].append(any(map(asked.is_gold, reply["found"])))
             got["rag_embed"] = reply
+        if "rag_script" in want:
+            prompt, read = hay.script.prompt(q)
+            got["rag_script"] = {"answer": script_answer(self.script, prompt, self.size.new_tokens)}
+            if asked.evidence is not None:
+                a, b = asked.evidence
+                reads["script"].append(any(s < b and a < e for s, e in read))
         if "backbone_full" in want:
             n = self.size.new_tokens
             chat = Chat(self.full, None, self.sampling())
@@ -366,7 +397,8 @@ class Entrants:
                        topk=size.reading_topk or None, search_excerpts=size.search_excerpts,
                        side_weight=size.side_weight, abstain=size.abstain if app else 0.0,
                        sections=size.sections and app, prompt=size.prompt if app else Reading.prompt,
-                       decline=size.decline if app else 0.0, sure=size.sure if app else 0.0)
+                       decline=size.decline if app else 0.0, sure=size.sure if app else 0.0,
+                       spans=size.spans and app, neighbours=size.neighbours)
 
     def embedded(self, asked: Asked, hay: Haystack) -> list[Found]:
         """The passages closest to the question under the embedder, best first: the indexed ones and the item's
@@ -388,7 +420,7 @@ def entrants_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Entrants:
     ``model.readers.choose``; the LongMem model's own backbone: ""), so that the run's record names the reader."""
     from longmem.model.baselines import BackboneLM
     from longmem.model.embedder import Embedder
-    from longmem.model.readers import choose, load_reader, same_model
+    from longmem.model.readers import choose, same_model
 
     check_entrants(suite, size.entrants)
     if size.reading_topk < 0:
@@ -397,13 +429,15 @@ def entrants_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Entrants:
     size.reader = choose(size.reader) if size.reader else ""
     if size.reader and same_model(size.reader, model.config.backbone):
         size.reader = ""  # the LongMem model's own backbone: the app reads as it does
-    if size.reader:  # it reads as it was tuned to (``tasks.reading.reader_settings``), but for what the run sets
+    if size.reader:  # it reads as it was tuned to (``tasks.setup.reader_settings``), but for what the run sets
         told = set(ctx.overrides.get(suite, {}))
         for key, value in reader_settings(size.reader, told).items():  # each a field of ReadingSize too
             setattr(size, key, value)
-    app = load_reader(size.reader, bb.dtype, bb.device, model.segment_len) if size.reader else None
+    app = load_reader(size.reader, model) if size.reader else None  # with its own window (``tasks.setup``)
+    reader_bb = app.backbone if app is not None else bb
+    script = BackboneLM(reader_bb, min(SCRIPT_WINDOW, reader_bb.spec.max_positions))
     return Entrants(model, app or BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions), size,
-                    Embedder.load() if "rag_embed" in size.entrants else None, app)
+                    Embedder.load() if "rag_embed" in size.entrants else None, app, script)
 
 
 def summary(rows: list[dict]) -> dict:

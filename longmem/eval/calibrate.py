@@ -101,11 +101,25 @@ def drafts(run: Path, data: Path | None = None) -> list[dict]:
         directory, name = _bank_dir(run, book)
         with directory.open(name) as bank:
             for x in apps:
-                refs = {p.id: p.text for p in bank.passages(x["read"])}
                 out.append({"id": x["id"], "question": x["id"].split(":", 1)[1], "golds": golds[x["id"]],
-                            "draft": x["draft"], "passages": [refs[i] for i in x["read"] if i in refs],
+                            "draft": x["draft"], "passages": read_texts(bank, x["read"]),
                             "answer": x["answer"], "least": least, "decline": x.get("decline"),
                             "declines_at": declines_at, "probs": x.get("probs")})
+    return out
+
+
+def read_texts(bank, read: list) -> list[str]:
+    """The texts an answer read, as its record names them: a passage's id, or a span's passages' ids (its text runs
+    from the first's start to the last's end: ``tasks.spans``); those no longer stored are left out."""
+    ids = [i for r in read for i in (r if isinstance(r, list) else [r])]
+    refs = {p.id: p for p in bank.passages(ids)}
+    out = []
+    for r in read:
+        ps = [refs[i] for i in (r if isinstance(r, list) else [r]) if i in refs]
+        if len(ps) == 1 and not isinstance(r, list):
+            out.append(ps[0].text)
+        elif ps:
+            out.append(bank.document_text_between(ps[0].document_id, ps[0].char_start, ps[-1].char_end))
     return out
 
 

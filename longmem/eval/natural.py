@@ -64,9 +64,10 @@ TUNE_SETS = ["natural-tune", "unanswerable-tune",  # the team's own, on training
              "natural-tune2", "unanswerable-tune2",  # tune2: each question names its story or chapter, as natural-dev2
              "natural-tune3"]  # tune3: 197 more, answerable, on six other books (no unanswerable set of its own)
 ASIDE_SETS = ["natural-aside", "unanswerable-aside"]  # the team's own, kept aside: never tuned on (``eval/data``)
-ENTRANTS = ["app", "app_memory_off", "rag_bm25", "rag_embed", "oracle", "oracle_backbone"]
+ENTRANTS = ["app", "rag_script", "app_memory_off", "rag_bm25", "rag_embed", "oracle", "oracle_backbone"]
 TARGET_OF_ORACLE = 0.9  # the app's answered count against the backbone's oracle
 TARGET_OVER_RAG = 10.0  # points over BM25-RAG on the answerable questions
+TARGET_OVER_SCRIPT = 3  # answerable questions right beyond the RAG script's (``rag_script``, the anchor)
 TARGET_ABSTAINED = 70.0  # % of unanswerable questions the app says the book does not say
 TARGET_LOST = 10.0  # % of the answers the app's drafts get right that its check may lose
 
@@ -234,7 +235,7 @@ def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], en
         stored = bank.document_text(doc.id)
         tokens = np.asarray(ctx.tokenizer(stored, add_special_tokens=False).input_ids)
         memory = bank.load_memory(model) if library is None else library[1]
-        hay = indexed_haystack(bank, memory, tokens, entrants.embedder)
+        hay = indexed_haystack(bank, memory, tokens, entrants.embedder, stored)
         for q in questions:
             gold = gold_passages(bank, doc.id, stored, q) if q.answers else []
             if gold is None and not size.max_tokens:
@@ -244,8 +245,10 @@ def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], en
             refs = bank.passages(gold)
             want = set(size.entrants) - ({"oracle", "oracle_backbone"} if not gold else set())
             reads = {f: [] for f in out["reads"]}
+            at = stored.find(q.evidence) if q.answers else -1
             asked = Asked(q.question, q.answers, [Found(r, 0.0) for r in refs],
-                          lambda f, g=frozenset(gold): f.passage.id in g, [])
+                          lambda f, g=frozenset(gold): any(i in g for i in f.ids), [],
+                          (at, at + len(q.evidence)) if at >= 0 else None)
             got = entrants.answers(want, asked, hay, reads)
             if q.answers:
                 for f, r in reads.items():
@@ -388,6 +391,16 @@ def _targets(done: dict, size: Size, answerable: list[str], unanswerable: list[s
         notes.append(f"Against BM25-RAG: {points:+.1f} points (target >= +{TARGET_OVER_RAG:.0f}); paired, only the "
                      f"app / only BM25-RAG: {_paired(mine, rag)}. The app's drafts (the full model's whole answers "
                      f"without its check) against BM25-RAG: {drafts}.")
+    if "rag_script" in size.entrants:
+        script = _rows(done, answerable, "rag_script", answerable=True)
+        names = [*answerable, *unanswerable]
+        a, b = (_rows(done, names, k) for k in (me, "rag_script"))
+        if mine:
+            notes.append(f"Against the RAG script a user would write (the anchor): right {right:.0f} vs "
+                         f"{sum(x['contains'] for x in script):.0f} of {len(mine)} (target: the script's + "
+                         f"{TARGET_OVER_SCRIPT}); paired, only the app / only the script: {_paired(mine, script)}.")
+        notes.append(f"Wrong answers given, of {len(a)} questions: the app {sum(map(_wrong, a))}, the RAG script "
+                     f"{sum(map(_wrong, b))}.")
     if mine and any("draft_contains" in x for x in mine):
         drafted = sum(x["draft_contains"] for x in mine)
         lost = 100 * (drafted - right) / drafted if drafted else 0.0

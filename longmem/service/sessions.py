@@ -25,14 +25,16 @@ from typing import Callable
 import torch
 
 from longmem.memory.memory import Memory, MemoryView
-from longmem.model.readers import choose, default_for, label, load_reader, same_model
+from longmem.model.readers import default_for, label
 from longmem.service.replies import CONTINUE, ChunkHit, Reply, Settings
 from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
 from longmem.storage.records import BankError
 from longmem.tasks.answer import answer
 from longmem.tasks.chat import Chat
-from longmem.tasks.reading import Citation, PassageFinder, reading_for
+from longmem.tasks.reading import Citation, PassageFinder
+from longmem.tasks.setup import load as load_reader
+from longmem.tasks.setup import reading_for, resolve
 from longmem.text.io import InputError, stream_text
 
 log = logging.getLogger(__name__)
@@ -89,13 +91,12 @@ class Sessions:
         """The reader ``name`` stands for (None: ``default_reader``): ``(model, name, own)``, ``name`` resolved
         (``readers.choose``), ``own`` when it is the bank's model (then it reads the bank's memory). Another is
         loaded on first use (call under the lock)."""
-        name = choose(name or self.default_reader)
-        if same_model(name, self.model.config.backbone):
+        name, own = resolve(self.model, name, self.default_reader)
+        if own:
             return self.model, name, True
         lm = self._readers.get(name)
         if lm is None:
-            device = self.model.backbone.device
-            lm = load_reader(name, self.model.backbone.dtype, device, self.model.segment_len)
+            lm = load_reader(name, self.model)  # with its own window (``tasks.setup``)
             self._readers[name] = lm
             while len(self._readers) > LOADED_READERS:
                 _, gone = self._readers.popitem(last=False)

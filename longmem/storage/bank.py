@@ -572,6 +572,12 @@ class Bank(AppRecords, BankWrites):
         """Ids of document ``doc_id``'s passages sharing a character with its characters ``start`` to ``end``."""
         return bank_passages.overlapping(self.db, doc_id, start, end)
 
+    def passages_around(self, passage: Passage, n: int) -> list[Passage]:
+        """``passage`` with the ``n`` passages before and the ``n`` after it in its document, in book order (fewer at
+        a document's ends)."""
+        ids = bank_passages.around(self.db, passage.document_id, passage.char_start, passage.char_end, n)
+        return bank_passages.fetch(self.db, ids)
+
     def chunk_places(self, appended: int | None = None) -> ChunkPlaces:
         """Which passage holds each chunk of the last loaded memory (``ChunkPlaces.votes``); ``appended``: a document
         written after the load whose segments' chunks were added to that memory in order, after its own."""

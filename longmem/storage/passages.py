@@ -269,6 +269,16 @@ def overlapping(db: sqlite_utils.Database, document_id: int, start: int, end: in
                                           "char_end > ? ORDER BY id", [document_id, end, start])]
 
 
+def around(db: sqlite_utils.Database, document_id: int, start: int, end: int, n: int) -> list[int]:
+    """Ids of the document's passages sharing a character with characters ``start`` to ``end``, with the ``n`` before
+    and the ``n`` after them, in book order."""
+    before = [int(r[0]) for r in db.execute("SELECT id FROM passages WHERE document_id = ? AND char_end <= ? "
+                                            "ORDER BY char_start DESC LIMIT ?", [document_id, start, n])]
+    after = [int(r[0]) for r in db.execute("SELECT id FROM passages WHERE document_id = ? AND char_start >= ? "
+                                           "ORDER BY char_start LIMIT ?", [document_id, end, n])]
+    return before[::-1] + overlapping(db, document_id, start, end) + after
+
+
 def segment_chunks(db: sqlite_utils.Database, document_id: int) -> list[tuple[int, int]]:
     """(segment id, chunks) of a document's segments, in order."""
     return [(int(s), int(c)) for s, c in db.execute("SELECT id, n_chunks FROM segments WHERE document_id = ? "

@@ -121,7 +121,8 @@ def answer(chat: Chat, finder: PassageFinder | None, question: str, reading: Rea
                          f"-token window leaves {room:,} beside the answer; ask in fewer words")
     reads = finder is not None and reading.finder != "none" and reading.passages > 0
     ranked = finder.find(question, reading) if reads else []
-    found = fit_for_chat(ranked, chat, question, reading)  # none may fit a small window: then memory alone answers
+    found = fit_for_chat(ranked, chat, question, reading, finder.bank if reads else None)  # none may fit a small
+    #                                                          window: then memory alone answers
     cited = citations(finder.bank, found, question) if found else []
     view = None
     if chat.memory is not None:
@@ -218,11 +219,16 @@ def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None
     else:  # stopped at a sentence the passages do not support: the turn is what was shown
         chat.record(question, text, reply.said)
     if reply.said and found:
-        reply.citations = [replace(c, support=_supporting(text, question, c.text)) for c in reply.citations]
+        reply.citations = supported(reply.citations, text, question)
     reply.complete = True
 
 
-def _supporting(text: str, question: str, passage: str) -> tuple[int, int] | None:
-    """Where in ``passage`` the sentence supporting the answer ``text`` is (``evidence.support``)."""
-    found = support(text, question, passage)
-    return (found.start, found.end) if found is not None else None
+def supported(cited: list[Citation], text: str, question: str) -> list[Citation]:
+    """``cited`` with the sentence of each that supports the answer ``text`` (``evidence.support``) and the one the
+    answer rests on marked (``Citation.rests``): the one whose supporting sentence holds most of the answer's added
+    words (ties: the first)."""
+    found = [support(text, question, c.text) for c in cited]
+    words = [s.words if s is not None else 0 for s in found]
+    best = words.index(max(words)) if any(words) else -1
+    return [replace(c, support=(s.start, s.end) if s is not None else None, rests=i == best)
+            for i, (c, s) in enumerate(zip(cited, found))]

@@ -33,7 +33,7 @@ Cite. What was read is returned with the answer (``Citation``): text, place, and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,6 +42,7 @@ from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, Passage
 from longmem.tasks.evidence import nearest
 from longmem.tasks.sections import asks_ending, named_books, named_sections
+from longmem.tasks.spans import widen
 from longmem.text.passages import excerpt
 
 FINDERS = ("lexical", "fused", "memory", "none")
@@ -97,12 +98,16 @@ class Reading:
     sure: float = 0.0  # > 0, when excerpts are read: an answer is shown only when each of its first ``SURE_TOKENS``
     #                    tokens had at least this probability as the reader chose it (sure how its answer begins);
     #                    else the reply says that the book does not say; 0: off
+    spans: bool = False  # read spans, not bare passages: each found passage with ``neighbours`` passages on either
+    #                      side, joined where they touch, in book order, as many as fit ``budget`` (``tasks.spans``);
+    #                      False: the found passages alone, best last (the 135M's 1,024-token window)
+    neighbours: int = 1  # with ``spans``, passages on either side of each found passage read with it
 
     def __post_init__(self):
         if self.finder not in FINDERS:
             raise ValueError(f"finder must be one of {', '.join(FINDERS)}, got {self.finder!r}")
-        if self.passages < 0 or self.budget < 0 or self.depth < 1:
-            raise ValueError("passages and budget must be >= 0 and depth >= 1")
+        if self.passages < 0 or self.budget < 0 or self.depth < 1 or self.neighbours < 0:
+            raise ValueError("passages, budget and neighbours must be >= 0 and depth >= 1")
         if self.topk is not None and self.topk < 1:
             raise ValueError(f"topk must be >= 1 or None (the model's K), got {self.topk}")
         shares = (self.side_weight, self.abstain, self.decline, self.sure)
@@ -126,38 +131,19 @@ class Reading:
         return max(1, min(self.topk, model_topk) // memory.chunk_size)
 
 
-# How another reader than the bank's own model reads unless told (``reading_for``): the fields of ``Reading`` it was
-# tuned with on the project's tuning sets (docs/design.md, "How a larger reader reads"); a reader not named here
-# reads as the bank's model does
-READER_READING: dict[str, dict] = {
-    # told to say that the book does not say, held to it only when >= 70% sure of it (else its likeliest other
-    # answer), an answer shown only when each of its first 4 tokens had >= 10% probability, the check at 0.5: on the
-    # tuning sets (128 answerable, 48 unanswerable), 60 right, 19% of all asked answered wrongly, 75% of the
-    # unanswerable said so; greedy book-or-not gave 43, 10%, 83%; the book prompt 44 of the first 80 at 35% wrong
-    "qwen2.5-coder-1.5b": {"prompt": "book-or-not", "decline": 0.7, "sure": 0.1},
-}
-
-
-def reader_settings(reader: str, told: frozenset[str] | set[str] = frozenset()) -> dict:
-    """Reader ``reader``'s own ``Reading`` fields (``READER_READING``; a name as ``model.readers`` takes it) but those
-    the asker chose (``told``: field names, e.g. {"abstain"} when the check was turned off)."""
-    return {k: v for k, v in READER_READING.get(reader, {}).items() if k not in told}
-
-
-def reading_for(reader: str, reading: Reading, told: frozenset[str] | set[str] = frozenset()) -> Reading:
-    """``reading`` as reader ``reader`` reads it: its own settings in place of those the asker did not choose
-    (``reader_settings``)."""
-    own = reader_settings(reader, told)
-    return replace(reading, **own) if own else reading
-
-
 @dataclass(frozen=True)
 class Found:
     """A passage a finder ranked, with its rank per finder (1 = best; absent: not among that finder's candidates)."""
 
-    passage: Passage
+    passage: Passage  # the passage, or a span of passages joined (``tasks.spans``)
     score: float  # the ranking's score (fused: RRF; memory: votes; lexical: BM25)
     ranks: dict = field(default_factory=dict)  # finder -> rank
+    covers: tuple[int, ...] = ()  # a span's passages (ids, in book order); (): the passage alone
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """The ids of the passages read: a span's, else the passage's own."""
+        return self.covers or (self.passage.id,)
 
 
 @dataclass(frozen=True)
@@ -174,6 +160,8 @@ class Citation:
     support: tuple[int, int] | None = None  # text[start:end]: the sentence that supports the answer (None: none)
     nearest: tuple[int, int] | None = None  # text[start:end]: the sentence holding most of the question's words
     #                                         (``evidence.nearest``; None: none holds any), quoted when none supports
+    rests: bool = False  # the passage the answer rests on: its supporting sentence holds most of the answer's words
+    #                      (one citation of an answer shown, none when the reply says that the book does not say)
 
     def quote(self, words: int = 40, opening: int = 18) -> str:
         """What the reader is shown of the passage beside the answer: the sentence that supports the answer, else the
@@ -297,15 +285,21 @@ def find_for_chat(finder: PassageFinder, chat, question: str, reading: Reading) 
     (``chat.sampling.max_new_tokens``); older turns move into memory to make that room (``tasks.Chat.ask``)."""
     if reading.finder == "none" or reading.passages == 0:
         return []
-    return fit_for_chat(finder.find(question, reading), chat, question, reading)
+    return fit_for_chat(finder.find(question, reading), chat, question, reading, finder.bank)
 
 
-def fit_for_chat(found: list[Found], chat, question: str, reading: Reading) -> list[Found]:
+def fit_for_chat(found: list[Found], chat, question: str, reading: Reading, bank: Bank | None = None) -> list[Found]:
     """``found`` (best first) cut to what a chat's window leaves for excerpts (``find_for_chat``), in the order the
-    prompt shows them."""
+    prompt shows them; with ``reading.spans``, widened into spans of ``bank`` (``tasks.spans.widen``)."""
     alone = chat.prompt_ids(question, history=False).shape[1] + 16
-    budget = min(reading.budget, chat.model.segment_len - chat.sampling.max_new_tokens - alone)
-    return ordered(fit(found, chat.model.backbone.tokenizer, max(0, budget)), reading)
+    budget = max(0, min(reading.budget, chat.model.segment_len - chat.sampling.max_new_tokens - alone))
+    tok = chat.model.backbone.tokenizer
+    if reading.spans:
+        if bank is None:
+            raise ValueError("reading spans needs the bank the passages are in")
+        return widen(bank, found, lambda t: len(tok(t, add_special_tokens=False).input_ids), budget,
+                     reading.neighbours)
+    return ordered(fit(found, tok, budget), reading)
 
 
 def ordered(found: list[Found], reading: Reading) -> list[Found]:
