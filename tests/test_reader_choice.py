@@ -211,6 +211,31 @@ def test_the_check_is_calibrated_on_recorded_drafts_without_asking_the_reader():
         outcomes([r | {"declines_at": 0.5, "decline": 0.2} for r in rows], 0.5, 0.8)
 
 
+def test_each_check_is_counted_by_the_right_drafts_it_kills_and_the_wrong_ones_it_stops():
+    from longmem.eval.calibrate import check_costs
+
+    passage = "The harbour lay still that morning. A grey zeppelin drifted over the harbour at dawn. Gulls cried."
+    rows = [  # right and sure; right but unsure; wrong (invented words); an unanswerable one answered, the reader
+        #       sure the book does not say
+        {"question": QUESTION, "golds": ("zeppelin",), "draft": "A grey zeppelin.", "decline": 0.1,
+         "probs": [0.9] * 4},
+        {"question": QUESTION, "golds": ("zeppelin",), "draft": "A grey zeppelin.", "decline": 0.1,
+         "probs": [0.9, 0.05, 0.9, 0.9]},
+        {"question": QUESTION, "golds": ("zeppelin",), "draft": "A purple balloon from Paris.", "decline": 0.2,
+         "probs": [0.5] * 4},
+        {"question": "Who owned the zeppelin?", "golds": (), "draft": "The harbour owned it at dawn.",
+         "decline": 0.95, "probs": [0.5] * 4},
+    ]
+    rows = [r | {"passages": [passage], "declines_at": 1.0} for r in rows]
+    costs = {c["check"]: c for c in check_costs(rows, 0.5, 0.7, 0.1)}
+    assert (costs["words"]["alone_kills_right"], costs["words"]["alone_stops_wrong"]) == (0, 1)  # the balloon
+    assert (costs["decline"]["alone_kills_right"], costs["decline"]["alone_stops_wrong"]) == (0, 1)  # the owner
+    assert (costs["sure"]["alone_kills_right"], costs["sure"]["alone_stops_wrong"]) == (1, 0)  # the unsure one
+    assert costs["sure"]["within_kills_right"] == 1 and costs["decline"]["within_stops_wrong"] == 1
+    with pytest.raises(ValueError, match="never declined"):
+        check_costs([r | {"declines_at": 0.7} for r in rows], 0.5, 0.7, 0.1)
+
+
 def test_the_answer_benchmark_times_a_readers_prefill_and_decoding(qwen_gguf):
     from longmem.bench.bank import DECODE_TOKENS, _reader_rates, answer_rows, answer_targets
 
@@ -277,6 +302,29 @@ def test_every_tuned_setting_of_a_reader_is_a_field_the_reading_and_the_eval_bot
     names = {f.name for f in fields(Reading)} & {f.name for f in fields(ReadingSize)}
     assert READER_PROFILES and all(set(p.reading) <= names for p in READER_PROFILES.values())
     Reading(**READER_PROFILES["qwen2.5-coder-1.5b"].reading)  # each profile is a valid reading
+
+
+def test_one_set_up_gives_a_reader_its_own_window_and_the_bank_s_model_its_memory(qwen_gguf, monkeypatch):
+    """``tasks.setup.reading_setup``: the bank's own model reads as it is (its window, its memory, the reading asked
+    for); another reader is loaded with its profile's window (within its native context) and settings, but for the
+    fields the asker chose."""
+    from longmem.tasks import setup
+    from longmem.tasks.reading import Reading
+    from longmem.tasks.setup import ReaderProfile, reading_setup
+
+    model = chat_model(segment_len=128)
+    own = reading_setup(model, model.config.backbone, Reading(passages=3))
+    assert own.own and own.lm is model and own.reading == Reading(passages=3)
+    plain = reading_setup(model, qwen_gguf, Reading(passages=3))  # no profile: the bank model's window, as asked
+    assert not plain.own and plain.lm.segment_len == 128 and plain.reading == Reading(passages=3)
+    assert plain.label == "tiny-qwen"
+    monkeypatch.setitem(setup.READER_PROFILES, qwen_gguf, ReaderProfile(window=512, reading={
+        "spans": True, "budget": 300, "abstain": 0.7}))
+    tuned = reading_setup(model, qwen_gguf, Reading(abstain=0.0), told={"abstain"})
+    assert tuned.lm.segment_len == 512 and tuned.reading.spans and tuned.reading.budget == 300
+    assert tuned.reading.abstain == 0.0  # the asker turned the check off
+    monkeypatch.setitem(setup.READER_PROFILES, qwen_gguf, ReaderProfile(window=10**6))
+    assert reading_setup(model, qwen_gguf).lm.segment_len == 2048  # bounded by the reader's own context
 
 
 def test_the_workspace_reads_with_the_readers_tuned_settings(tmp_path, qwen_gguf, monkeypatch):

@@ -57,7 +57,7 @@ def test_spans_that_touch_are_joined_and_shown_in_book_order(bank):
     ps = passages(bank)
     found = [Found(ps[7], 3.0), Found(ps[1], 2.0), Found(ps[5], 1.0), Found(ps[6], 0.5)]
     spans = widen(bank, found, count, 10**6, neighbours=1)
-    # 7 -> 6..8; 1 -> 0..2; 5 -> 4..6 overlaps 6..8: one span 4..8 (its best: 7); 6 is already read; 3 lies between
+    # found 7, 1, 5, 6 (6 touches 5 and 7); then neighbours 8, 0, 2, 4: spans 0..2 and 4..8; 3 lies between
     assert [s.ids for s in spans] == [tuple(p.id for p in ps[0:3]), tuple(p.id for p in ps[4:9])]
     assert [s.passage.id for s in spans] == [ps[1].id, ps[7].id] and spans[1].score == 3.0
     touching = widen(bank, [Found(ps[1], 1.0), Found(ps[4], 1.0)], count, 10**6, neighbours=1)
@@ -66,15 +66,23 @@ def test_spans_that_touch_are_joined_and_shown_in_book_order(bank):
     assert [s.ids for s in apart] == [(ps[1].id,), (ps[6].id,)]  # in book order, not by rank
 
 
-def test_the_budget_narrows_a_span_to_its_passage_then_skips_it(bank):
+def test_what_is_found_comes_first_then_its_neighbours_nearest_first(bank):
     ps = passages(bank)
-    own = count(ps[4].text) + HEADING
-    wide = sum(count(p.text) for p in ps[3:6]) + HEADING
-    assert widen(bank, [Found(ps[4], 1.0)], count, wide, 1)[0].ids == tuple(p.id for p in ps[3:6])
-    assert widen(bank, [Found(ps[4], 1.0)], count, wide - 1, 1)[0].ids == (ps[4].id,)
-    assert widen(bank, [Found(ps[4], 1.0)], count, own - 1, 1) == []
-    spans = widen(bank, [Found(ps[4], 1.0), Found(ps[12], 0.5)], count, own + 1, 1)
-    assert [s.ids for s in spans] == [(ps[4].id,)]  # the second does not fit beside the first
+    cost = {p.id: count(p.text) for p in ps}
+    alone = cost[ps[4].id] + cost[ps[12].id] + 2 * HEADING
+    # both found passages fit alone; the neighbours only where the budget is left
+    assert [s.ids for s in widen(bank, [Found(ps[4], 1.0), Found(ps[12], 0.5)], count, alone, 1)] == [
+        (ps[4].id,), (ps[12].id,)]
+    before = alone + cost[ps[3].id]  # room for the best one's neighbour before it, not after
+    assert [s.ids for s in widen(bank, [Found(ps[4], 1.0), Found(ps[12], 0.5)], count, before, 1)] == [
+        (ps[3].id, ps[4].id), (ps[12].id,)]
+    assert widen(bank, [Found(ps[4], 1.0)], count, cost[ps[4].id] + HEADING - 1, 1) == []  # nothing fits
+    far = widen(bank, [Found(ps[8], 1.0)], count, 10**6, neighbours=2)[0]
+    assert far.ids == tuple(p.id for p in ps[6:11])
+    big, little = sorted(ps[2:14], key=lambda p: cost[p.id])[::-1][0], sorted(ps[2:14], key=lambda p: cost[p.id])[0]
+    assert cost[big.id] > cost[little.id]
+    kept = widen(bank, [Found(big, 1.0), Found(little, 0.5)], count, cost[little.id] + HEADING, 1)
+    assert [s.ids for s in kept] == [(little.id,)]  # the best does not fit and is skipped; the next one does
 
 
 def test_an_answer_reading_spans_shows_and_cites_them(bank):

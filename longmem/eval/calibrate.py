@@ -68,7 +68,8 @@ def _golds(names: set[str], data: Path) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def _bank_dir(run: Path, book: str) -> tuple[BankDirectory, str]:
+def run_bank(run: Path, book: str) -> tuple[BankDirectory, str]:
+    """The directory and name of the bank of ``book`` among natural run ``run``'s banks."""
     root = run / "natural-banks"
     found = sorted(p.name for p in root.glob(f"{Path(book).stem}-*") if p.is_dir())
     if len(found) != 1:
@@ -98,7 +99,7 @@ def drafts(run: Path, data: Path | None = None) -> list[dict]:
         if not any("read" in x for x in apps):
             raise ValueError(f"{path}, unit {key}: the app's replies have no passage ids (a run before "
                              "eval.calibrate existed): run it again")
-        directory, name = _bank_dir(run, book)
+        directory, name = run_bank(run, book)
         with directory.open(name) as bank:
             for x in apps:
                 out.append({"id": x["id"], "question": x["id"].split(":", 1)[1], "golds": golds[x["id"]],
@@ -156,6 +157,55 @@ def outcomes(rows: list[dict], least: float, decline: float | None = None, sure:
     return o
 
 
+CHECKS = ("words", "decline", "sure")  # the checks of an answer: the word check (``Reading.abstain``), the reader's
+#                                      decline (``Reading.decline``) and the least-sure rule (``Reading.sure``)
+
+
+def _fate(r: dict, least: float, decline: float | None, sure: float | None) -> str:
+    """What a user is shown of row ``r`` under those thresholds: "right", "wrong" (an answerable question answered
+    wrongly, an unanswerable one answered) or "not said"."""
+    declined = decline is not None and r.get("decline") is not None and r["decline"] > decline
+    unsure = bool(sure) and min(r["probs"][:SURE_TOKENS], default=0.0) < sure
+    shown = NOT_SAID if declined or unsure else checked(r["draft"], r["question"], r["passages"], least)
+    if shown == NOT_SAID or says_not_said(shown):
+        return "not said"
+    return "right" if r["golds"] and contains(shown, r["golds"]) else "wrong"
+
+
+def check_costs(rows: list[dict], least: float, decline: float, sure: float) -> list[dict]:
+    """Per check, on a run that never declined: the right drafts it kills and the wrong ones it stops, alone (the
+    other checks off) and within the set (the others on: what turning it off would change). A draft is right when the
+    whole draft holds an accepted answer; wrong when it answers wrongly (or answers an unanswerable question)."""
+    if any(r.get("declines_at", 0.0) < 1.0 for r in rows):
+        raise ValueError("each check's costs are read off a run that never declined (--set natural.decline=1)")
+    on = {"words": least, "decline": decline, "sure": sure}
+    off = {"words": 0.0, "decline": 1.0, "sure": 0.0}
+    bare = [_fate(r, 0.0, 1.0, 0.0) for r in rows]
+    full = [_fate(r, least, decline, sure) for r in rows]
+    out = []
+    for c in CHECKS:
+        alone = [_fate(r, **{"least": (on if c == "words" else off)["words"],
+                             "decline": (on if c == "decline" else off)["decline"],
+                             "sure": (on if c == "sure" else off)["sure"]}) for r in rows]
+        without = [_fate(r, **{"least": (off if c == "words" else on)["words"],
+                               "decline": (off if c == "decline" else on)["decline"],
+                               "sure": (off if c == "sure" else on)["sure"]}) for r in rows]
+        out.append({"check": c, "threshold": on[c],
+                    "alone_kills_right": sum(b == "right" and a != "right" for b, a in zip(bare, alone)),
+                    "alone_stops_wrong": sum(b == "wrong" and a == "not said" for b, a in zip(bare, alone)),
+                    "within_kills_right": sum(w == "right" and f != "right" for w, f in zip(without, full)),
+                    "within_stops_wrong": sum(w == "wrong" and f == "not said" for w, f in zip(without, full))})
+    return out
+
+
+def costs_markdown(costs: list[dict], drafts_right: int, drafts_wrong: int) -> str:
+    rows = [[c["check"], f"{c['threshold']:g}", str(c["alone_kills_right"]), str(c["alone_stops_wrong"]),
+             str(c["within_kills_right"]), str(c["within_stops_wrong"])] for c in costs]
+    return (f"Each check on the drafts ({drafts_right} right, {drafts_wrong} wrong, unchecked):\n\n"
+            + table(["check", "threshold", "alone: right killed", "alone: wrong stopped", "with the others: right "
+                     "killed", "with the others: wrong stopped"], rows))
+
+
 def markdown(results: list[dict], run: Path) -> str:
     swept = [k for k in ("decline", "sure") if any(o.get(k) is not None for o in results)]
     rows = [[f"{o[k]:g}" for k in swept] + [
@@ -198,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--said-at-least", type=float, default=SAID_AT_LEAST,
                    help=f"%% of unanswerable questions that must be told the book does not say (default "
                         f"{SAID_AT_LEAST:g})")
+    p.add_argument("--costs", default=None, metavar="CHECK,DECLINE,SURE",
+                   help="also each check's right drafts killed and wrong ones stopped at these thresholds (of the "
+                        "word check, the decline and sure; a run at --set natural.decline=1), e.g. 0.5,0.7,0.1")
     p.add_argument("--data-dir", default=None, help="the shared data folder (default: $LONGMEM_DATA_DIR, else "
                                                     "../shared/data)")
     args = p.parse_args(argv)
@@ -207,14 +260,21 @@ def main(argv: list[str] | None = None) -> int:
         sures = [float(t) for t in args.sure.split(",") if t.strip()] if args.sure else [None]
         rows = drafts(Path(args.run), Path(args.data_dir) if args.data_dir else None)
         results = [outcomes(rows, t, d, u) for d in declines for u in sures for t in thresholds]
+        at = [float(x) for x in args.costs.split(",")] if args.costs else None
+        if at is not None and len(at) != 3:
+            raise ValueError("--costs takes three thresholds: the word check's, the decline's and sure's")
+        costs = check_costs(rows, *at) if at else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     best = choose(results, args.wrong_at_most, args.said_at_least)
     print(json.dumps({"run": args.run, "questions": len(rows), "results": results,
                       "chosen": best["least"] if best else None, "chosen_decline": best["decline"] if best else None,
-                      "chosen_sure": best["sure"] if best else None}))
+                      "chosen_sure": best["sure"] if best else None, **({"costs": costs} if costs else {})}))
     print(markdown(results, Path(args.run)))
+    if costs:
+        fates = [_fate(r, 0.0, 1.0, 0.0) for r in rows]
+        print("\n" + costs_markdown(costs, fates.count("right"), fates.count("wrong")))
     print(f"\nChosen (most right with wrong answers <= {args.wrong_at_most:g}% of all asked and the book said not to "
           f"say for >= {args.said_at_least:g}% of the unanswerable): "
           + (f"{best['least']:g}" + "".join(f", {k} {best[k]:g}" for k in ("decline", "sure") if best[k] is not None)

@@ -10,11 +10,13 @@ A RAG script that hands its reader 1,600-character windows reads that context; a
 not, and answers less (issue 85). Spans are shown in the order of the book, not of their scores: order-preserving
 RAG (Yu et al. 2024, arXiv 2409.01666) finds that reading retrieved chunks in document order gains as more are read.
 
-How. The found passages are taken best first. Each is widened to its ``neighbours`` passages on either side
-(``Bank.passages_around``); when the widened span would pass the budget, the passage alone is tried; when that would
-too, it is skipped (a smaller one after it may fit). A found passage already inside a span is read there. Spans of
-one document that overlap or touch (nothing but whitespace between them) become one. The budget counts the tokens
-of the passages a span joins, plus ``HEADING`` for its heading in the prompt.
+How. First the found passages alone, best first, as many as fit the budget (one that does not fit is skipped; a
+smaller one after it may still fit): what is found comes before what surrounds it (on the tuning sets, the evidence
+lies whole in what is read for more questions when more passages are found than when fewer are widened:
+``training.reading_coverage``). Then, in rounds, each found passage read gains its neighbour before and its neighbour
+after (``Bank.passages_around``), the nearest first, best-ranked first, each as long as it fits, up to ``neighbours``
+on either side. Passages of one document that touch (nothing but whitespace between them) are read as one span. The
+budget counts the tokens of each passage read, plus ``HEADING`` for each span's heading in the prompt.
 
 A span is a ``Found`` whose passage is the span (its text is the document's characters from its first passage's start
 to its last's end, its place is its first passage's), whose score and ranks are those of the best found passage in it,
@@ -30,7 +32,8 @@ from longmem.storage.bank import Bank
 from longmem.storage.passages import Passage
 
 HEADING = 8  # tokens of a span's heading in the prompt ("[n] (place)") and the spacing around it
-TOUCH = 64  # characters between two passages of a document at most for them to touch (when only whitespace)
+TOUCH = 4096  # characters between two passages of a document at most for them to touch (when only whitespace:
+#               passages tile their document, so neighbours always touch; the bound keeps the look cheap)
 
 
 @dataclass
@@ -53,23 +56,37 @@ class _Run:
 def widen(bank: Bank, found: list, count: Callable[[str], int], budget: int, neighbours: int) -> list:
     """The spans to read for ``found`` (``Found``, best first) within ``budget`` tokens (``count``: a text's tokens),
     in book order (documents in the order of their best passage; see the module doc)."""
-    runs: list[_Run] = []
+    chosen: dict[int, Passage] = {}
+    seeds: dict[int, tuple[int, object]] = {}  # passage id -> (rank, Found) of the found passages read
     tokens: dict[int, int] = {}
+    touch: dict[tuple[int, int], bool] = {}
 
-    def cost(rs: list[_Run]) -> int:
-        for p in (p for r in rs for p in r.passages if p.id not in tokens):
-            tokens[p.id] = count(p.text)
-        return sum(HEADING + sum(tokens[p.id] for p in r.passages) for r in rs)
+    def fits(extra: Passage) -> bool:
+        if extra.id not in tokens:
+            tokens[extra.id] = count(extra.text)
+        trial = [*chosen.values(), extra]
+        runs = _runs(bank, trial, touch)
+        return HEADING * len(runs) + sum(tokens[p.id] for p in trial) <= budget
 
     for rank, f in enumerate(found):
-        if any(f.passage.id == p.id for r in runs for p in r.passages):
-            continue  # already read, within a span
-        for width in dict.fromkeys((max(0, neighbours), 0)):
-            around = bank.passages_around(f.passage, width) if width else [f.passage]
-            trial = _join(bank, runs, _Run(around, f, rank))
-            if cost(trial) <= budget:
-                runs = trial
-                break
+        if f.passage.id not in chosen and fits(f.passage):
+            chosen[f.passage.id] = f.passage
+            seeds[f.passage.id] = (rank, f)
+    if neighbours > 0:
+        around = {pid: bank.passages_around(f.passage, neighbours) for pid, (_, f) in seeds.items()}
+        for r in range(1, neighbours + 1):
+            for pid in seeds:
+                ps = around[pid]
+                i = next(j for j, p in enumerate(ps) if p.id == pid)
+                for j, inner in ((i - r, i - r + 1), (i + r, i + r - 1)):  # before, then after; the nearer one read
+                    if 0 <= j < len(ps) and ps[inner].id in chosen and ps[j].id not in chosen and fits(ps[j]):
+                        chosen[ps[j].id] = ps[j]
+    runs = []
+    for group in _runs(bank, list(chosen.values()), touch):
+        own = [seeds[p.id] for p in group if p.id in seeds]
+        if own:  # (a neighbour always touches the passage it was read beside)
+            rank, best = min(own, key=lambda x: x[0])
+            runs.append(_Run(group, best, rank))
     first = {}
     for r in sorted(runs, key=lambda r: r.rank):
         first.setdefault(r.passages[0].document_id, r.rank)
@@ -77,28 +94,27 @@ def widen(bank: Bank, found: list, count: Callable[[str], int], budget: int, nei
     return [_found(bank, r) for r in runs]
 
 
-def _join(bank: Bank, runs: list[_Run], new: _Run) -> list[_Run]:
-    """``runs`` with ``new`` added: joined with every run of its document that it overlaps or touches."""
-    doc = new.passages[0].document_id
-    keep, merged = [], new
-    for r in runs:
-        if r.passages[0].document_id == doc and _meet(bank, r, merged):
-            by_id = {p.id: p for p in [*r.passages, *merged.passages]}
-            best = r if r.rank <= merged.rank else merged
-            merged = _Run(sorted(by_id.values(), key=lambda p: p.char_start), best.best, best.rank)
+def _runs(bank: Bank, passages: list[Passage], touch: dict) -> list[list[Passage]]:
+    """``passages`` grouped into runs that touch (see ``_touch``), each in book order."""
+    out: list[list[Passage]] = []
+    for p in sorted(passages, key=lambda p: (p.document_id, p.char_start)):
+        last = out[-1][-1] if out else None
+        if last is not None and last.document_id == p.document_id and _touch(bank, last, p, touch):
+            out[-1].append(p)
         else:
-            keep.append(r)
-    return keep + [merged]
+            out.append([p])
+    return out
 
 
-def _meet(bank: Bank, a: _Run, b: _Run) -> bool:
-    """Whether two runs of one document overlap or touch (only whitespace, at most ``TOUCH`` characters, between)."""
-    lo, hi = (a, b) if a.start <= b.start else (b, a)
-    if hi.start <= lo.end:
-        return True
-    gap = hi.start - lo.end
-    doc = lo.passages[0].document_id
-    return gap <= TOUCH and not bank.document_text_between(doc, lo.end, hi.start).strip()
+def _touch(bank: Bank, a: Passage, b: Passage, seen: dict) -> bool:
+    """Whether passage ``b`` follows ``a`` in their document with only whitespace (at most ``TOUCH`` characters)
+    between them, or overlaps it (``seen``: the answers so far, by id pair)."""
+    key = (a.id, b.id)
+    if key not in seen:
+        gap = b.char_start - a.char_end
+        seen[key] = gap <= 0 or (gap <= TOUCH and not bank.document_text_between(a.document_id, a.char_end,
+                                                                                  b.char_start).strip())
+    return seen[key]
 
 
 def _found(bank: Bank, run: _Run):
