@@ -72,6 +72,20 @@ def test_the_answer_rests_on_the_citation_whose_sentence_holds_most_of_its_words
     assert not any(c.rests for c in supported(cited, "Portland.", q))  # no sentence supports it: none is marked
 
 
+def test_a_stretch_may_be_asked_to_hold_more_of_the_question_s_words():
+    """With long spans read, a name of the question is in many sentences: asking a stretch for two of its words keeps
+    the one where the question's matter is, and an answer made of words from elsewhere is not shown."""
+    q = "What is the name of Julia's aunt in Gloucester?"
+    text = ("Julia laughed at Lippett. It rained. The sea was grey. Nobody came. "
+            "Her aunt in Gloucester was called Martha.")
+    assert held(["lippett"], stretches(q, [text], 0)) == 1.0  # one word of the question: Julia's sentence counts
+    assert held(["lippett"], stretches(q, [text], 0, 2)) == 0.0  # two: only the aunt's sentence
+    assert held(["martha"], stretches(q, [text], 0, 2)) == 1.0
+    assert stretches("Who?", [text], 0, 2) == stretches("Who?", [text], 0)  # no word of the question: all of them
+    checker = Checker(q, [text], 0.5, 0, 2)
+    assert checker.feed("It is Lippett. More") == "" and checker.stopped
+
+
 def test_the_checker_shows_supported_sentences_and_ends_at_the_first_unsupported_one():
     passages = ["He made his home there--Baker at the portals of Oregon. He never saw Portland."]
     checker = Checker("What is Harkness's hometown in Oregon?", passages, 0.5)

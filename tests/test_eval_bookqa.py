@@ -62,7 +62,7 @@ def test_an_answer_counts_when_it_contains_a_gold_answer():
 def test_a_subset_of_entrants_records_the_finders_it_reads_with():
     from longmem.eval.answering import LABELS, finders
 
-    assert finders(list(LABELS)) == ["lexical", "memory", "fused", "embed"]
+    assert finders(list(LABELS)) == ["lexical", "memory", "fused", "embed", "script"]
     assert finders(["oracle"]) == []
     assert finders(["rag_bm25", "longmem_fused"]) == ["fused", "lexical"]  # BM25-RAG reads the lexical finder's
     assert finders(["rag_embed"]) == ["embed"]

@@ -52,3 +52,12 @@ def test_the_script_s_reader_answers_greedily_the_same_twice():
     prompt, _ = script.prompt("What drifted over the harbour?")
     a, b = script_answer(lm, prompt, 6), script_answer(lm, prompt, 6)
     assert a == b and a.strip()
+
+
+def test_the_script_is_an_entrant_of_the_suites_about_whole_books_only():
+    from longmem.eval.answering import ReadingSize, check_entrants
+
+    check_entrants("natural", ["app", "rag_script"])
+    with pytest.raises(ValueError, match="rag_script reads a whole book's text"):
+        check_entrants("bookqa", ["app", "rag_script"])
+    assert "rag_script" not in ReadingSize().entrants  # bookqa's and facts' default: every entrant they allow

@@ -158,7 +158,7 @@ def test_chat_json_prints_one_object_naming_the_reader(tmp_path, qwen_gguf, caps
     got = reply_of(capsys.readouterr().out)
     assert set(got) == {"answer", "said", "reader", "memory", "passages"}
     assert got["reader"] == "tiny-qwen" and got["memory"] is False and isinstance(got["said"], bool)
-    assert got["passages"] and all(set(p) == {"document", "place", "text"} for p in got["passages"])
+    assert got["passages"] and all(set(p) == {"document", "place", "text", "rests"} for p in got["passages"])
     assert any("zeppelin" in p["text"] for p in got["passages"])
     assert main(["chat", "--file", str(book), "--json"]) == 2  # --json answers one question, given with --ask
 
@@ -275,6 +275,19 @@ def test_a_reader_that_can_tell_is_asked_to_say_when_the_excerpts_do_not_answer(
     with pytest.raises(ValueError, match="prompt must be one of"):
         Reading(prompt="be brief")
     assert reading_prompt(QUESTION, []) == QUESTION  # nothing found: the question alone, whatever the prompt
+
+
+def test_a_reader_of_long_spans_may_be_told_after_the_question_too():
+    from longmem.storage.passages import Passage
+    from longmem.tasks.reading import AFTER, DECLINE, INSTRUCTION, Found, Reading, prompt_for, reading_prompt
+
+    p = Passage(id=1, document_id=1, document="d", chapter=None, char_start=0, char_end=4, document_chars=10,
+                text="Fog.")
+    after = prompt_for(QUESTION, [Found(p, 1.0)], Reading(prompt="book-or-not-after"))
+    assert after.startswith(INSTRUCTION) and after.endswith(f"Question: {QUESTION}\n{AFTER['book-or-not-after']}")
+    assert DECLINE in AFTER["book-or-not-after"] and Reading(prompt="book-or-not-after", decline=0.7).declines
+    assert prompt_for(QUESTION, [Found(p, 1.0)], Reading()) == reading_prompt(QUESTION, [Found(p, 1.0)])
+    assert prompt_for(QUESTION, [], Reading(prompt="book-or-not-after")) == QUESTION
 
 
 def test_another_reader_reads_as_it_was_tuned_but_for_what_the_asker_turns_off(monkeypatch):

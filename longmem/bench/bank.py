@@ -266,7 +266,7 @@ def scenario_answer(args) -> dict:
     from longmem.storage import BankDirectory
     from longmem.tasks.answer import ANSWER_SAMPLING, answer
     from longmem.tasks.chat import Chat
-    from longmem.tasks.reading import PROMPTS, PassageFinder, Reading, reading_prompt
+    from longmem.tasks.reading import PassageFinder, Reading, prompt_for
     from longmem.tasks.setup import reading_setup
 
     model = _model(args)
@@ -301,7 +301,7 @@ def scenario_answer(args) -> dict:
             t3b = time.perf_counter()
             finder.find(q, Reading(finder="memory"))
             t4 = time.perf_counter()
-            prompts.append(chat.prompt_ids(q, reading_prompt(q, reply.found, PROMPTS[reading.prompt]), history=False))
+            prompts.append(chat.prompt_ids(q, prompt_for(q, reply.found, reading), history=False))
             rows.append({"question": q, "find_ms": 1000 * (t2 - t1), "first_token_s": t3 - t1,
                          "answer_s": t3b - t1, "said": reply.said, "memory_find_s": t4 - t3b,
                          "prompt_tokens": int(prompts[-1].shape[1])})

@@ -107,6 +107,8 @@ def label(key: str, reader: str = "") -> str:
     return LABELS.get(key) or LEGACY_LABELS.get(key, key)
 
 
+WHOLE_BOOK = ("rag_script",)  # entrants that read the raw text of the book asked about (``Haystack.text``)
+WHOLE_BOOK_SUITES = ("natural",)  # the suites whose items are questions about whole books
 QUICK_NEW_TOKENS = 24  # tokens per answer at the reading suites' CI size (``--quick``): short, every path still run
 
 
@@ -128,13 +130,16 @@ class ReadingSize:
     no_repeat: int = ANSWER_SAMPLING.no_repeat  # n-grams an answer never repeats (0: off), as the chat's
     sections: bool = Reading.sections  # the app looks in the section a question names, as the chat does (the RAG
     #                                    baselines never: plain BM25)
-    entrants: list[str] = field(default_factory=lambda: list(LABELS))  # which entrants answer (default: all)
+    entrants: list[str] = field(default_factory=lambda: [k for k in LABELS if k not in WHOLE_BOOK])  # which
+    #                                 entrants answer (default: all that this suite's items allow)
     prompt: str = Reading.prompt  # the app's reading prompt (``tasks.reading.PROMPTS``); the baselines read with
     #                               the plain one ("book") always
     decline: float = Reading.decline  # with the book-or-not prompt, the least probability of "The book does not say."
     #                                   for the app's reader to say it (``Reading.decline``; 0: greedy)
     sure: float = Reading.sure  # the least probability of each of the app's answer's first tokens for it to be shown
     #                             (``Reading.sure``; 0: off)
+    reach: int = Reading.reach  # the app's check: sentences either side of a sentence in one stretch
+    asked_words: int = Reading.asked_words  # the app's check: the question's words a stretch must hold
     spans: bool = Reading.spans  # the app reads spans in book order (``Reading.spans``), as the chat does with a
     #                              reader whose profile says so (``tasks.setup``)
     neighbours: int = Reading.neighbours  # with spans, passages on either side of each found one
@@ -179,11 +184,15 @@ class Haystack:
 
 
 def check_entrants(suite: str, entrants: list[str]) -> None:
-    """Raise ValueError unless ``entrants`` are known ones, each given once."""
+    """Raise ValueError unless ``entrants`` are known ones, each given once, that ``suite``'s items allow (the RAG
+    script reads a whole book's raw text: ``natural`` only)."""
     unknown = sorted(set(entrants) - set(LABELS))
     if unknown or not entrants or len(set(entrants)) < len(entrants):
         raise ValueError(f"{suite}.entrants: {', '.join(entrants) or 'none'} (unknown: {unknown}); give each "
                          f"once, among {', '.join(LABELS)}")
+    if suite not in WHOLE_BOOK_SUITES and set(entrants) & set(WHOLE_BOOK):
+        raise ValueError(f"{suite}.entrants: {', '.join(sorted(set(entrants) & set(WHOLE_BOOK)))} reads a whole "
+                         f"book's text; {suite}'s items are passages spliced into a stream (natural has books)")
 
 
 def finders(entrants: list[str]) -> list[str]:
@@ -398,7 +407,8 @@ class Entrants:
                        side_weight=size.side_weight, abstain=size.abstain if app else 0.0,
                        sections=size.sections and app, prompt=size.prompt if app else Reading.prompt,
                        decline=size.decline if app else 0.0, sure=size.sure if app else 0.0,
-                       spans=size.spans and app, neighbours=size.neighbours)
+                       spans=size.spans and app, neighbours=size.neighbours, reach=size.reach,
+                       asked_words=size.asked_words)
 
     def embedded(self, asked: Asked, hay: Haystack) -> list[Found]:
         """The passages closest to the question under the embedder, best first: the indexed ones and the item's

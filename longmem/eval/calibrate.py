@@ -37,7 +37,7 @@ from longmem.eval.core import table
 from longmem.eval.natural import package_set_path, read_questions
 from longmem.storage import BankDirectory
 from longmem.tasks.answer import NOT_SAID
-from longmem.tasks.evidence import Checker
+from longmem.tasks.evidence import ASKED, REACH, Checker
 from longmem.tasks.reading import SURE_TOKENS
 from longmem.util.data import data_dir
 
@@ -48,11 +48,12 @@ WRONG_AT_MOST = 26.0  # % of all questions asked that may get a wrong answer (th
 SAID_AT_LEAST = 70.0  # % of the unanswerable questions that must get "the book does not say" (the issue's target)
 
 
-def checked(draft: str, question: str, passages: list[str], least: float) -> str:
+def checked(draft: str, question: str, passages: list[str], least: float, shape: tuple[int, int] = (REACH, ASKED)
+            ) -> str:
     """What the check at ``least`` shows of ``draft`` (``NOT_SAID`` when nothing); 0: the draft as it is."""
     if least <= 0:
         return draft.strip()
-    checker = Checker(question, passages, least)
+    checker = Checker(question, passages, least, *shape)
     checker.feed(draft)
     checker.finish()
     return checker.shown or NOT_SAID
@@ -94,6 +95,7 @@ def drafts(run: Path, data: Path | None = None) -> list[dict]:
     out = []
     for key, row in units.items():
         book, least = key.split("/", 1)[1], row["signature"]["size"]["abstain"]
+        shape = (row["signature"]["size"].get("reach", REACH), row["signature"]["size"].get("asked_words", ASKED))
         declines_at = row["signature"]["size"].get("decline", 0.0)
         apps = row["value"]["scores"].get("app", [])
         if not any("read" in x for x in apps):
@@ -105,7 +107,7 @@ def drafts(run: Path, data: Path | None = None) -> list[dict]:
                 out.append({"id": x["id"], "question": x["id"].split(":", 1)[1], "golds": golds[x["id"]],
                             "draft": x["draft"], "passages": read_texts(bank, x["read"]),
                             "answer": x["answer"], "least": least, "decline": x.get("decline"),
-                            "declines_at": declines_at, "probs": x.get("probs")})
+                            "declines_at": declines_at, "probs": x.get("probs"), "shape": shape})
     return out
 
 
@@ -124,7 +126,8 @@ def read_texts(bank, read: list) -> list[str]:
     return out
 
 
-def outcomes(rows: list[dict], least: float, decline: float | None = None, sure: float | None = None) -> dict:
+def outcomes(rows: list[dict], least: float, decline: float | None = None, sure: float | None = None,
+             shape: tuple[int, int] = (REACH, ASKED)) -> dict:
     """What the check at ``least`` gives a user over ``rows`` (``drafts``), the reader declining where its
     probability of it is above ``decline`` (None: as recorded) and saying that the book does not say where its least
     sure first token was below ``sure`` (None: as recorded, 0: never): answerable right / the book does not say / wrong,
@@ -136,12 +139,12 @@ def outcomes(rows: list[dict], least: float, decline: float | None = None, sure:
     if sure is not None and any(r.get("probs") is None for r in rows):
         raise ValueError("a threshold of sure is read off a run whose record keeps the draft tokens' probabilities "
                          "(run it again)")
-    o = {"least": least, "decline": decline, "sure": sure, "right": 0, "declined": 0, "wrong": 0, "not_said": 0,
-         "invented": 0, "agrees": 0}
+    o = {"least": least, "decline": decline, "sure": sure, "shape": list(shape), "right": 0, "declined": 0,
+         "wrong": 0, "not_said": 0, "invented": 0, "agrees": 0}
     for r in rows:
         declined = decline is not None and r.get("decline") is not None and r["decline"] > decline
         unsure = sure is not None and min(r["probs"][:SURE_TOKENS], default=0.0) < sure
-        shown = NOT_SAID if declined or unsure else checked(r["draft"], r["question"], r["passages"], least)
+        shown = NOT_SAID if declined or unsure else checked(r["draft"], r["question"], r["passages"], least, shape)
         said = shown != NOT_SAID
         if r["golds"]:
             key = "right" if contains(shown, r["golds"]) else "wrong" if said and not says_not_said(shown) \
@@ -150,6 +153,7 @@ def outcomes(rows: list[dict], least: float, decline: float | None = None, sure:
             key = "not_said" if not said or says_not_said(shown) else "invented"
         o[key] += 1
         o["agrees"] += (least == r["least"] and (decline is None or decline == r["declines_at"]) and sure is None
+                        and tuple(shape) == tuple(r.get("shape", (REACH, ASKED)))
                         and " ".join(shown.split()) == " ".join(r["answer"].split()))
     asked = len(rows)
     o["answerable"], o["unanswerable"] = o["right"] + o["declined"] + o["wrong"], o["not_said"] + o["invented"]
@@ -161,18 +165,20 @@ CHECKS = ("words", "decline", "sure")  # the checks of an answer: the word check
 #                                      decline (``Reading.decline``) and the least-sure rule (``Reading.sure``)
 
 
-def _fate(r: dict, least: float, decline: float | None, sure: float | None) -> str:
+def _fate(r: dict, least: float, decline: float | None, sure: float | None,
+          shape: tuple[int, int] = (REACH, ASKED)) -> str:
     """What a user is shown of row ``r`` under those thresholds: "right", "wrong" (an answerable question answered
     wrongly, an unanswerable one answered) or "not said"."""
     declined = decline is not None and r.get("decline") is not None and r["decline"] > decline
     unsure = bool(sure) and min(r["probs"][:SURE_TOKENS], default=0.0) < sure
-    shown = NOT_SAID if declined or unsure else checked(r["draft"], r["question"], r["passages"], least)
+    shown = NOT_SAID if declined or unsure else checked(r["draft"], r["question"], r["passages"], least, shape)
     if shown == NOT_SAID or says_not_said(shown):
         return "not said"
     return "right" if r["golds"] and contains(shown, r["golds"]) else "wrong"
 
 
-def check_costs(rows: list[dict], least: float, decline: float, sure: float) -> list[dict]:
+def check_costs(rows: list[dict], least: float, decline: float, sure: float,
+                shape: tuple[int, int] = (REACH, ASKED)) -> list[dict]:
     """Per check, on a run that never declined: the right drafts it kills and the wrong ones it stops, alone (the
     other checks off) and within the set (the others on: what turning it off would change). A draft is right when the
     whole draft holds an accepted answer; wrong when it answers wrongly (or answers an unanswerable question)."""
@@ -181,15 +187,15 @@ def check_costs(rows: list[dict], least: float, decline: float, sure: float) -> 
     on = {"words": least, "decline": decline, "sure": sure}
     off = {"words": 0.0, "decline": 1.0, "sure": 0.0}
     bare = [_fate(r, 0.0, 1.0, 0.0) for r in rows]
-    full = [_fate(r, least, decline, sure) for r in rows]
+    full = [_fate(r, least, decline, sure, shape) for r in rows]
     out = []
     for c in CHECKS:
         alone = [_fate(r, **{"least": (on if c == "words" else off)["words"],
                              "decline": (on if c == "decline" else off)["decline"],
-                             "sure": (on if c == "sure" else off)["sure"]}) for r in rows]
+                             "sure": (on if c == "sure" else off)["sure"]}, shape=shape) for r in rows]
         without = [_fate(r, **{"least": (off if c == "words" else on)["words"],
                                "decline": (off if c == "decline" else on)["decline"],
-                               "sure": (off if c == "sure" else on)["sure"]}) for r in rows]
+                               "sure": (off if c == "sure" else on)["sure"]}, shape=shape) for r in rows]
         out.append({"check": c, "threshold": on[c],
                     "alone_kills_right": sum(b == "right" and a != "right" for b, a in zip(bare, alone)),
                     "alone_stops_wrong": sum(b == "wrong" and a == "not said" for b, a in zip(bare, alone)),
@@ -208,13 +214,14 @@ def costs_markdown(costs: list[dict], drafts_right: int, drafts_wrong: int) -> s
 
 def markdown(results: list[dict], run: Path) -> str:
     swept = [k for k in ("decline", "sure") if any(o.get(k) is not None for o in results)]
-    rows = [[f"{o[k]:g}" for k in swept] + [
+    shapes = len({tuple(o["shape"]) for o in results}) > 1
+    rows = [[f"{o[k]:g}" for k in swept] + ["{}, {}".format(*o["shape"])] * shapes + [
         f"{o['least']:g}", str(o["right"]), str(o["declined"]), str(o["wrong"]), str(o["not_said"]),
         str(o["invented"]), f"{o['wrong_pct']:.0f}%"] for o in results]
     head = (f"The app's check on {run}'s drafts ({results[0]['answerable']} answerable, "
             f"{results[0]['unanswerable']} unanswerable questions), per threshold (0: every draft shown)"
             + "".join(f", per threshold of {k}" for k in swept) + ":")
-    return "\n\n".join([head, table(swept + [
+    return "\n\n".join([head, table(swept + ["reach, question words"] * shapes + [
         "threshold", "right", "says the book does not say", "wrong", "unanswerable: says so", "invents",
         "wrong answers, of all asked"], rows)])
 
@@ -248,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--said-at-least", type=float, default=SAID_AT_LEAST,
                    help=f"%% of unanswerable questions that must be told the book does not say (default "
                         f"{SAID_AT_LEAST:g})")
+    p.add_argument("--shapes", default=f"{REACH}:{ASKED}",
+                   help="comma-separated shapes of the check's stretches, REACH:WORDS (sentences either side; the "
+                        "question's words a stretch must hold: Reading.reach, Reading.asked_words), swept with the "
+                        f"others (default {REACH}:{ASKED})")
     p.add_argument("--costs", default=None, metavar="CHECK,DECLINE,SURE",
                    help="also each check's right drafts killed and wrong ones stopped at these thresholds (of the "
                         "word check, the decline and sure; a run at --set natural.decline=1), e.g. 0.5,0.7,0.1")
@@ -259,18 +270,22 @@ def main(argv: list[str] | None = None) -> int:
         declines = [float(t) for t in args.declines.split(",") if t.strip()] if args.declines else [None]
         sures = [float(t) for t in args.sure.split(",") if t.strip()] if args.sure else [None]
         rows = drafts(Path(args.run), Path(args.data_dir) if args.data_dir else None)
-        results = [outcomes(rows, t, d, u) for d in declines for u in sures for t in thresholds]
+        shapes = [tuple(int(x) for x in sh.split(":")) for sh in args.shapes.split(",") if sh.strip()]
+        if any(len(sh) != 2 for sh in shapes):
+            raise ValueError(f"--shapes: REACH:WORDS pairs, got {args.shapes!r}")
+        results = [outcomes(rows, t, d, u, sh) for sh in shapes for d in declines for u in sures for t in thresholds]
         at = [float(x) for x in args.costs.split(",")] if args.costs else None
         if at is not None and len(at) != 3:
             raise ValueError("--costs takes three thresholds: the word check's, the decline's and sure's")
-        costs = check_costs(rows, *at) if at else None
+        costs = check_costs(rows, *at, shapes[0]) if at else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     best = choose(results, args.wrong_at_most, args.said_at_least)
     print(json.dumps({"run": args.run, "questions": len(rows), "results": results,
                       "chosen": best["least"] if best else None, "chosen_decline": best["decline"] if best else None,
-                      "chosen_sure": best["sure"] if best else None, **({"costs": costs} if costs else {})}))
+                      "chosen_sure": best["sure"] if best else None, "chosen_shape": best["shape"] if best else None,
+                      **({"costs": costs} if costs else {})}))
     print(markdown(results, Path(args.run)))
     if costs:
         fates = [_fate(r, 0.0, 1.0, 0.0) for r in rows]
@@ -278,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nChosen (most right with wrong answers <= {args.wrong_at_most:g}% of all asked and the book said not to "
           f"say for >= {args.said_at_least:g}% of the unanswerable): "
           + (f"{best['least']:g}" + "".join(f", {k} {best[k]:g}" for k in ("decline", "sure") if best[k] is not None)
-             if best else "none keeps to it"))
+             + ", stretch (reach, question words) {}, {}".format(*best["shape"]) if best else "none keeps to it"))
     return 0
 
 

@@ -35,7 +35,6 @@ from longmem.tasks.chat import Chat
 from longmem.tasks.evidence import Checker, grounding, support
 from longmem.tasks.reading import (
     DECLINE,
-    PROMPTS,
     SURE_TOKENS,
     Citation,
     Found,
@@ -43,7 +42,7 @@ from longmem.tasks.reading import (
     Reading,
     citations,
     fit_for_chat,
-    reading_prompt,
+    prompt_for,
 )
 
 ANSWER_TOKENS = 64  # tokens an answer says at most: a book question's answer is a sentence or two
@@ -160,7 +159,8 @@ def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None
             tok = chat.model.backbone.tokenizer
             chat.sampling = replace(chat.sampling, decline=tuple(tok(DECLINE, add_special_tokens=False).input_ids),
                                     decline_above=reading.decline)
-    checker = Checker(question, [f.passage.text for f in found], reading.abstain) if checks else None
+    checker = Checker(question, [f.passage.text for f in found], reading.abstain, reading.reach,
+                      reading.asked_words) if checks else None
     made, completed = [], False
     held, judged, doubted = "", not (found and reading.sure > 0), False  # text held until the first tokens are judged
     probs = reply.trace.probs
@@ -171,7 +171,7 @@ def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None
         reply.sure = min(probs[:SURE_TOKENS], default=0.0)
         return reply.sure < reading.sure
     try:
-        excerpts = reading_prompt(question, found, PROMPTS[reading.prompt]) if found else None
+        excerpts = prompt_for(question, found, reading) if found else None
         pieces = chat.ask(question, excerpts, reading.search_excerpts, reply.trace)
         try:
             for piece in pieces:

@@ -39,6 +39,7 @@ from longmem.storage.passages import STOPWORDS
 from longmem.text.passages import sentence_spans
 
 REACH = 1  # sentences on either side of a passage's sentence that make one stretch with it (``stretches``)
+ASKED = 1  # the question's words a stretch must hold, at least (or all it has, when fewer; ``stretches``)
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)  # "_Araminta_" (italics in a Gutenberg text) is the word "araminta"
 _POSSESSIVE = re.compile(r"['\u2019]s\b", re.IGNORECASE)
 _SUFFIXES = ("ing", "ed", "es", "s", "ly")
@@ -78,17 +79,23 @@ def grounding(answer: str, question: str, passages: list[str]) -> float:
     return held(added_words(answer, question), [{w for p in passages for w in content_words(p)}])
 
 
-def stretches(question: str, passages: list[str], reach: int = REACH) -> list[set[str]]:
+def stretches(question: str, passages: list[str], reach: int = REACH, asked_words: int = ASKED) -> list[set[str]]:
     """The stretches of ``passages`` where an answer to ``question`` may find its words (see the module doc): for each
     sentence of a passage, the content words of it and of the ``reach`` sentences on either side within that
-    passage; only those holding a word of the question, unless none does (then all of them)."""
+    passage; only those holding ``asked_words`` of the question's words (all of them when it has fewer), else those
+    holding one, unless none does (then all of them). A reader that reads long spans reads many sentences that hold
+    one word of the question (a name): asking for two keeps the stretches where the question's matter is."""
     asked = set(content_words(question))
+    need = max(1, min(asked_words, len(asked)))
     out = []
     for text in passages:
         sentences = [set(content_words(text[a:b])) for a, b in sentence_spans(text)]
         out += [set().union(*sentences[max(0, i - reach): i + reach + 1]) for i in range(len(sentences))]
-    near = [stretch for stretch in out if stretch & asked]
-    return near or out
+    for least in dict.fromkeys((need, 1)):
+        near = [stretch for stretch in out if len(stretch & asked) >= least]
+        if near:
+            return near
+    return out
 
 
 def held(added: list[str], among: list[set[str]]) -> float:
@@ -104,9 +111,10 @@ class Checker:
     of text, then ``finish``; each returns the text newly shown (possibly ""). ``stopped``: a sentence was below
     ``least`` (the answer ends before it); ``shown``: all the text shown so far."""
 
-    def __init__(self, question: str, passages: list[str], least: float, reach: int = REACH):
+    def __init__(self, question: str, passages: list[str], least: float, reach: int = REACH,
+                 asked_words: int = ASKED):
         self.question, self.least = question, least
-        self.stretches = stretches(question, passages, reach)
+        self.stretches = stretches(question, passages, reach, asked_words)
         self.text = ""  # everything fed
         self.judged = 0  # characters of ``text`` judged
         self.start = 0  # where the text shown begins (after a preamble such as "The answer is:")

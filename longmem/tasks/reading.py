@@ -40,7 +40,7 @@ import torch
 from longmem.memory.memory import Memory, MemoryView
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, Passage
-from longmem.tasks.evidence import nearest
+from longmem.tasks.evidence import ASKED, REACH, nearest
 from longmem.tasks.sections import asks_ending, named_books, named_sections
 from longmem.tasks.spans import widen
 from longmem.text.passages import excerpt
@@ -64,6 +64,10 @@ DECLINE = "The book does not say."  # what the book-or-not prompt tells a reader
 PROMPTS = {  # the reading prompt's instruction, by name (``Reading.prompt``)
     "book": INSTRUCTION,  # the 135M's: it cannot tell whether excerpts answer, the check does (docs/design.md)
     "book-or-not": f"{INSTRUCTION} If they do not answer it, say: {DECLINE}",  # a reader that can tell
+    "book-or-not-after": INSTRUCTION,  # the same told after the question too, where a reader of long spans reads it
+}
+AFTER = {  # what the reading prompt says after the question, by name (none: nothing)
+    "book-or-not-after": f"If the excerpts do not answer it, say: {DECLINE}",
 }
 
 
@@ -89,7 +93,7 @@ class Reading:
     #                        last passages are read (lexical finding; docs/design.md); one naming a book of the
     #                        bank by its title is looked for in that book (every finder)
     books: tuple[int, ...] = ()  # the documents (ids) of the bank passages are found in; (): all of them
-    prompt: str = "book"  # the reading prompt's instruction (``PROMPTS``): "book", or "book-or-not" (told to say
+    prompt: str = "book"  # the reading prompt (``PROMPTS``, ``AFTER``): "book", or "book-or-not" (told to say
     #                       that the book does not say when the excerpts do not answer)
     decline: float = 0.0  # > 0, with the book-or-not prompt: the reader says that the book does not say (``DECLINE``)
     #                       only when its probability of saying so, right after the prompt, is above this; below, it
@@ -98,6 +102,9 @@ class Reading:
     sure: float = 0.0  # > 0, when excerpts are read: an answer is shown only when each of its first ``SURE_TOKENS``
     #                    tokens had at least this probability as the reader chose it (sure how its answer begins);
     #                    else the reply says that the book does not say; 0: off
+    reach: int = REACH  # the check's stretch: sentences on either side of a sentence read with it
+    #                     (``tasks.evidence.stretches``)
+    asked_words: int = ASKED  # the question's words a stretch of the check must hold (all it has, when fewer)
     spans: bool = False  # read spans, not bare passages: each found passage with ``neighbours`` passages on either
     #                      side, joined where they touch, in book order, as many as fit ``budget`` (``tasks.spans``);
     #                      False: the found passages alone, best last (the 135M's 1,024-token window)
@@ -106,8 +113,10 @@ class Reading:
     def __post_init__(self):
         if self.finder not in FINDERS:
             raise ValueError(f"finder must be one of {', '.join(FINDERS)}, got {self.finder!r}")
-        if self.passages < 0 or self.budget < 0 or self.depth < 1 or self.neighbours < 0:
-            raise ValueError("passages, budget and neighbours must be >= 0 and depth >= 1")
+        if self.passages < 0 or self.budget < 0 or self.depth < 1 or self.neighbours < 0 or self.reach < 0:
+            raise ValueError("passages, budget, neighbours and reach must be >= 0 and depth >= 1")
+        if self.asked_words < 1:
+            raise ValueError(f"asked_words must be >= 1, got {self.asked_words}")
         if self.topk is not None and self.topk < 1:
             raise ValueError(f"topk must be >= 1 or None (the model's K), got {self.topk}")
         shares = (self.side_weight, self.abstain, self.decline, self.sure)
@@ -120,7 +129,7 @@ class Reading:
     @property
     def declines(self) -> bool:
         """Whether the reader's decline is weighed (``decline``): a threshold, with the prompt that names it."""
-        return self.decline > 0 and DECLINE in PROMPTS[self.prompt]
+        return self.decline > 0 and DECLINE in PROMPTS[self.prompt] + AFTER.get(self.prompt, "")
 
     def chunks(self, memory, found: list, model_topk: int) -> int | None:
         """Memory chunks each query token reads while answering: ``topk`` tokens' worth of ``memory``'s chunks (at
@@ -320,13 +329,18 @@ def fit(found: list[Found], tokenizer, budget: int) -> list[Found]:
     return out
 
 
-def reading_prompt(question: str, found: list[Found], instruction: str = INSTRUCTION) -> str:
+def reading_prompt(question: str, found: list[Found], instruction: str = INSTRUCTION, after: str = "") -> str:
     """The user's turn when reading: ``instruction`` (``PROMPTS``), numbered excerpts with their places, then the
-    question (no excerpts: the question alone)."""
+    question, then ``after`` (``AFTER``) on a line of its own when given (no excerpts: the question alone)."""
     if not found:
         return question
     excerpts = "\n\n".join(f"[{i}] ({f.passage.prompt_place()})\n{f.passage.text}" for i, f in enumerate(found, 1))
-    return f"{instruction}\n\n{excerpts}\n\nQuestion: {question}"
+    return f"{instruction}\n\n{excerpts}\n\nQuestion: {question}" + (f"\n{after}" if after else "")
+
+
+def prompt_for(question: str, found: list[Found], reading: Reading) -> str:
+    """The user's turn ``reading`` reads for ``question`` (its prompt by name: ``PROMPTS``, ``AFTER``)."""
+    return reading_prompt(question, found, PROMPTS[reading.prompt], AFTER.get(reading.prompt, ""))
 
 
 def citations(bank: Bank, found: list[Found], question: str = "", context_chars: int = 600) -> list[Citation]:
