@@ -338,6 +338,7 @@ def test_one_set_up_gives_a_reader_its_own_window_and_the_bank_s_model_its_memor
     assert tuned.reading.abstain == 0.0  # the asker turned the check off
     monkeypatch.setitem(setup.READER_PROFILES, qwen_gguf, ReaderProfile(window=10**6))
     assert reading_setup(model, qwen_gguf).lm.segment_len == 2048  # bounded by the reader's own context
+    assert setup.load(qwen_gguf, model, 300).segment_len == 300  # a window told (the eval's ``window``)
 
 
 def test_the_workspace_reads_with_the_readers_tuned_settings(tmp_path, qwen_gguf, monkeypatch):

@@ -140,6 +140,7 @@ class ReadingSize:
     #                             (``Reading.sure``; 0: off)
     reach: int = Reading.reach  # the app's check: sentences either side of a sentence in one stretch
     asked_words: int = Reading.asked_words  # the app's check: the question's words a stretch must hold
+    window: int = 0  # tokens of the reader's window (0: its profile's, else the LongMem model's; ``tasks.setup``)
     spans: bool = Reading.spans  # the app reads spans in book order (``Reading.spans``), as the chat does with a
     #                              reader whose profile says so (``tasks.setup``)
     neighbours: int = Reading.neighbours  # with spans, passages on either side of each found one
@@ -443,7 +444,10 @@ def entrants_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Entrants:
         told = set(ctx.overrides.get(suite, {}))
         for key, value in reader_settings(size.reader, told).items():  # each a field of ReadingSize too
             setattr(size, key, value)
-    app = load_reader(size.reader, model) if size.reader else None  # with its own window (``tasks.setup``)
+    if size.window < 0:
+        raise ValueError(f"{suite}.window must be >= 0 (0: the reader's own), got {size.window}")
+    app = load_reader(size.reader, model, size.window or None) if size.reader else None  # its own window
+    #                                                                                    (``tasks.setup``)
     reader_bb = app.backbone if app is not None else bb
     script = BackboneLM(reader_bb, min(SCRIPT_WINDOW, reader_bb.spec.max_positions))
     return Entrants(model, app or BackboneLM(bb, model.segment_len), BackboneLM(bb, bb.spec.max_positions), size,

@@ -33,16 +33,14 @@ class ReaderProfile:
 
 
 READER_PROFILES: dict[str, ReaderProfile] = {
-    # Qwen2.5-Coder-1.5B-Instruct (32k native context). Window: 2,560 tokens, ~1,900 of them spans of the book (its
-    # prefill runs at ~217 tok/s on 2 cores: ~9 s, the first answer piece's budget). Spans: the lexical finder's best
-    # 12 passages as many as fit, then one neighbour either side of each where room is left, joined, in book order
-    # (issue 85: the evidence lies whole in what is read for 70% of natural-tune, the RAG script's windows 58%)
-    # Told to say that the book does not say, held to it only when >= 70% sure of it, an answer shown only when
-    # each of its first 4 tokens had >= 10% probability, the lexical check at 0.5 (issue 69's choices on the tuning
-    # sets; measured again with spans: docs/history/notes-issue-85.md)
-    "qwen2.5-coder-1.5b": ReaderProfile(window=2560, reading={
-        "budget": 1900, "passages": 12, "spans": True, "neighbours": 1,
-        "prompt": "book-or-not", "decline": 0.7, "sure": 0.1}),
+    # Qwen2.5-Coder-1.5B-Instruct (32k native context). Told to say that the book does not say, held to it only when
+    # >= 70% sure of it, an answer shown only when each of its first 4 tokens had >= 10% probability, the lexical
+    # check at 0.5; it reads the lexical finder's best 4 passages in the bank model's window (issue 69's choices on
+    # the tuning sets). Spans in a window of its own (``Reading.spans``, ``tasks.spans``) were measured on the same
+    # sets in issue 85 and not chosen: they read the evidence for more questions and get more drafts right, but
+    # the reader then answers questions the book does not answer, and the checks that stop it keep fewer right
+    # answers than these settings do (48 against 61 of 128 within 20% wrong and 75% declined; docs/design.md)
+    "qwen2.5-coder-1.5b": ReaderProfile(reading={"prompt": "book-or-not", "decline": 0.7, "sure": 0.1}),
 }
 
 
@@ -65,11 +63,11 @@ def reader_window(reader: str, model) -> int:
     return READER_PROFILES.get(reader, ReaderProfile()).window or model.segment_len
 
 
-def load(reader: str, model):
-    """Reader ``reader`` (resolved: ``readers.choose``) as the frozen backbone alone, with its own window, in the
-    bank model's dtype and on its device."""
+def load(reader: str, model, window: int | None = None):
+    """Reader ``reader`` (resolved: ``readers.choose``) as the frozen backbone alone, with its own window (``window``
+    tokens when given), in the bank model's dtype and on its device."""
     bb = model.backbone
-    return readers.load_reader(reader, bb.dtype, bb.device, reader_window(reader, model))
+    return readers.load_reader(reader, bb.dtype, bb.device, window or reader_window(reader, model))
 
 
 def resolve(model, reader: str | None, default: str | None = None) -> tuple[str, bool]:
