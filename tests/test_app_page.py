@@ -106,6 +106,18 @@ def test_where_no_sentence_supports_the_answer_the_one_nearest_the_question_is_q
     assert "“The keeper lit the lamp at dusk. He wrote" in citations_message([citation(text, text)])["content"]
 
 
+def test_the_passage_the_answer_rests_on_is_named_in_the_block_and_marked():
+    from dataclasses import replace
+
+    text = "The keeper lit the lamp at dusk."
+    a, b = citation(text, text, support=(0, len(text))), citation("Gulls cried.", "Gulls cried.")
+    block = citations_message([replace(b, number=1), replace(a, number=2, rests=True)])
+    assert block["metadata"]["title"].startswith("Read from the book: 2 passages, the answer rests on [2]")
+    assert block["content"].count("(the answer rests on this)") == 1
+    assert block["content"].index("(the answer rests on this)") > block["content"].index("[2]")
+    assert "rests on" not in citations_message([a], said=False)["metadata"]["title"]  # not said: nothing rests
+
+
 def test_a_passage_missing_from_its_context_is_shown_alone_and_escaped():
     out = context_html(citation("a < b & c", "unrelated text"))
     assert out == "<p>a &lt; b &amp; c</p>"
