@@ -109,7 +109,8 @@ def test_spans_need_the_bank():
 
     chat = Chat(chat_model(segment_len=128), None, Sampling(max_new_tokens=4))
     with pytest.raises(ValueError, match="needs the bank"):
-        fit_for_chat([], chat, "Who?", Reading(spans=True))
+        fit_for_chat([Found(None, 1.0)], chat, "Who?", Reading(spans=True))
+    assert fit_for_chat([], chat, "Who?", Reading(spans=True)) == []  # nothing found: nothing to widen
 
 
 def test_a_recorded_span_is_read_back_as_the_text_the_check_read(bank):

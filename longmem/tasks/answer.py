@@ -120,8 +120,8 @@ def answer(chat: Chat, finder: PassageFinder | None, question: str, reading: Rea
                          f"-token window leaves {room:,} beside the answer; ask in fewer words")
     reads = finder is not None and reading.finder != "none" and reading.passages > 0
     ranked = finder.find(question, reading) if reads else []
-    found = fit_for_chat(ranked, chat, question, reading, finder.bank if reads else None)  # none may fit a small
-    #                                                          window: then memory alone answers
+    # none may fit a small window: then memory alone answers
+    found = fit_for_chat(ranked, chat, question, reading, finder.bank) if ranked else []
     cited = citations(finder.bank, found, question) if found else []
     view = None
     if chat.memory is not None:

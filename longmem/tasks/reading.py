@@ -300,6 +300,8 @@ def find_for_chat(finder: PassageFinder, chat, question: str, reading: Reading) 
 def fit_for_chat(found: list[Found], chat, question: str, reading: Reading, bank: Bank | None = None) -> list[Found]:
     """``found`` (best first) cut to what a chat's window leaves for excerpts (``find_for_chat``), in the order the
     prompt shows them; with ``reading.spans``, widened into spans of ``bank`` (``tasks.spans.widen``)."""
+    if not found:
+        return []
     alone = chat.prompt_ids(question, history=False).shape[1] + 16
     budget = max(0, min(reading.budget, chat.model.segment_len - chat.sampling.max_new_tokens - alone))
     tok = chat.model.backbone.tokenizer
