@@ -64,7 +64,7 @@ from longmem.tasks.reading import (
     find_for_chat,
 )
 from longmem.tasks.setup import load as load_reader
-from longmem.tasks.setup import reader_settings
+from longmem.tasks.setup import reader_settings, resolve
 from longmem.util.files import write_file_atomic
 
 FINDER_ENTRANTS = {"app": DEFAULT_FINDER, "longmem_memory": "memory", "longmem_fused": "fused"}
@@ -431,15 +431,14 @@ def entrants_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Entrants:
     ``model.readers.choose``; the LongMem model's own backbone: ""), so that the run's record names the reader."""
     from longmem.model.baselines import BackboneLM
     from longmem.model.embedder import Embedder
-    from longmem.model.readers import choose, same_model
 
     check_entrants(suite, size.entrants)
     if size.reading_topk < 0:
         raise ValueError(f"{suite}.reading_topk must be >= 0 (0: the model's K), got {size.reading_topk}")
     model, bb = ctx.model, ctx.model.backbone
-    size.reader = choose(size.reader) if size.reader else ""
-    if size.reader and same_model(size.reader, model.config.backbone):
-        size.reader = ""  # the LongMem model's own backbone: the app reads as it does
+    if size.reader:  # the LongMem model's own backbone ("") reads as the app does (``tasks.setup.resolve``)
+        name, own = resolve(model, size.reader)
+        size.reader = "" if own else name
     if size.reader:  # it reads as it was tuned to (``tasks.setup.reader_settings``), but for what the run sets
         told = set(ctx.overrides.get(suite, {}))
         for key, value in reader_settings(size.reader, told).items():  # each a field of ReadingSize too
