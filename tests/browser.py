@@ -230,16 +230,20 @@ def type_new_value(page, component: str, value: str) -> None:
         raise AssertionError(f"dropdown #{component} shows {box.input_value()!r}, not {value!r}")
 
 
-def upload_file(page, component: str, path, attempts: int = 3, timeout_s: float = 20) -> None:
-    """Give a Gradio file component a file and wait until the server has it (the component shows its name). On a
-    loaded machine a selection made while the page is still settling can be dropped without an error, so it is made
-    again (``attempts`` times in all) before giving up."""
+def upload_file(page, component: str, path, attempts: int = 3, timeout_s: float = 20, taken: str | None = None) -> None:
+    """Give a Gradio file component a file and wait until the server has it: the component shows its name or, for a
+    component the app clears once it took the file, the element matching the CSS selector ``taken`` (what the app
+    shows when it has it) appears. On a loaded machine a selection made while the page is still settling can be
+    dropped without an error, so it is made again (``attempts`` times in all) before giving up; never once the file
+    was taken (a second upload of a book is a second bank)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+    shown = page.locator(f"#{component}", has_text=Path(path).name)
+    arrived = shown.or_(page.locator(taken)) if taken else shown
     for attempt in range(attempts):
         page.locator(f"#{component} input[type=file]").set_input_files(str(path))
         try:
-            page.locator(f"#{component}", has_text=Path(path).name).wait_for(timeout=timeout_s * MS)
+            arrived.first.wait_for(timeout=timeout_s * MS)
             return
         except PlaywrightTimeout:
             if attempt == attempts - 1:

@@ -182,7 +182,7 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
             page.get_by_role("tab", name="Chat", selected=True).wait_for()
             page.locator("#chat-bank input[role=combobox]").wait_for()
             page.locator("#question textarea").fill(QUESTION)  # typed before the refusal: it stays, in view
-            upload_file(page, "chat-book", empty)
+            upload_file(page, "chat-book", empty, taken="#chat-notice .notice-error")
             notice = page.locator("#chat-notice .notice-error")
             notice.wait_for(timeout=60 * MS)
             assert "empty.txt" in notice.inner_text() and "/tmp" not in notice.inner_text(), notice.inner_text()
@@ -194,7 +194,7 @@ def test_upload_ingest_and_chat_in_a_real_browser(chromium, tmp_path):
 
             # -- drop a book, watch it load ---------------------------------------------------------------------------
             t0 = time.perf_counter()
-            upload_file(page, "chat-book", book)  # and wait until the upload reached the server
+            upload_file(page, "chat-book", book, taken="#chat-loading")  # and wait until the upload reached the server
             loading = page.locator("#chat-loading-panel #chat-loading")
             loading.wait_for(timeout=120 * MS)
             page.wait_for_function(f"() => document.querySelector('#chat-bank input[role=combobox]').value === "
@@ -340,7 +340,7 @@ def test_the_chat_tab_names_its_reader_and_answers_with_the_one_switched_to(chro
             picker = page.locator("#chat-reader input[role=combobox]")
             picker.wait_for()
             assert picker.input_value() == "tiny-qwen"  # the reader the app was started with, by name
-            upload_file(page, "chat-book", book)
+            upload_file(page, "chat-book", book, taken="#chat-loading")
             page.wait_for_function(
                 "() => { const p = document.querySelector('#chat-loading');"
                 " return p && p.dataset.status === 'done'; }", timeout=600 * MS)
