@@ -234,6 +234,28 @@ def test_each_check_is_counted_by_the_right_drafts_it_kills_and_the_wrong_ones_i
     assert costs["sure"]["within_kills_right"] == 1 and costs["decline"]["within_stops_wrong"] == 1
     with pytest.raises(ValueError, match="never declined"):
         check_costs([r | {"declines_at": 0.7} for r in rows], 0.5, 0.7, 0.1)
+    assert "confirm" not in costs  # not asked of the reader: not a check here
+
+
+def test_the_reader_s_confirmation_is_calibrated_and_counted_on_a_run_that_asked_it():
+    """``Reading.confirm`` read off the record: a draft the reader confirmed below the threshold is not shown."""
+    from longmem.eval.calibrate import check_costs, outcomes
+
+    passage = "The harbour lay still that morning. A grey zeppelin drifted over the harbour at dawn. Gulls cried."
+    rows = [  # right, confirmed; right, barely confirmed; an unanswerable one answered, unconfirmed
+        {"question": QUESTION, "golds": ("zeppelin",), "draft": "A grey zeppelin.", "confirm": 0.95},
+        {"question": QUESTION, "golds": ("zeppelin",), "draft": "A grey zeppelin.", "confirm": 0.7},
+        {"question": "Who owned the zeppelin?", "golds": (), "draft": "The harbour owned it.", "confirm": 0.4},
+    ]
+    rows = [r | {"passages": [passage], "declines_at": 1.0, "decline": 0.1, "probs": [0.9] * 4, "answer": "",
+                 "least": 0.0} for r in rows]
+    at = {c: outcomes(rows, 0.0, confirm=c) for c in (None, 0.5, 0.8)}
+    assert [(o["right"], o["declined"], o["not_said"], o["invented"]) for o in at.values()] == [
+        (2, 0, 0, 1), (2, 0, 1, 0), (1, 1, 1, 0)]
+    costs = {c["check"]: c for c in check_costs(rows, 0.0, 1.0, 0.0, confirm=0.8)}
+    assert (costs["confirm"]["alone_kills_right"], costs["confirm"]["alone_stops_wrong"]) == (1, 1)
+    with pytest.raises(ValueError, match="asked its reader"):
+        outcomes([{k: v for k, v in r.items() if k != "confirm"} for r in rows], 0.0, confirm=0.5)
 
 
 def test_the_answer_benchmark_times_a_readers_prefill_and_decoding(qwen_gguf):

@@ -138,6 +138,9 @@ class ReadingSize:
     #                                   for the app's reader to say it (``Reading.decline``; 0: greedy)
     sure: float = Reading.sure  # the least probability of each of the app's answer's first tokens for it to be shown
     #                             (``Reading.sure``; 0: off)
+    confirm: float = Reading.confirm  # the least probability the app's reader gives Yes, asked once its answer is
+    #                                   made whether the excerpts state it, for it to be shown (``Reading.confirm``;
+    #                                   0: not asked); a run records it where asked (``eval.calibrate --confirms``)
     reach: int = Reading.reach  # the app's check: sentences either side of a sentence in one stretch
     asked_words: int = Reading.asked_words  # the app's check: the question's words a stretch must hold
     window: int = 0  # tokens of the reader's window (0: its profile's, else the LongMem model's; ``tasks.setup``)
@@ -286,7 +289,7 @@ def scored(got: str | dict, golds) -> dict:
         draft = reply["draft"]
         row |= {"said": reply["said"], "draft": draft,
                 "draft_contains": contains(draft, golds) if golds else says_not_said(draft),
-                **{k: reply[k] for k in ("read", "decline", "probs") if k in reply}}
+                **{k: reply[k] for k in ("read", "decline", "probs", "confirm") if k in reply}}
     if reply.get("quoted") is not None and golds:
         row["quoted_contains"] = float(any(contains(q, golds) for q in reply["quoted"]))
     return row
@@ -349,6 +352,7 @@ class Entrants:
                         "read": [list(f.ids) if f.covers else f.passage.id for f in reply.found],  # what the
                         #       check read (``eval.calibrate``): a passage's id, or a span's passages' ids
                         **({"decline": round(reply.trace.decline, 4)} if reply.trace.decline is not None else {}),
+                        **({"confirm": round(reply.confirm, 4)} if reply.confirm is not None else {}),
                         "probs": [round(p, 3) for p in reply.trace.probs],  # each draft token's probability
                         "quoted": [c.quote().removesuffix("…") for c in reply.citations]}  # the scorer keeps "…"
             return out
@@ -408,6 +412,7 @@ class Entrants:
                        side_weight=size.side_weight, abstain=size.abstain if app else 0.0,
                        sections=size.sections and app, prompt=size.prompt if app else Reading.prompt,
                        decline=size.decline if app else 0.0, sure=size.sure if app else 0.0,
+                       confirm=size.confirm if app else 0.0,
                        spans=size.spans and app, neighbours=size.neighbours, reach=size.reach,
                        asked_words=size.asked_words)
 

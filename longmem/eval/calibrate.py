@@ -22,7 +22,9 @@ is above d, else the draft checked at the threshold of the check (``--declines``
     python -m longmem.eval.calibrate runs/tune --declines 0.5,0.7,0.9
 
 And ``Reading.sure`` (an answer shown only when each of its first tokens had at least that probability) is read off
-any run's record, which keeps each draft token's probability (``--sure``: swept with the others).
+any run's record, which keeps each draft token's probability (``--sure``: swept with the others). ``Reading.confirm``
+(the reader asked, once its answer is made, whether the excerpts state it) is read off a run that asked it
+(``--set natural.confirm=0.0001``: asked and recorded, acting almost never; ``--confirms``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from longmem.util.data import data_dir
 
 THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
 SURES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)  # thresholds of ``Reading.sure`` swept with ``--sure``
+NOT_ASKED = "a threshold of confirm is read off a run that asked its reader (--set natural.confirm=0.0001)"
+CONFIRMS = (0.0, 0.5, 0.7, 0.8, 0.85, 0.88, 0.9, 0.92, 0.94)  # thresholds of ``Reading.confirm`` (``--confirms``)
 DECLINES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)  # decline thresholds swept with ``--declines`` and no list
 WRONG_AT_MOST = 26.0  # % of all questions asked that may get a wrong answer (the 135M app's share on the dev sets)
 SAID_AT_LEAST = 70.0  # % of the unanswerable questions that must get "the book does not say" (the issue's target)
@@ -107,7 +111,8 @@ def drafts(run: Path, data: Path | None = None) -> list[dict]:
                 out.append({"id": x["id"], "question": x["id"].split(":", 1)[1], "golds": golds[x["id"]],
                             "draft": x["draft"], "passages": read_texts(bank, x["read"]),
                             "answer": x["answer"], "least": least, "decline": x.get("decline"),
-                            "declines_at": declines_at, "probs": x.get("probs"), "shape": shape})
+                            "declines_at": declines_at, "probs": x.get("probs"), "shape": shape,
+                            "confirm": x.get("confirm")})
     return out
 
 
@@ -127,24 +132,28 @@ def read_texts(bank, read: list) -> list[str]:
 
 
 def outcomes(rows: list[dict], least: float, decline: float | None = None, sure: float | None = None,
-             shape: tuple[int, int] = (REACH, ASKED)) -> dict:
+             shape: tuple[int, int] = (REACH, ASKED), confirm: float | None = None) -> dict:
     """What the check at ``least`` gives a user over ``rows`` (``drafts``), the reader declining where its
     probability of it is above ``decline`` (None: as recorded) and saying that the book does not say where its least
-    sure first token was below ``sure`` (None: as recorded, 0: never): answerable right / the book does not say / wrong,
-    unanswerable said / invented, wrong answers of all asked (%), and how many replies equal the recorded ones (at the
-    run's thresholds)."""
+    sure first token was below ``sure`` (None: as recorded, 0: never) or where it confirmed its answer below
+    ``confirm`` (None: not applied): answerable right / the book does not say / wrong, unanswerable said / invented,
+    wrong answers of all asked (%), and how many replies equal the recorded ones (at the run's thresholds)."""
     if decline is not None and any(r.get("declines_at", 0.0) < 1.0 for r in rows):
         raise ValueError("a decline threshold is read off a run that never declined (--set natural.decline=1); "
                          "this run's reader declined where sure, and its answer there was not made")
     if sure is not None and any(r.get("probs") is None for r in rows):
         raise ValueError("a threshold of sure is read off a run whose record keeps the draft tokens' probabilities "
                          "(run it again)")
-    o = {"least": least, "decline": decline, "sure": sure, "shape": list(shape), "right": 0, "declined": 0,
-         "wrong": 0, "not_said": 0, "invented": 0, "agrees": 0}
+    if confirm and not any(r.get("confirm") is not None for r in rows):
+        raise ValueError(NOT_ASKED)
+    o = {"least": least, "decline": decline, "sure": sure, "confirm": confirm, "shape": list(shape), "right": 0,
+         "declined": 0, "wrong": 0, "not_said": 0, "invented": 0, "agrees": 0}
     for r in rows:
         declined = decline is not None and r.get("decline") is not None and r["decline"] > decline
         unsure = sure is not None and min(r["probs"][:SURE_TOKENS], default=0.0) < sure
-        shown = NOT_SAID if declined or unsure else checked(r["draft"], r["question"], r["passages"], least, shape)
+        unconfirmed = _unconfirmed(r, confirm)
+        shown = NOT_SAID if declined or unsure or unconfirmed else checked(r["draft"], r["question"], r["passages"],
+                                                                         least, shape)
         said = shown != NOT_SAID
         if r["golds"]:
             key = "right" if contains(shown, r["golds"]) else "wrong" if said and not says_not_said(shown) \
@@ -153,6 +162,7 @@ def outcomes(rows: list[dict], least: float, decline: float | None = None, sure:
             key = "not_said" if not said or says_not_said(shown) else "invented"
         o[key] += 1
         o["agrees"] += (least == r["least"] and (decline is None or decline == r["declines_at"]) and sure is None
+                        and not confirm
                         and tuple(shape) == tuple(r.get("shape", (REACH, ASKED)))
                         and " ".join(shown.split()) == " ".join(r["answer"].split()))
     asked = len(rows)
@@ -161,41 +171,50 @@ def outcomes(rows: list[dict], least: float, decline: float | None = None, sure:
     return o
 
 
-CHECKS = ("words", "decline", "sure")  # the checks of an answer: the word check (``Reading.abstain``), the reader's
-#                                      decline (``Reading.decline``) and the least-sure rule (``Reading.sure``)
+CHECKS = ("words", "decline", "sure", "confirm")  # the checks of an answer: the word check (``Reading.abstain``), the
+#                                                 reader's decline (``Reading.decline``), the least-sure rule
+#                                                 (``Reading.sure``) and the reader's confirmation (``Reading.confirm``)
+
+
+def _unconfirmed(r: dict, confirm: float | None) -> bool:
+    """Whether row ``r``'s reader confirmed its draft below ``confirm`` (a row without its confirmation: never)."""
+    return bool(confirm) and r.get("confirm") is not None and r["confirm"] < confirm
 
 
 def _fate(r: dict, least: float, decline: float | None, sure: float | None,
-          shape: tuple[int, int] = (REACH, ASKED)) -> str:
+          shape: tuple[int, int] = (REACH, ASKED), confirm: float | None = None) -> str:
     """What a user is shown of row ``r`` under those thresholds: "right", "wrong" (an answerable question answered
     wrongly, an unanswerable one answered) or "not said"."""
     declined = decline is not None and r.get("decline") is not None and r["decline"] > decline
     unsure = bool(sure) and min(r["probs"][:SURE_TOKENS], default=0.0) < sure
-    shown = NOT_SAID if declined or unsure else checked(r["draft"], r["question"], r["passages"], least, shape)
+    shown = NOT_SAID if declined or unsure or _unconfirmed(r, confirm) else checked(
+        r["draft"], r["question"], r["passages"], least, shape)
     if shown == NOT_SAID or says_not_said(shown):
         return "not said"
     return "right" if r["golds"] and contains(shown, r["golds"]) else "wrong"
 
 
 def check_costs(rows: list[dict], least: float, decline: float, sure: float,
-                shape: tuple[int, int] = (REACH, ASKED)) -> list[dict]:
+                shape: tuple[int, int] = (REACH, ASKED), confirm: float = 0.0) -> list[dict]:
     """Per check, on a run that never declined: the right drafts it kills and the wrong ones it stops, alone (the
     other checks off) and within the set (the others on: what turning it off would change). A draft is right when the
-    whole draft holds an accepted answer; wrong when it answers wrongly (or answers an unanswerable question)."""
+    whole draft holds an accepted answer; wrong when it answers wrongly (or answers an unanswerable question). The
+    reader's confirmation is among the checks when ``confirm`` > 0 (a run that asked it)."""
     if any(r.get("declines_at", 0.0) < 1.0 for r in rows):
         raise ValueError("each check's costs are read off a run that never declined (--set natural.decline=1)")
-    on = {"words": least, "decline": decline, "sure": sure}
-    off = {"words": 0.0, "decline": 1.0, "sure": 0.0}
-    bare = [_fate(r, 0.0, 1.0, 0.0) for r in rows]
-    full = [_fate(r, least, decline, sure, shape) for r in rows]
+    if confirm and not any(r.get("confirm") is not None for r in rows):
+        raise ValueError(NOT_ASKED)
+    on = {"words": least, "decline": decline, "sure": sure, "confirm": confirm}
+    off = {"words": 0.0, "decline": 1.0, "sure": 0.0, "confirm": 0.0}
+
+    def fates(at: dict) -> list[str]:
+        return [_fate(r, at["words"], at["decline"], at["sure"], shape, at["confirm"]) for r in rows]
+    bare, full = fates(off), fates(on)
     out = []
     for c in CHECKS:
-        alone = [_fate(r, **{"least": (on if c == "words" else off)["words"],
-                             "decline": (on if c == "decline" else off)["decline"],
-                             "sure": (on if c == "sure" else off)["sure"]}, shape=shape) for r in rows]
-        without = [_fate(r, **{"least": (off if c == "words" else on)["words"],
-                               "decline": (off if c == "decline" else on)["decline"],
-                               "sure": (off if c == "sure" else on)["sure"]}, shape=shape) for r in rows]
+        if c == "confirm" and not confirm:
+            continue
+        alone, without = fates(off | {c: on[c]}), fates(on | {c: off[c]})
         out.append({"check": c, "threshold": on[c],
                     "alone_kills_right": sum(b == "right" and a != "right" for b, a in zip(bare, alone)),
                     "alone_stops_wrong": sum(b == "wrong" and a == "not said" for b, a in zip(bare, alone)),
@@ -213,7 +232,7 @@ def costs_markdown(costs: list[dict], drafts_right: int, drafts_wrong: int) -> s
 
 
 def markdown(results: list[dict], run: Path) -> str:
-    swept = [k for k in ("decline", "sure") if any(o.get(k) is not None for o in results)]
+    swept = [k for k in ("decline", "sure", "confirm") if any(o.get(k) is not None for o in results)]
     shapes = len({tuple(o["shape"]) for o in results}) > 1
     rows = [[f"{o[k]:g}" for k in swept] + ["{}, {}".format(*o["shape"])] * shapes + [
         f"{o['least']:g}", str(o["right"]), str(o["declined"]), str(o["wrong"]), str(o["not_said"]),
@@ -231,11 +250,11 @@ def choose(results: list[dict], wrong_at_most: float = WRONG_AT_MOST,
     """The threshold that answers most questions right with wrong answers at most ``wrong_at_most`` % of all asked and
     "the book does not say" for at least ``said_at_least`` % of the unanswerable questions (ties: the lower wrong
     share, then the higher threshold, the lower decline threshold (declining early, without writing an answer that
-    would not be shown), the lower sure); None when none keeps to both."""
+    would not be shown), the lower sure, the lower confirm); None when none keeps to both."""
     ok = [o for o in results if o["wrong_pct"] <= wrong_at_most
           and 100 * o["not_said"] >= said_at_least * max(1, o["unanswerable"])]
     return max(ok, key=lambda o: (o["right"], -o["wrong_pct"], o["least"], -(o.get("decline") or 0.0),
-                                  -(o.get("sure") or 0.0))) if ok else None
+                                  -(o.get("sure") or 0.0), -(o.get("confirm") or 0.0))) if ok else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sure", nargs="?", const=",".join(f"{t:g}" for t in SURES), default=None,
                    help="comma-separated thresholds of Reading.sure, swept with the others (no list: "
                         f"{','.join(f'{t:g}' for t in SURES)}); default: the run's replies as recorded")
+    p.add_argument("--confirms", nargs="?", const=",".join(f"{t:g}" for t in CONFIRMS), default=None,
+                   help="comma-separated thresholds of Reading.confirm, swept with the others, on a run that asked "
+                        f"its reader (no list: {','.join(f'{t:g}' for t in CONFIRMS)}); default: not applied")
     p.add_argument("--wrong-at-most", type=float, default=WRONG_AT_MOST,
                    help=f"%% of all questions that may be answered wrongly (default {WRONG_AT_MOST:g})")
     p.add_argument("--said-at-least", type=float, default=SAID_AT_LEAST,
@@ -259,9 +281,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated shapes of the check's stretches, REACH:WORDS (sentences either side; the "
                         "question's words a stretch must hold: Reading.reach, Reading.asked_words), swept with the "
                         f"others (default {REACH}:{ASKED})")
-    p.add_argument("--costs", default=None, metavar="CHECK,DECLINE,SURE",
+    p.add_argument("--costs", default=None, metavar="CHECK,DECLINE,SURE[,CONFIRM]",
                    help="also each check's right drafts killed and wrong ones stopped at these thresholds (of the "
-                        "word check, the decline and sure; a run at --set natural.decline=1), e.g. 0.5,0.7,0.1")
+                        "word check, the decline, sure and, on a run that asked it, confirm; a run at --set "
+                        "natural.decline=1), e.g. 0.5,0.7,0.1")
     p.add_argument("--data-dir", default=None, help="the shared data folder (default: $LONGMEM_DATA_DIR, else "
                                                     "../shared/data)")
     args = p.parse_args(argv)
@@ -269,15 +292,18 @@ def main(argv: list[str] | None = None) -> int:
         thresholds = [float(t) for t in args.thresholds.split(",") if t.strip()]
         declines = [float(t) for t in args.declines.split(",") if t.strip()] if args.declines else [None]
         sures = [float(t) for t in args.sure.split(",") if t.strip()] if args.sure else [None]
+        confirms = [float(t) for t in args.confirms.split(",") if t.strip()] if args.confirms else [None]
         rows = drafts(Path(args.run), Path(args.data_dir) if args.data_dir else None)
         shapes = [tuple(int(x) for x in sh.split(":")) for sh in args.shapes.split(",") if sh.strip()]
         if any(len(sh) != 2 for sh in shapes):
             raise ValueError(f"--shapes: REACH:WORDS pairs, got {args.shapes!r}")
-        results = [outcomes(rows, t, d, u, sh) for sh in shapes for d in declines for u in sures for t in thresholds]
+        results = [outcomes(rows, t, d, u, sh, c) for sh in shapes for d in declines for u in sures
+                   for c in confirms for t in thresholds]
         at = [float(x) for x in args.costs.split(",")] if args.costs else None
-        if at is not None and len(at) != 3:
-            raise ValueError("--costs takes three thresholds: the word check's, the decline's and sure's")
-        costs = check_costs(rows, *at, shapes[0]) if at else None
+        if at is not None and len(at) not in (3, 4):
+            raise ValueError("--costs takes three or four thresholds: the word check's, the decline's, sure's and "
+                             "confirm's")
+        costs = check_costs(rows, *at[:3], shapes[0], *at[3:]) if at else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -285,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"run": args.run, "questions": len(rows), "results": results,
                       "chosen": best["least"] if best else None, "chosen_decline": best["decline"] if best else None,
                       "chosen_sure": best["sure"] if best else None, "chosen_shape": best["shape"] if best else None,
+                      "chosen_confirm": best["confirm"] if best else None,
                       **({"costs": costs} if costs else {})}))
     print(markdown(results, Path(args.run)))
     if costs:
@@ -292,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + costs_markdown(costs, fates.count("right"), fates.count("wrong")))
     print(f"\nChosen (most right with wrong answers <= {args.wrong_at_most:g}% of all asked and the book said not to "
           f"say for >= {args.said_at_least:g}% of the unanswerable): "
-          + (f"{best['least']:g}" + "".join(f", {k} {best[k]:g}" for k in ("decline", "sure") if best[k] is not None)
+          + (f"{best['least']:g}" + "".join(f", {k} {best[k]:g}" for k in ("decline", "sure", "confirm")
+                                            if best[k] is not None)
              + ", stretch (reach, question words) {}, {}".format(*best["shape"]) if best else "none keeps to it"))
     return 0
 

@@ -25,7 +25,7 @@ import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -266,6 +266,16 @@ class Backbone(nn.Module):
         """Last residual-stream state (B, T, E) -> logits (B, T, V), through the frozen final norm and LM head."""
         h = h.to(self.dtype)
         return self.model.get_output_embeddings()(self.final_norm(h))
+
+    def token_logits(self, h: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
+        """Last residual-stream state (B, T, E) -> float32 logits (B, T, len(tokens)) of ``tokens`` alone: the final
+        norm in the model's dtype, then those rows of the LM head in float32 (finer than a bfloat16 logit, whose
+        steps of 1/8 near 20 would round a comparison of two tokens to a few levels)."""
+        head = self.model.get_output_embeddings()
+        rows = list(tokens)
+        out = self.final_norm(h.to(self.dtype)).float() @ head.weight[rows].float().T
+        bias = getattr(head, "bias", None)
+        return out + bias[rows].float() if bias is not None else out
 
     @staticmethod
     def cache_can_drop(cache) -> bool:

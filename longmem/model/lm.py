@@ -98,6 +98,22 @@ class LMOutput:
     loss: torch.Tensor | None  # mean next-token cross-entropy when labels were given
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A question the model is asked once its answer is made, and the two replies weighed (``Trace.confirm``)."""
+
+    ids: tuple[int, ...]  # read after the answer: the end of its turn, the question, the start of the next reply
+    #                       (``tasks.chat.Chat.probe`` renders them in the model's chat template)
+    yes: tuple[int, ...]  # first tokens of the reply weighed for (e.g. "Yes", " Yes", "yes")
+    no: tuple[int, ...]  # first tokens of the reply weighed against
+
+    def __post_init__(self):
+        if not (self.ids and self.yes and self.no):
+            raise ValueError("a probe needs its question's ids and tokens of both replies")
+        if set(self.yes) & set(self.no):
+            raise ValueError("a probe's two replies share a first token")
+
+
 @dataclass
 class Sampling:
     max_new_tokens: int = 128  # tokens to generate at most
@@ -118,6 +134,9 @@ class Sampling:
     #                                likeliest reply that does not begin with it (its second token is banned after its
     #                                first); (): no such reply, every token as sampled
     decline_above: float = 0.5  # the probability the decline must have to be given (``decline``)
+    probe: Probe | None = None  # asked once the answer ends (a stop id, or ``max_new_tokens``), its tokens read after
+    #                             the answer's and cut back after: the model's probability of its ``yes`` against its
+    #                             ``no`` goes to ``Trace.confirm`` (with a trace; None: not asked)
     draft: int = 6  # greedy decoding with the backbone's logits in the mix (side_weight < 1): the frozen backbone
     #                 drafts up to this many tokens ahead, and the model reads them in one pass and keeps those it would
     #                 have chosen itself: the tokens of one step at a time (up to rounding, as the drafts are read as
@@ -143,6 +162,9 @@ class Trace:
     declined: bool = False  # whether the generation was the decline
     probs: list[float] = field(default_factory=list)  # each emitted token's probability under the distribution it
     #                                                   was chosen from (temperature 1, before bans)
+    confirm: float | None = None  # with ``Sampling.probe``: the model's probability of its ``yes`` against its
+    #                               ``no`` (their float32 logits) once the answer ended (None: not asked; the answer
+    #                               left unfinished, declined, or the window too full for the probe)
 
 
 def as_ids(x, device) -> torch.Tensor:
@@ -384,6 +406,28 @@ class SegmentLM(nn.Module):
                         memory.forget(found)
             return [math.exp(float(x)) for x in logp]
 
+        def confirm(tok: int) -> float | None:
+            """The model's probability of the probe's ``yes`` against its ``no`` once the answer ended at ``tok``
+            (chosen, not read; a stop id is left unread: the probe's ids end the turn in the template's own way),
+            the probe read as the answer's next tokens and cut back after (None where the window cannot take it)."""
+            probe = sampling.probe
+            new = ([] if tok in sampling.stop_ids else [tok]) + list(probe.ids)
+            if window.length + len(new) > self.segment_len or not self.backbone.cache_can_drop(window.past):
+                return None
+            start = window.length
+            step = self.step(torch.tensor([new], device=ids.device), memory, window)
+            both = probe.yes + probe.no
+            logits = self.backbone.token_logits(step.hidden[:, -1:], both)[0, -1]  # (Y + N,) float32
+            if step.reference is not None and sampling.side_weight < 1:  # the same blend the answer was chosen from
+                w = sampling.side_weight
+                logits = w * logits + (1 - w) * self.backbone.token_logits(step.reference[:, -1:], both)[0, -1]
+            window.crop(start)
+            if isinstance(memory, MemoryView):
+                for found in step.chunk_ids:  # what the probe retrieved is not what the answer read
+                    memory.forget(found)
+            n = len(probe.yes)
+            return float(torch.sigmoid(torch.logsumexp(logits[:n], 0) - torch.logsumexp(logits[n:], 0)))
+
         def read_ahead(tok: int, before: list[int]) -> list[tuple[int, float]]:
             """Read ``tok`` (chosen, not yet read; ``before`` ends with it) and decode ahead: the frozen backbone drafts
             up to ``sampling.draft`` tokens greedily, the model reads them in one pass and keeps the drafts it
@@ -440,6 +484,8 @@ class SegmentLM(nn.Module):
                 trace.probs.append(tok_p)
             yield tok
             if tok in sampling.stop_ids or len(made) >= sampling.max_new_tokens:
+                if sampling.probe is not None and trace is not None:
+                    trace.confirm = confirm(tok)
                 return
             if pending:
                 continue

@@ -16,7 +16,10 @@ question are found together in one stretch of the passages read, and the first t
 sentence is, the reply is ``NOT_SAID`` and the passages read are still cited, as the closest the book has. Without
 the check, pieces stream as they are made. A reader told to say that the book does not say (the "book-or-not"
 prompt) may be held to it only when sure (``Reading.decline``): its probability of saying so is read once it has read
-the prompt, and below the threshold it answers with its likeliest other reply, which the check then judges.
+the prompt, and below the threshold it answers with its likeliest other reply, which the check then judges. Once
+its answer is made the reader may be asked whether it is stated in the excerpts (``Reading.confirm``: its
+probability of Yes against No, read after the answer in the same window); unconfirmed, the reply says the book does
+not say. That answer is held until confirmed.
 
 Who reads. The chat's model is the reader: the bank's own LongMem model with the bank's memory attached (the full
 path above), or any other model (``model.readers``: the frozen backbone alone, ``Chat(reader, None)``) reading the
@@ -34,6 +37,7 @@ from longmem.model.lm import Sampling, Trace
 from longmem.tasks.chat import Chat
 from longmem.tasks.evidence import Checker, grounding, support
 from longmem.tasks.reading import (
+    CONFIRM,
     DECLINE,
     SURE_TOKENS,
     Citation,
@@ -80,6 +84,8 @@ class Answer:
         #                       each answer token's probability
         self.sure: float | None = None  # the least probability of the answer's first tokens (``Reading.sure``;
         #                                 None: not judged)
+        self.confirm: float | None = None  # the reader's probability that its answer is stated in the excerpts
+        #                                    (``Reading.confirm``; None: not asked)
         self.draft: str | None = None  # what the model answered, when the reply shows less of it (cut at a sentence
         #                                the passages do not support, or NOT_SAID)
         self.complete = False
@@ -149,12 +155,16 @@ def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None
     """The answer's pieces: generated with ``view`` as the chat's memory (put back after) and the reading's blend of
     the backbone's logits while excerpts are read; when ``checks``, shown sentence by sentence as the passages read
     support them (``evidence.Checker``), and NOT_SAID when none is. The turn records what was shown. With
-    ``whole_draft`` the generation goes on unshown after the check stops (the checker shows nothing more)."""
+    ``whole_draft`` the generation goes on unshown after the check stops (the checker shows nothing more). With
+    ``Reading.confirm`` the answer is made whole (the check's stop does not end it) and held: what the check shows of
+    it comes once the reader confirmed the whole draft, else NOT_SAID."""
     question, found = reply.question, reply.found
+    confirms = bool(found) and reading.confirm > 0  # the whole answer is held until the reader confirms it
+    probe = chat.probe(CONFIRM) if confirms else None
     memory, sampling = chat.memory, chat.sampling
     chat.memory = view
     if found:
-        chat.sampling = replace(sampling, side_weight=reading.side_weight)
+        chat.sampling = replace(sampling, side_weight=reading.side_weight, probe=probe)
         if reading.declines:
             tok = chat.model.backbone.tokenizer
             chat.sampling = replace(chat.sampling, decline=tuple(tok(DECLINE, add_special_tokens=False).input_ids),
@@ -188,11 +198,11 @@ def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None
                         continue
                     break
                 held += shown
-                if judged and held:
+                if judged and held and not confirms:
                     yield held
                     held = ""
-                if checker is not None and checker.stopped and not whole_draft:
-                    break
+                if checker is not None and checker.stopped and not (whole_draft or confirms):
+                    break  # (the reader confirms, or not, its whole answer)
             else:
                 completed = True
                 if checker is not None and not (reply.trace.declined or doubted):
@@ -203,6 +213,9 @@ def _stream(chat: Chat, reply: Answer, reading: Reading, view: MemoryView | None
         chat.memory, chat.sampling = memory, sampling
     if not judged and not reply.trace.declined:  # fewer than SURE_TOKENS tokens made, or the check ended it first
         doubted = judge()
+    if confirms and completed:
+        reply.confirm = reply.trace.confirm
+        doubted = doubted or (reply.confirm is not None and reply.confirm < reading.confirm)
     if held and not (doubted or reply.trace.declined):
         yield held
     draft = "".join(made)

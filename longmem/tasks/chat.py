@@ -11,7 +11,7 @@ from typing import Iterator
 import torch
 
 from longmem.memory.memory import Memory
-from longmem.model.lm import Sampling, SegmentLM, Trace
+from longmem.model.lm import Probe, Sampling, SegmentLM, Trace
 from longmem.text.io import stream_text
 
 
@@ -95,6 +95,26 @@ class Chat:
                 self.history.append({"role": "assistant", "content": "".join(pieces)})
             elif self.history and self.history[-1]["role"] == "user":
                 self.history.pop()
+
+    def probe(self, question: str, yes: str = "Yes", no: str = "No") -> Probe:
+        """``question`` asked of the model right after its answer, in its chat template (the end of the answer's turn,
+        a user turn, the start of the next reply: ``Sampling.probe``), weighing the replies ``yes`` and ``no`` by
+        their first tokens, as written alone, after a space, and lower-cased (those the two share left out)."""
+        tok = self.model.backbone.tokenizer
+        mark = "\u2063answer\u2063"  # the answer's place in the rendered turns (invisible separators around a word)
+        text = tok.apply_chat_template([{"role": "user", "content": "Question"}, {"role": "assistant", "content": mark},
+                                        {"role": "user", "content": question}], add_generation_prompt=True,
+                                       tokenize=False)
+        if mark not in text:
+            raise ValueError("this backbone's chat template does not show an answer as written; it cannot be probed")
+        tail = text[text.rindex(mark) + len(mark):]
+
+        def firsts(word: str) -> set[int]:
+            return {tok(w, add_special_tokens=False).input_ids[0]
+                    for w in (word, " " + word, word.lower(), " " + word.lower())}
+        ys, ns = firsts(yes), firsts(no)
+        return Probe(tuple(tok(tail, add_special_tokens=False).input_ids), tuple(sorted(ys - ns)),
+                     tuple(sorted(ns - ys)))
 
     def record(self, question: str, answer: str, said: bool = True) -> None:
         """Record a turn whose answer was not generated (e.g. a reply that the book does not say). ``said=False``:

@@ -66,6 +66,8 @@ PROMPTS = {  # the reading prompt's instruction, by name (``Reading.prompt``)
     "book-or-not": f"{INSTRUCTION} If they do not answer it, say: {DECLINE}",  # a reader that can tell
     "book-or-not-after": INSTRUCTION,  # the same told after the question too, where a reader of long spans reads it
 }
+CONFIRM = "Is your answer stated in the excerpts? Answer Yes or No."  # asked of the reader once its answer is made
+#                                                                     (``Reading.confirm``)
 AFTER = {  # what the reading prompt says after the question, by name (none: nothing)
     "book-or-not-after": f"If the excerpts do not answer it, say: {DECLINE}",
 }
@@ -102,6 +104,10 @@ class Reading:
     sure: float = 0.0  # > 0, when excerpts are read: an answer is shown only when each of its first ``SURE_TOKENS``
     #                    tokens had at least this probability as the reader chose it (sure how its answer begins);
     #                    else the reply says that the book does not say; 0: off
+    confirm: float = 0.0  # > 0, when excerpts are read: once its answer is made the reader is asked whether it is
+    #                       stated in the excerpts (``CONFIRM``, ``Sampling.probe``); with its probability of Yes
+    #                       against No below this, the reply says that the book does not say. The answer is then
+    #                       shown whole once confirmed, not streamed as made; 0: not asked
     reach: int = REACH  # the check's stretch: sentences on either side of a sentence read with it
     #                     (``tasks.evidence.stretches``)
     asked_words: int = ASKED  # the question's words a stretch of the check must hold (all it has, when fewer)
@@ -119,9 +125,9 @@ class Reading:
             raise ValueError(f"asked_words must be >= 1, got {self.asked_words}")
         if self.topk is not None and self.topk < 1:
             raise ValueError(f"topk must be >= 1 or None (the model's K), got {self.topk}")
-        shares = (self.side_weight, self.abstain, self.decline, self.sure)
+        shares = (self.side_weight, self.abstain, self.decline, self.sure, self.confirm)
         if not all(0.0 <= x <= 1.0 for x in shares):
-            raise ValueError("side_weight, abstain, decline and sure must be in [0, 1], got "
+            raise ValueError("side_weight, abstain, decline, sure and confirm must be in [0, 1], got "
                              + ", ".join(f"{x:g}" for x in shares))
         if self.prompt not in PROMPTS:
             raise ValueError(f"prompt must be one of {', '.join(PROMPTS)}, got {self.prompt!r}")
@@ -299,10 +305,13 @@ def find_for_chat(finder: PassageFinder, chat, question: str, reading: Reading) 
 
 def fit_for_chat(found: list[Found], chat, question: str, reading: Reading, bank: Bank | None = None) -> list[Found]:
     """``found`` (best first) cut to what a chat's window leaves for excerpts (``find_for_chat``), in the order the
-    prompt shows them; with ``reading.spans``, widened into spans of ``bank`` (``tasks.spans.widen``)."""
+    prompt shows them; with ``reading.spans``, widened into spans of ``bank`` (``tasks.spans.widen``). With
+    ``reading.confirm`` the window keeps room for the question asked after the answer (``Chat.probe``)."""
     if not found:
         return []
     alone = chat.prompt_ids(question, history=False).shape[1] + 16
+    if reading.confirm > 0:
+        alone += len(chat.probe(CONFIRM).ids) + 1  # and the answer's last token, read before it
     budget = max(0, min(reading.budget, chat.model.segment_len - chat.sampling.max_new_tokens - alone))
     tok = chat.model.backbone.tokenizer
     if reading.spans:
