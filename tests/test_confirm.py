@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 from test_answer import QUESTION
-from test_decline import FAMILIES, PROMPT, bank, bank_view, generated
+from test_decline import FAMILIES, PROMPT, bank, bank_view, beside_plain, generated
 from test_drafting import DTYPES, GREEDY, opened
 
 from longmem.model.lm import Probe, Sampling, Trace
@@ -51,9 +51,7 @@ def test_the_probe_s_confirmation_is_the_model_s_own(family, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_probe_leaves_the_answer_and_memory_s_counts_as_they_were(family, dtype):
-    model = opened(family, dtype, 64)
-    plain_view, view = bank_view(model), bank_view(model)
-    plain = generated(model, GREEDY, plain_view)
+    model, plain, plain_view, view = beside_plain(family, dtype)
     trace = Trace()
     assert generated(model, replace(GREEDY, probe=PROBE), view, trace) == plain
     assert view.hits == plain_view.hits  # the probe's own searches were uncounted

@@ -40,6 +40,14 @@ def generated(model, sampling: Sampling, memory=None, trace: Trace | None = None
     return list(model.generate(PROMPT, memory, sampling, trace=trace))
 
 
+def beside_plain(family: str, dtype: torch.dtype):
+    """A tiny LongMem, its greedy tokens with a view of a bank, that view, and a second view of the same bank (for a
+    generation that must leave both the same)."""
+    model = opened(family, dtype, 64)
+    plain_view, view = bank_view(model), bank_view(model)
+    return model, generated(model, GREEDY, plain_view), plain_view, view
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_decline_s_traced_probability_is_the_model_s_own(family, dtype):
@@ -57,9 +65,7 @@ def test_the_decline_s_traced_probability_is_the_model_s_own(family, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_decline_not_taken_leaves_the_generation_and_memory_s_counts_as_they_were(family, dtype):
-    model = opened(family, dtype, 64)
-    plain_view, view = bank_view(model), bank_view(model)
-    plain = generated(model, GREEDY, plain_view)
+    model, plain, plain_view, view = beside_plain(family, dtype)
     decline = tuple(t for t in (9, 30, 61) if t != plain[0])[:2]  # not the first token made: no ban applies
     trace = Trace()
     out = generated(model, replace(GREEDY, decline=decline, decline_above=1.0), view, trace)

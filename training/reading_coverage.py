@@ -10,6 +10,10 @@ minutes are spent. Compared:
   of each as the budget allows, joined, in book order, within ``B`` tokens of the reader's tokenizer
   (``tasks.spans.widen``; N = 0: the passages alone);
 - ``script``: the RAG script's four 1,600-character windows (``eval.ragscript``).
+- ``fts 4`` against ``fts 4 + names before`` (and ``fts 4 + names column``): the best four passages by the bank's
+  own word search (an FTS5 index as the bank's, the same query, no sections) over the passages alone, and over each
+  passage with the names of the passage before it appended to its text (or as a second column): the index-only field
+  of issue 85's item 4 (``text.names``), built here in memory, the bank untouched.
 
     python -m training.reading_coverage --run runs/tune-a --sets natural-tune natural-tune2
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 from pathlib import Path
 
 from longmem.eval.calibrate import run_bank
@@ -27,12 +32,40 @@ from longmem.eval.natural import package_set_path, read_questions
 from longmem.eval.ragscript import RagScript
 from longmem.model.longmem import LongMemConfig, LongMemModel
 from longmem.model.readers import load_reader
+from longmem.storage.passages import fts_query
 from longmem.tasks.reading import PassageFinder, Reading, fit
 from longmem.tasks.spans import widen
+from longmem.text.names import names_before, names_in, proper_names
 from longmem.util.data import data_dir
 
 BARE = ("app 4 bare", 4, None, 720)  # the 135M's reading: 4 passages, the window's ~720 tokens of excerpts
 GRID = [(p, n, b) for b in (1300, 1900, 2600) for p in (8, 12, 16) for n in (0, 1, 2)]
+NAMES = ("fts 4", "fts 4 + names before", "fts 4 + names column", "fts 4 + names column at 0.3",
+         "fts 4 + names before where none")  # the word search's best four: the passages alone, with the names of
+#        the passage before appended, in a column of their own (weighed 1 or 0.3 against the text's 1), or appended
+#        to the passages that name no one themselves
+TOKENIZE = "porter unicode61 remove_diacritics 2"  # the bank's FTS5 tokenizer (``storage.schema``)
+
+
+def word_index(rows: list[tuple[str, ...]]) -> sqlite3.Connection:
+    """An in-memory FTS5 index as the bank's, over ``rows`` (rowid = position + 1), one column per field."""
+    db = sqlite3.connect(":memory:")
+    cols = [f"c{i}" for i in range(len(rows[0]))] if rows else ["c0"]
+    db.execute(f"CREATE VIRTUAL TABLE t USING fts5({', '.join(cols)}, tokenize='{TOKENIZE}')")
+    db.executemany(f"INSERT INTO t(rowid, {', '.join(cols)}) VALUES (?, {', '.join('?' * len(cols))})",
+                   [(i + 1, *r) for i, r in enumerate(rows)])
+    return db
+
+
+def best(db: sqlite3.Connection, question: str, k: int, weights: tuple[float, ...] = ()) -> list[int]:
+    """Positions of the ``k`` rows whose words best match ``question`` (FTS5's bm25, the columns weighed by
+    ``weights``; none: each 1)."""
+    query = fts_query(question)
+    if query is None:
+        return []
+    rank = f"bm25(t{''.join(f', {w}' for w in weights)})"
+    return [r[0] - 1 for r in db.execute(f"SELECT rowid FROM t WHERE t MATCH ? ORDER BY {rank} LIMIT ?",
+                                         (query, k))]
 
 
 def covers(spans: list[tuple[int, int]], at: tuple[int, int]) -> bool:
@@ -52,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return len(tok(text, add_special_tokens=False).input_ids)
 
     model = LongMemModel.from_config(LongMemConfig())
-    rows = {name: [] for name in [BARE[0], *(f"spans {p}/{n}/{b}" for p, n, b in GRID), "script"]}
+    rows = {name: [] for name in [BARE[0], *(f"spans {p}/{n}/{b}" for p, n, b in GRID), "script", *NAMES]}
     tokens = {name: [] for name in rows}
     for name in args.sets:
         path = package_set_path(name) or data_dir() / "bookqa" / f"{name}.jsonl"
@@ -64,6 +97,15 @@ def main(argv: list[str] | None = None) -> int:
                 text = bank.document_text(doc.id)
                 finder = PassageFinder(bank, model, bank.load_memory(model))
                 script = RagScript(text)
+                passages = bank.passages([i for i, _ in bank.passage_texts(doc.id)])
+                names = proper_names(text)
+                named = [" ".join(ns) for ns in names_before([p.text for p in passages], names)]
+                column = word_index([(p.text, ns) for p, ns in zip(passages, named)])
+                indexes = dict(zip(NAMES, ((word_index([(p.text,) for p in passages]), ()),
+                                           (word_index([(f"{p.text} {ns}",) for p, ns in zip(passages, named)]), ()),
+                                           (column, ()), (column, (1.0, 0.3)),
+                                           (word_index([(p.text if names_in(p.text, names) else f"{p.text} {ns}",)
+                                                        for p, ns in zip(passages, named)]), ()))))
                 for q in (q for q in questions if q.book == book):
                     at = text.find(q.evidence)
                     ev = (at, at + len(q.evidence))
@@ -79,12 +121,20 @@ def main(argv: list[str] | None = None) -> int:
                     _, read = script.prompt(q.question)
                     rows["script"].append(covers(read, ev))
                     tokens["script"].append(sum(count(text[a:b]) for a, b in read))
+                    for key, (index, weights) in indexes.items():
+                        read = [passages[i] for i in best(index, q.question, 4, weights)]
+                        rows[key].append(covers([(p.char_start, p.char_end) for p in read], ev))
+                        tokens[key].append(sum(count(p.text) for p in read))
     n = len(rows["script"])
     out = {k: {"covered": sum(v), "of": n, "tokens": sum(tokens[k]) / max(1, n)} for k, v in rows.items()}
     print(json.dumps({"run": args.run, "sets": args.sets, "results": out}))
     print(f"\n| reading | evidence read whole (of {n}) | tokens read (mean) |\n| --- | ---: | ---: |")
     for k, v in out.items():
         print(f"| {k} | {v['covered']} ({100 * v['covered'] / max(1, n):.0f}%) | {v['tokens']:.0f} |")
+    for key in NAMES[1:]:
+        a, b = rows[NAMES[0]], rows[key]
+        print(f"\n{key}: the evidence read for {sum(y and not x for x, y in zip(a, b))} questions more than "
+              f"{NAMES[0]} and {sum(x and not y for x, y in zip(a, b))} fewer.")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
     return 0

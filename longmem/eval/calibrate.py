@@ -181,14 +181,19 @@ def _unconfirmed(r: dict, confirm: float | None) -> bool:
     return bool(confirm) and r.get("confirm") is not None and r["confirm"] < confirm
 
 
-def _fate(r: dict, least: float, decline: float | None, sure: float | None,
-          shape: tuple[int, int] = (REACH, ASKED), confirm: float | None = None) -> str:
-    """What a user is shown of row ``r`` under those thresholds: "right", "wrong" (an answerable question answered
-    wrongly, an unanswerable one answered) or "not said"."""
+def fate(r: dict, least: float, decline: float | None, sure: float | None,
+         shape: tuple[int, int] = (REACH, ASKED), confirm: float | None = None) -> str:
+    """What a user is shown of row ``r`` under those thresholds (``reply_fate``)."""
     declined = decline is not None and r.get("decline") is not None and r["decline"] > decline
     unsure = bool(sure) and min(r["probs"][:SURE_TOKENS], default=0.0) < sure
     shown = NOT_SAID if declined or unsure or _unconfirmed(r, confirm) else checked(
         r["draft"], r["question"], r["passages"], least, shape)
+    return reply_fate(r, shown)
+
+
+def reply_fate(r: dict, shown: str) -> str:
+    """"right", "wrong" (an answerable question answered wrongly, an unanswerable one answered) or "not said" for the
+    reply ``shown`` to row ``r``'s question."""
     if shown == NOT_SAID or says_not_said(shown):
         return "not said"
     return "right" if r["golds"] and contains(shown, r["golds"]) else "wrong"
@@ -208,7 +213,7 @@ def check_costs(rows: list[dict], least: float, decline: float, sure: float,
     off = {"words": 0.0, "decline": 1.0, "sure": 0.0, "confirm": 0.0}
 
     def fates(at: dict) -> list[str]:
-        return [_fate(r, at["words"], at["decline"], at["sure"], shape, at["confirm"]) for r in rows]
+        return [fate(r, at["words"], at["decline"], at["sure"], shape, at["confirm"]) for r in rows]
     bare, full = fates(off), fates(on)
     out = []
     for c in CHECKS:
@@ -315,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                       **({"costs": costs} if costs else {})}))
     print(markdown(results, Path(args.run)))
     if costs:
-        fates = [_fate(r, 0.0, 1.0, 0.0) for r in rows]
+        fates = [fate(r, 0.0, 1.0, 0.0) for r in rows]
         print("\n" + costs_markdown(costs, fates.count("right"), fates.count("wrong")))
     print(f"\nChosen (most right with wrong answers <= {args.wrong_at_most:g}% of all asked and the book said not to "
           f"say for >= {args.said_at_least:g}% of the unanswerable): "

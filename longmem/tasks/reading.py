@@ -65,6 +65,8 @@ PROMPTS = {  # the reading prompt's instruction, by name (``Reading.prompt``)
     "book": INSTRUCTION,  # the 135M's: it cannot tell whether excerpts answer, the check does (docs/design.md)
     "book-or-not": f"{INSTRUCTION} If they do not answer it, say: {DECLINE}",  # a reader that can tell
     "book-or-not-after": INSTRUCTION,  # the same told after the question too, where a reader of long spans reads it
+    "quote-first": f"{INSTRUCTION} First copy the sentence of the excerpts that answers it, in quotation marks, then "
+                   f"answer in a few words. If they do not answer it, say: {DECLINE}",  # an answer resting on a quote
 }
 CONFIRM = "Is your answer stated in the excerpts? Answer Yes or No."  # asked of the reader once its answer is made
 #                                                                     (``Reading.confirm``)

@@ -39,7 +39,9 @@ READER_PROFILES: dict[str, ReaderProfile] = {
     # the tuning sets). Spans in a window of its own (``Reading.spans``, ``tasks.spans``) were measured on the same
     # sets in issue 85 and not chosen: they read the evidence for more questions and get more drafts right, but
     # the reader then answers questions the book does not answer, and the checks that stop it keep fewer right
-    # answers than these settings do (48 against 61 of 128 within 20% wrong and 75% declined; docs/design.md)
+    # answers than these settings do (48 against 61 of 128 within 20% wrong and 75% declined; docs/design.md). Its
+    # own Yes, asked whether the excerpts state its answer (``Reading.confirm``), was measured too and not chosen: it
+    # says Yes to right and invented answers alike (AUC 0.64; docs/design.md)
     "qwen2.5-coder-1.5b": ReaderProfile(reading={"prompt": "book-or-not", "decline": 0.7, "sure": 0.1}),
 }
 

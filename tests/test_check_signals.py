@@ -1,0 +1,34 @@
+"""``training.check_signals``: the AUC of a signal, a logistic regression scored book by book (never on its own
+book's drafts), and the tally of what a user is shown, against the honesty a profile is held to."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training.check_signals import auc, book_by_book, tally
+
+
+def test_auc_is_the_chance_a_right_draft_scores_above_a_wrong_one():
+    assert auc([3, 4], [1, 2]) == 1.0 and auc([1], [2]) == 0.0
+    assert auc([1, 2], [1, 2]) == 0.5  # ties count half
+    assert auc([], [1]) != auc([], [1])  # nan: nothing to compare
+
+
+def test_a_book_s_drafts_are_scored_by_a_model_of_the_other_books():
+    torch.manual_seed(0)
+    books = [b for b in "abc" for _ in range(20)]
+    y = torch.tensor([i % 2 for i in range(60)], dtype=torch.float64)
+    x = torch.stack([y * 2 - 1 + 0.3 * torch.randn(60, dtype=torch.float64), torch.randn(60, dtype=torch.float64)], 1)
+    score = book_by_book(x, y, books)
+    assert auc(score[y == 1].tolist(), score[y == 0].tolist()) > 0.95  # the first signal separates, in every book
+    flipped = book_by_book(torch.cat([x[:20], -x[20:]]), y, books)  # book a's relation is the others' reversed
+    assert auc(flipped[:20][y[:20] == 1].tolist(), flipped[:20][y[:20] == 0].tolist()) < 0.2
+
+
+def test_the_tally_holds_a_reply_to_the_honesty_bound():
+    rows = [{"golds": ("x",)}] * 3 + [{"golds": ()}] * 2
+    o = tally(rows, ["right", "wrong", "not said", "not said", "wrong"])
+    assert (o["right"], o["wrong"], o["said"], o["unanswerable"]) == (1, 2, 1, 2)
+    assert o["wrong_pct"] == pytest.approx(40.0) and not o["honest"]
+    assert tally(rows, ["right", "right", "not said", "not said", "not said"])["honest"]

@@ -1,0 +1,159 @@
+"""How well each signal of a reader's draft tells a right draft from a wrong one, alone and together, on a natural
+run's record (issue 85: the checks that keep right answers). No reader runs: the signals are those the run recorded.
+
+Signals per draft (a run at ``--set natural.decline=1``, so that every question has a draft; ``natural.confirm``
+set to a small value for the reader's confirmation):
+
+- ``decline``: the reader's probability of "The book does not say." after the prompt (``Reading.decline``; lower is
+  surer of an answer);
+- ``least sure``: the least log-probability of the draft's first ``SURE_TOKENS`` tokens (``Reading.sure``);
+- ``mean log-prob``: the mean log-probability of the draft's tokens;
+- ``confirm``: the reader's probability of Yes, asked whether the excerpts state its answer (``Reading.confirm``);
+- ``grounding``: the share of the draft's added words found in what it read (``tasks.evidence.grounding``);
+- ``word check``: whether the word check at ``Reading.abstain`` = 0.5 shows any of it.
+
+Printed: each signal's AUC (right drafts against wrong ones: answerable ones answered wrongly and unanswerable ones
+answered), then a logistic regression over all of them scored book by book (each book's drafts by a model fitted on
+the other books'), and what a user would get showing a draft (checked by the word check) only where that score is
+above a threshold: right, wrong, unanswerable said, against the honesty a profile is held to.
+
+    python -m training.check_signals runs/tune-d
+
+With ``--answers RUN2`` (a run of another reading on the same questions, e.g. spans): the first run's reply decides
+whether to answer (as recorded at its thresholds, or at ``--at``), the second's draft answers, checked by the word
+check: what reading more would add at the same honesty.
+
+Tuning sets only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from longmem.eval.calibrate import checked, drafts, fate, reply_fate
+from longmem.tasks.answer import NOT_SAID
+from longmem.tasks.evidence import grounding
+from longmem.tasks.reading import SURE_TOKENS
+
+SIGNALS = ("decline", "least sure", "mean log-prob", "confirm", "grounding", "word check")
+LOWER_IS_SURER = {"decline"}  # signals whose lower values go with right drafts
+CHECK = 0.5  # the word check's threshold (``Reading.abstain``)
+WRONG_AT_MOST, SAID_AT_LEAST = 20.0, 75.0  # the honesty the 1.5B's profile was chosen at (% of all; % of unanswerable)
+
+
+def signals(r: dict) -> list[float]:
+    """A draft's signals (``SIGNALS``), from its record row (``eval.calibrate.drafts``)."""
+    probs = [max(p, 1e-6) for p in (r.get("probs") or [1e-6])]
+    confirm = min(max(r.get("confirm") if r.get("confirm") is not None else 0.5, 1e-4), 1 - 1e-4)
+    return [r.get("decline") or 0.0, math.log(min(probs[:SURE_TOKENS])), sum(map(math.log, probs)) / len(probs),
+            math.log(confirm / (1 - confirm)), grounding(r["draft"], r["question"], r["passages"]) or 0.0,
+            float(checked(r["draft"], r["question"], r["passages"], CHECK) != NOT_SAID)]
+
+
+def auc(pos: list[float], neg: list[float]) -> float:
+    """The chance that a random right draft's value is above a random wrong one's (ties: half)."""
+    if not pos or not neg:
+        return float("nan")
+    return sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / (len(pos) * len(neg))
+
+
+def fit_logistic(x: torch.Tensor, y: torch.Tensor, l2: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights (F,) and bias of a logistic regression of ``y`` (N,) on standardised ``x`` (N, F), L2-penalised."""
+    w = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=500)
+
+    def closure():
+        opt.zero_grad()
+        loss = (torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, y)
+                + l2 * (w ** 2).sum() / (2 * len(y)))
+        loss.backward()
+        return loss
+    opt.step(closure)
+    return w.detach(), b.detach()
+
+
+def book_by_book(x: torch.Tensor, y: torch.Tensor, books: list[str]) -> torch.Tensor:
+    """Each draft's score by a logistic regression fitted on the other books' drafts (N,)."""
+    out = torch.zeros(len(books), dtype=torch.float64)
+    for book in sorted(set(books)):
+        train = torch.tensor([b != book for b in books])
+        mean, std = x[train].mean(0), x[train].std(0) + 1e-9
+        w, b = fit_logistic((x[train] - mean) / std, y[train])
+        out[~train] = torch.sigmoid((x[~train] - mean) / std @ w + b)
+    return out
+
+
+def tally(rows: list[dict], fates: list[str]) -> dict:
+    n, unanswerable = len(rows), sum(not r["golds"] for r in rows)
+    said = sum(1 for r, f in zip(rows, fates) if not r["golds"] and f == "not said")
+    wrong = fates.count("wrong")
+    return {"right": fates.count("right"), "wrong": wrong, "wrong_pct": round(100 * wrong / n, 1), "said": said,
+            "unanswerable": unanswerable,
+            "honest": 100 * wrong / n <= WRONG_AT_MOST and 100 * said >= SAID_AT_LEAST * unanswerable}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m training.check_signals", description=__doc__.split("\n\n")[0])
+    p.add_argument("run", help="a natural run at --set natural.decline=1 (its natural.tasks.jsonl and banks)")
+    p.add_argument("--answers", default=None, help="a run of another reading on the same questions whose drafts "
+                                                   "answer where the first run's reply does")
+    p.add_argument("--at", default="0.5,0.7,0.1", metavar="CHECK,DECLINE,SURE",
+                   help="the first run's checks deciding whether to answer, with --answers (default: the 1.5B's "
+                        "profile, 0.5,0.7,0.1)")
+    args = p.parse_args(argv)
+    rows = drafts(Path(args.run))
+    fates = [fate(r, 0.0, 1.0, 0.0) for r in rows]
+    keep = [i for i, f in enumerate(fates) if f != "not said"]  # drafts that answer (the reader wrote no decline)
+    x = torch.tensor([signals(rows[i]) for i in keep], dtype=torch.float64)
+    y = torch.tensor([fates[i] == "right" for i in keep], dtype=torch.float64)
+    out: dict = {"run": args.run, "drafts": len(keep), "right": int(y.sum()), "auc": {}}
+    for j, name in enumerate(SIGNALS):
+        v = (-x[:, j] if name in LOWER_IS_SURER else x[:, j]).tolist()
+        out["auc"][name] = round(auc([a for a, t in zip(v, y) if t], [a for a, t in zip(v, y) if not t]), 3)
+    score = book_by_book(x, y, [rows[i]["id"].split(":")[0] for i in keep]).tolist()
+    out["auc"]["all, book by book"] = round(auc([s for s, t in zip(score, y) if t],
+                                                [s for s, t in zip(score, y) if not t]), 3)
+    scores = dict(zip(keep, score))
+    out["judged"] = []
+    for t in [i / 20 for i in range(1, 16)]:
+        shown = [checked(r["draft"], r["question"], r["passages"], CHECK) if scores.get(i, 0.0) >= t else NOT_SAID
+                 for i, r in enumerate(rows)]
+        out["judged"].append({"threshold": t, **tally(rows, [reply_fate(r, s) for r, s in zip(rows, shown)])})
+    check, decline, sure = (float(v) for v in args.at.split(","))
+    out["checks"] = tally(rows, [fate(r, check, decline, sure) for r in rows])
+    if args.answers:
+        other = {r["id"]: r for r in drafts(Path(args.answers))}
+        both = [r for r in rows if r["id"] in other]
+        decides = [fate(r, check, decline, sure) != "not said" for r in both]
+        shown = [checked(other[r["id"]]["draft"], r["question"], other[r["id"]]["passages"], CHECK) if d
+                 else NOT_SAID for r, d in zip(both, decides)]
+        out["answered_by_the_other"] = tally(both, [reply_fate(r, s) for r, s in zip(both, shown)])
+        out["first_alone"] = tally(both, [fate(r, check, decline, sure) for r in both])
+    print(json.dumps(out))
+    print(f"\n{out['drafts']} drafts ({out['right']} right). AUC, right against wrong drafts:\n")
+    print("| signal | AUC |\n| --- | ---: |\n" + "\n".join(f"| {k} | {v:.2f} |" for k, v in out["auc"].items()))
+    print("\nShown where the book-by-book score is above the threshold, then checked by the word check:\n")
+    print("| threshold | right | wrong (of all) | unanswerable said | within the honesty |\n"
+          "| ---: | ---: | ---: | ---: | --- |")
+    for o in out["judged"]:
+        print(f"| {o['threshold']:.2f} | {o['right']} | {o['wrong']} ({o['wrong_pct']:g}%) | {o['said']} of "
+              f"{o['unanswerable']} | {'yes' if o['honest'] else ''} |")
+    c = out["checks"]
+    print(f"\nThe checks at {args.at}: right {c['right']}, wrong {c['wrong']} ({c['wrong_pct']:g}%), said {c['said']} "
+          f"of {c['unanswerable']}.")
+    if args.answers:
+        a, f = out["answered_by_the_other"], out["first_alone"]
+        print(f"Answered by {args.answers}'s drafts where {args.run}'s reply answers ({len(both)} questions): right "
+              f"{a['right']}, wrong {a['wrong']} ({a['wrong_pct']:g}%), said {a['said']} of {a['unanswerable']}; "
+              f"the first alone: right {f['right']}, wrong {f['wrong']} ({f['wrong_pct']:g}%), said {f['said']}.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
