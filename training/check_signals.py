@@ -8,7 +8,8 @@ set to a small value for the reader's confirmation):
   surer of an answer);
 - ``least sure``: the least log-probability of the draft's first ``SURE_TOKENS`` tokens (``Reading.sure``);
 - ``mean log-prob``: the mean log-probability of the draft's tokens;
-- ``confirm``: the reader's probability of Yes, asked whether the excerpts state its answer (``Reading.confirm``);
+- ``confirm``: the reader's probability of Yes, asked whether the excerpts state its answer (``Reading.confirm``;
+  left out where the run did not ask it);
 - ``grounding``: the share of the draft's added words found in what it read (``tasks.evidence.grounding``);
 - ``word check``: whether the word check at ``Reading.abstain`` = 0.5 shows any of it.
 
@@ -110,11 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = drafts(Path(args.run))
     fates = [fate(r, 0.0, 1.0, 0.0) for r in rows]
     keep = [i for i, f in enumerate(fates) if f != "not said"]  # drafts that answer (the reader wrote no decline)
-    x = torch.tensor([signals(rows[i]) for i in keep], dtype=torch.float64)
+    asked = any(rows[i].get("confirm") is not None for i in keep)  # a run that asked the reader's confirmation
+    used = [j for j, name in enumerate(SIGNALS) if asked or name != "confirm"]
+    x = torch.tensor([[signals(rows[i])[j] for j in used] for i in keep], dtype=torch.float64)
     y = torch.tensor([fates[i] == "right" for i in keep], dtype=torch.float64)
     out: dict = {"run": args.run, "drafts": len(keep), "right": int(y.sum()), "auc": {}}
-    for j, name in enumerate(SIGNALS):
-        v = (-x[:, j] if name in LOWER_IS_SURER else x[:, j]).tolist()
+    for k, name in enumerate(SIGNALS[j] for j in used):
+        v = (-x[:, k] if name in LOWER_IS_SURER else x[:, k]).tolist()
         out["auc"][name] = round(auc([a for a, t in zip(v, y) if t], [a for a, t in zip(v, y) if not t]), 3)
     score = book_by_book(x, y, [rows[i]["id"].split(":")[0] for i in keep]).tolist()
     out["auc"]["all, book by book"] = round(auc([s for s, t in zip(score, y) if t],
