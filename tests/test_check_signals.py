@@ -24,6 +24,8 @@ def test_a_book_s_drafts_are_scored_by_a_model_of_the_other_books():
     assert auc(score[y == 1].tolist(), score[y == 0].tolist()) > 0.95  # the first signal separates, in every book
     flipped = book_by_book(torch.cat([x[:20], -x[20:]]), y, books)  # book a's relation is the others' reversed
     assert auc(flipped[:20][y[:20] == 1].tolist(), flipped[:20][y[:20] == 0].tolist()) < 0.2
+    relabelled = book_by_book(x, torch.cat([y[:20].flip(0), y[20:]]), books)  # book a's own labels never count
+    assert torch.allclose(relabelled[:20], score[:20])
 
 
 def test_the_tally_holds_a_reply_to_the_honesty_bound():

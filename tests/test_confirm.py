@@ -15,6 +15,7 @@ from test_answer import QUESTION
 from test_decline import FAMILIES, PROMPT, bank, bank_view, beside_plain, generated
 from test_drafting import DTYPES, GREEDY, opened
 
+from longmem.model.baselines import BackboneLM
 from longmem.model.lm import Probe, Sampling, Trace
 from longmem.tasks.answer import NOT_SAID, answer
 from longmem.tasks.chat import Chat
@@ -37,15 +38,36 @@ def test_the_probe_s_confirmation_is_the_model_s_own(family, dtype):
     trace = Trace()
     # the model's own logits (side_weight 1), so that ``score`` (one pass, every token searching) reads the same
     out = generated(model, replace(UNSTOPPED, side_weight=1.0, probe=PROBE), bank_view(model), trace)
-    asked = torch.tensor(out + list(PROBE.ids))
+    assert trace.confirm is not None and 0.0 < trace.confirm < 1.0
+    assert_log_odds(trace.confirm, model, bank(model), out, dtype)
+
+
+def assert_log_odds(confirm: float, scorer, memory, answer: list[int], dtype: torch.dtype) -> None:
+    """``confirm``'s log-odds are ``scorer``'s of the probe's yes tokens against its no tokens after the prompt, the
+    ``answer`` and the probe, in one scoring pass."""
+    asked = torch.tensor(answer + list(PROBE.ids))
 
     def logp(tokens: tuple[int, ...]) -> float:
         return float(torch.logsumexp(torch.tensor(
-            [model.score(PROMPT, torch.cat([asked, torch.tensor([t])]), bank(model)) for t in tokens]), 0))
+            [scorer.score(PROMPT, torch.cat([asked, torch.tensor([t])]), memory) for t in tokens]), 0))
     expected = logp(PROBE.yes) - logp(PROBE.no)
-    assert trace.confirm is not None and 0.0 < trace.confirm < 1.0
     tol = 1e-3 if dtype == torch.float32 else 0.3  # bfloat16: one pass against the decode's incremental ones
-    assert logit(trace.confirm) == pytest.approx(expected, abs=tol * max(1.0, abs(expected)))
+    assert logit(confirm) == pytest.approx(expected, abs=tol * max(1.0, abs(expected)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_after_a_stop_the_probe_follows_the_answer_and_weighs_the_backbone_s_share(family, dtype):
+    """An answer ended by a stop id: the stop is left unread, the probe follows the answer's other tokens; at a
+    side_weight of 0 the confirmation is the frozen backbone's own, as the backbone alone scores it in one pass."""
+    model = opened(family, dtype, 64)
+    free = generated(model, replace(UNSTOPPED, side_weight=0.0), bank_view(model))
+    stop = next(t for i, t in enumerate(free) if i >= 2 and t not in free[:i])  # first made third or later
+    trace = Trace()
+    out = generated(model, replace(UNSTOPPED, side_weight=0.0, stop_ids=(stop,), probe=PROBE), bank_view(model),
+                    trace)
+    assert out[-1] == stop and stop not in out[:-1] and trace.confirm is not None
+    assert_log_odds(trace.confirm, BackboneLM(model.backbone, 64), None, out[:-1], dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,26 +1,15 @@
-"""A book's proper names without a model (``text.names``): capitalised words it never writes in lower case, and per
-passage the names of the one before it (the index-only field a word-matching finder would read)."""
+"""Renamed settings: files written under an old name are read under the current one."""
 
 from __future__ import annotations
 
-from longmem.text.names import names_before, names_in, proper_names
-
-BOOK = ("Crispin came down to dinner. The tower was dark. Hesther waited by the fire.\n"
-        "When Crispin spoke, nobody answered. Then Hesther rose. The dog barked; when it stopped, Treliss slept.\n"
-        "My father was a surgeon, he said. Treliss was his town.")
+from longmem.util.names import current_names
 
 
-def test_proper_names_are_capitalised_words_never_written_in_lower_case():
-    names = proper_names(BOOK)
-    assert names == {"Crispin", "Hesther", "Treliss"}  # not "The", "When" (written lower case), nor "Then", "My"
-    assert proper_names(BOOK, mentions=1) >= {"Crispin", "Hesther", "Treliss", "Then"}  # "then" is never written
+def test_an_old_name_is_read_under_the_current_one():
+    assert current_names({"csz": 2, "topk": 8}) == {"chunk_size": 2, "topk": 8}
 
 
-def test_each_passage_gets_the_names_of_the_one_before_it():
-    names = {"Crispin", "Hesther", "Treliss"}
-    passages = ["Crispin came down. Hesther waited.", "My father was a surgeon, he said.",
-                "Treliss slept. Crispin too."]
-    assert names_in(passages[2], names) == ["Treliss", "Crispin"]
-    assert names_before(passages, names) == [[], ["Crispin", "Hesther"], []]
-    assert names_before(passages, names, before=2)[2] == ["Crispin", "Hesther"]
-    assert names_before([], names) == []
+def test_a_current_name_wins_over_an_old_one_and_others_pass_through():
+    assert current_names({"csz": 2, "chunk_size": 4}) == {"chunk_size": 4}
+    assert current_names({"size": {"csz": 2}}) == {"size": {"csz": 2}}  # one level deep: nested dicts are the caller's
+    assert current_names({}) == {}

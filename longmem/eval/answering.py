@@ -352,7 +352,7 @@ class Entrants:
                         "read": [list(f.ids) if f.covers else f.passage.id for f in reply.found],  # what the
                         #       check read (``eval.calibrate``): a passage's id, or a span's passages' ids
                         **({"decline": round(reply.trace.decline, 4)} if reply.trace.decline is not None else {}),
-                        **({"confirm": round(reply.confirm, 4)} if reply.confirm is not None else {}),
+                        **({"confirm": round(reply.confirm, 6)} if reply.confirm is not None else {}),
                         "probs": [round(p, 3) for p in reply.trace.probs],  # each draft token's probability
                         "quoted": [c.quote().removesuffix("…") for c in reply.citations]}  # the scorer keeps "…"
             return out

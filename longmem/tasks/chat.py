@@ -38,8 +38,9 @@ class Chat:
 
     def _fit_window(self, last: str) -> None:
         """Move the oldest turns into memory until the conversation, its last user turn read as ``last``, fits the
-        window with room for the answer (a turn kept out of prompts is dropped from the window, not memorized)."""
-        budget = self.model.segment_len - self.sampling.max_new_tokens
+        window with room for the answer and a question asked after it (``Sampling.probe``; a turn kept out of
+        prompts is dropped from the window, not memorized)."""
+        budget = self.model.segment_len - self.sampling.max_new_tokens - _probe_room(self.sampling)
         while len(self.history) > 1 and self._encode(self._turns(last), True).shape[1] > budget:
             unread = _unread(self.history)
             old = self.history.pop(0)
@@ -128,6 +129,12 @@ class Chat:
         if not self.history or self.history[-1]["role"] != "assistant":
             raise ValueError("the conversation has no answer to revise")
         self.history[-1] = _answer_turn(answer, said)
+
+
+def _probe_room(sampling: Sampling) -> int:
+    """Tokens a question asked after the answer takes in the window (``Sampling.probe``, with the answer's last
+    token read before it)."""
+    return len(sampling.probe.ids) + 1 if sampling.probe is not None else 0
 
 
 def _answer_turn(answer: str, said: bool) -> dict:
