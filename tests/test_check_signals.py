@@ -34,3 +34,19 @@ def test_the_tally_holds_a_reply_to_the_honesty_bound():
     assert (o["right"], o["wrong"], o["said"], o["unanswerable"]) == (1, 2, 1, 2)
     assert o["wrong_pct"] == pytest.approx(40.0) and not o["honest"]
     assert tally(rows, ["right", "right", "not said", "not said", "not said"])["honest"]
+
+
+def test_the_reader_s_hidden_state_is_read_after_each_draft_s_confirmation_question(tmp_path, monkeypatch):
+    from tiny_gguf import tiny_gguf
+
+    from training.check_signals import hidden_states
+
+    monkeypatch.setenv("LONGMEM_CACHE_DIR", str(tmp_path / "cache"))  # the tiny reader's copy stays out of the user's
+    reader = tmp_path / "tiny-qwen.gguf"
+    tiny_gguf(reader, "qwen2", seed=3)
+    rows = [{"question": "Who came to Gull Point?", "passages": ["Ann came at dawn.", "Bob left."], "draft": d}
+            for d in ("Ann came.", "Bob did.")]
+    states = hidden_states(rows, str(reader))
+    assert states.shape[0] == 2 and states.dtype == torch.float64 and torch.isfinite(states).all()
+    assert not torch.allclose(states[0], states[1])  # each draft's own state
+    assert torch.allclose(hidden_states(rows[:1], str(reader))[0], states[0])  # one pass per draft, nothing carried

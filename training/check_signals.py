@@ -20,6 +20,11 @@ above a threshold: right, wrong, unanswerable said, against the honesty a profil
 
     python -m training.check_signals runs/tune-d
 
+With ``--hidden``: the reader reads each recorded prompt, draft and confirmation question again (``Chat.probe``, one
+pass each, with progress) and its last hidden state there becomes a signal too: a probe of what it computes, fitted
+book by book like the rest (alone, and with the six signals). The prompt is rebuilt from the passages' texts without
+their places, so it is close to what the app's reader read, not the same.
+
 With ``--answers RUN2`` (a run of another reading on the same questions, e.g. spans): the first run's reply decides
 whether to answer (as recorded at its thresholds, or at ``--at``), the second's draft answers, checked by the word
 check: what reading more would add at the same honesty.
@@ -35,15 +40,20 @@ import math
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from longmem.eval.calibrate import checked, drafts, fate, reply_fate
+from longmem.model.lm import Sampling, Window
+from longmem.model.readers import load_reader
 from longmem.tasks.answer import NOT_SAID
+from longmem.tasks.chat import Chat
 from longmem.tasks.evidence import grounding
-from longmem.tasks.reading import SURE_TOKENS
+from longmem.tasks.reading import CONFIRM, PROMPTS, SURE_TOKENS
 
 SIGNALS = ("decline", "least sure", "mean log-prob", "confirm", "grounding", "word check")
 LOWER_IS_SURER = {"decline"}  # signals whose lower values go with right drafts
 CHECK = 0.5  # the word check's threshold (``Reading.abstain``)
+HIDDEN_L2 = 100.0  # the hidden-state probe's penalty (1,536 features against ~160 drafts)
 WRONG_AT_MOST, SAID_AT_LEAST = 20.0, 75.0  # the honesty the 1.5B's profile was chosen at (% of all; % of unanswerable)
 
 
@@ -54,6 +64,26 @@ def signals(r: dict) -> list[float]:
     return [r.get("decline") or 0.0, math.log(min(probs[:SURE_TOKENS])), sum(map(math.log, probs)) / len(probs),
             math.log(confirm / (1 - confirm)), grounding(r["draft"], r["question"], r["passages"]) or 0.0,
             float(checked(r["draft"], r["question"], r["passages"], CHECK) != NOT_SAID)]
+
+
+@torch.inference_mode()
+def hidden_states(rows: list[dict], reader: str, prompt: str = "book-or-not") -> torch.Tensor:
+    """(N, E) float64: reader ``reader``'s last hidden state (before its final norm) at the end of the confirmation
+    question (``CONFIRM``) asked after each row's draft, the row's passages read under ``PROMPTS[prompt]`` (numbered,
+    without their places)."""
+    lm = load_reader(reader, "auto", "cpu", 8192)
+    chat = Chat(lm, None, Sampling())
+    probe = chat.probe(CONFIRM)
+    tok = lm.backbone.tokenizer
+    out = []
+    for r in tqdm(rows, desc="hidden states", unit="draft"):
+        excerpts = "\n\n".join(f"[{i}]\n{p}" for i, p in enumerate(r["passages"], 1))
+        user = f"{PROMPTS[prompt]}\n\n{excerpts}\n\nQuestion: {r['question']}"
+        draft = tok((r["draft"] or "").strip(), add_special_tokens=False, return_tensors="pt").input_ids
+        ids = torch.cat([chat.prompt_ids(r["question"], user, history=False), draft,
+                         torch.tensor([probe.ids])], dim=1)
+        out.append(lm.step(ids[:, -lm.segment_len:], None, Window()).hidden[0, -1].double())
+    return torch.stack(out)
 
 
 def auc(pos: list[float], neg: list[float]) -> float:
@@ -79,14 +109,25 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, l2: float = 1.0) -> tuple[tor
     return w.detach(), b.detach()
 
 
-def book_by_book(x: torch.Tensor, y: torch.Tensor, books: list[str]) -> torch.Tensor:
-    """Each draft's score by a logistic regression fitted on the other books' drafts (N,)."""
+def book_by_book(x: torch.Tensor, y: torch.Tensor, books: list[str], l2: float = 1.0) -> torch.Tensor:
+    """Each draft's score by a logistic regression (penalty ``l2``) fitted on the other books' drafts (N,)."""
     out = torch.zeros(len(books), dtype=torch.float64)
     for book in sorted(set(books)):
         train = torch.tensor([b != book for b in books])
         mean, std = x[train].mean(0), x[train].std(0) + 1e-9
-        w, b = fit_logistic((x[train] - mean) / std, y[train])
+        w, b = fit_logistic((x[train] - mean) / std, y[train], l2)
         out[~train] = torch.sigmoid((x[~train] - mean) / std @ w + b)
+    return out
+
+
+def judged(rows: list[dict], scores: dict[int, float]) -> list[dict]:
+    """What a user gets showing row i's draft, checked by the word check, only where ``scores[i]`` is at least a
+    threshold (rows without a score: never), per threshold from 0.025 to 0.95."""
+    out = []
+    for t in [i / 40 for i in range(1, 39)]:
+        shown = [checked(r["draft"], r["question"], r["passages"], CHECK) if scores.get(i, 0.0) >= t else NOT_SAID
+                 for i, r in enumerate(rows)]
+        out.append({"threshold": t, **tally(rows, [reply_fate(r, s) for r, s in zip(rows, shown)])})
     return out
 
 
@@ -104,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run", help="a natural run at --set natural.decline=1 (its natural.tasks.jsonl and banks)")
     p.add_argument("--answers", default=None, help="a run of another reading on the same questions whose drafts "
                                                    "answer where the first run's reply does")
+    p.add_argument("--hidden", action="store_true",
+                   help="also the reader's last hidden state at the confirmation question, read again (minutes)")
+    p.add_argument("--reader", default="qwen2.5-coder-1.5b", help="the reader whose hidden states --hidden reads")
     p.add_argument("--at", default="0.5,0.7,0.1", metavar="CHECK,DECLINE,SURE",
                    help="the first run's checks deciding whether to answer, with --answers (default: the 1.5B's "
                         "profile, 0.5,0.7,0.1)")
@@ -122,12 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     score = book_by_book(x, y, [rows[i]["id"].split(":")[0] for i in keep]).tolist()
     out["auc"]["all, book by book"] = round(auc([s for s, t in zip(score, y) if t],
                                                 [s for s, t in zip(score, y) if not t]), 3)
-    scores = dict(zip(keep, score))
-    out["judged"] = []
-    for t in [i / 20 for i in range(1, 16)]:
-        shown = [checked(r["draft"], r["question"], r["passages"], CHECK) if scores.get(i, 0.0) >= t else NOT_SAID
-                 for i, r in enumerate(rows)]
-        out["judged"].append({"threshold": t, **tally(rows, [reply_fate(r, s) for r, s in zip(rows, shown)])})
+    out["judged"] = judged(rows, dict(zip(keep, score)))
+    if args.hidden:
+        states = hidden_states([rows[i] for i in keep], args.reader)
+        books = [rows[i]["id"].split(":")[0] for i in keep]
+        for name, feats in (("hidden state", states), ("hidden state and the signals", torch.cat([states, x], 1))):
+            sc = book_by_book(feats, y, books, HIDDEN_L2)
+            out["auc"][f"{name}, book by book"] = round(auc([s for s, t in zip(sc.tolist(), y) if t],
+                                                            [s for s, t in zip(sc.tolist(), y) if not t]), 3)
+            out.setdefault("judged_hidden", {})[name] = judged(rows, dict(zip(keep, sc.tolist())))
     check, decline, sure = (float(v) for v in args.at.split(","))
     out["checks"] = tally(rows, [fate(r, check, decline, sure) for r in rows])
     if args.answers:
@@ -147,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     for o in out["judged"]:
         print(f"| {o['threshold']:.2f} | {o['right']} | {o['wrong']} ({o['wrong_pct']:g}%) | {o['said']} of "
               f"{o['unanswerable']} | {'yes' if o['honest'] else ''} |")
+    for name, table in out.get("judged_hidden", {}).items():
+        honest = [o for o in table if o["honest"]]
+        best = max(honest, key=lambda o: (o["right"], -o["wrong"])) if honest else None
+        print(f"\n{name} (book by book): " + (f"the most right within the honesty: {best['right']}, wrong "
+              f"{best['wrong']} ({best['wrong_pct']:g}%), said {best['said']} of {best['unanswerable']} (threshold "
+              f"{best['threshold']:g})" if best else "no threshold keeps to the honesty"))
     c = out["checks"]
     print(f"\nThe checks at {args.at}: right {c['right']}, wrong {c['wrong']} ({c['wrong_pct']:g}%), said {c['said']} "
           f"of {c['unanswerable']}.")
