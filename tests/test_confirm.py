@@ -1,6 +1,6 @@
 """A question asked of the model once its answer is made (``Sampling.probe``: "Is your answer stated in the
 excerpts?"): its probability of Yes against No (``Trace.confirm``) is the model's own, read after the answer in the
-same window and cut back after, so that the answer and memory's counts are as without it, in every family and dtype.
+same window, last, so that the answer and memory's counts are as without it, in every family and dtype.
 ``Chat.probe`` renders the question in the chat template; ``Reading.confirm`` holds an answer until the reader
 confirms it, and says that the book does not say where it does not."""
 
@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 from test_answer import QUESTION
-from test_decline import FAMILIES, PROMPT, bank, bank_view, beside_plain, generated
+from test_decline import FAMILIES, PROMPT, bank, bank_view, beside_plain, generated, tiny_mistral
 from test_drafting import DTYPES, GREEDY, opened
 
 from longmem.model.baselines import BackboneLM
@@ -94,6 +94,17 @@ def test_an_answer_left_unfinished_or_with_no_room_for_the_probe_is_not_confirme
     trace = Trace()
     generated(model, UNSTOPPED, bank_view(model), trace)
     assert trace.confirm is None  # no probe: nothing asked
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_cache_that_cannot_be_cut_back_is_probed_too(dtype):
+    """The probe is read last, so a sliding-window cache (Mistral's) need not go back: it is asked, and its log-odds
+    are the model's own in one scoring pass."""
+    model = tiny_mistral(dtype)
+    trace = Trace()
+    out = generated(model, replace(UNSTOPPED, probe=PROBE), None, trace)
+    assert trace.confirm is not None
+    assert_log_odds(trace.confirm, model, None, out, dtype)
 
 
 def test_a_probe_needs_its_question_and_two_distinct_replies():

@@ -101,15 +101,20 @@ def test_a_decline_the_model_is_not_sure_of_is_not_begun(family, dtype):
     assert sure == plain[:2]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_a_cache_that_cannot_be_cut_back_generates_as_without_a_decline(dtype):
-    """Mistral's sliding-window cache keeps too little to go back: the decline is not read, and no error."""
+def tiny_mistral(dtype: torch.dtype) -> BackboneLM:
+    """A tiny Mistral alone, with a sliding window of 8 tokens (a cache that cannot be cut back), a 64-token window."""
     torch.manual_seed(0)
     cfg = MistralConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                         num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
                         sliding_window=8)
-    model = BackboneLM(Backbone(MistralForCausalLM(cfg).float().to(dtype), tokenizer=char_tokenizer(),
-                                name="tiny-mistral"), 64)
+    return BackboneLM(Backbone(MistralForCausalLM(cfg).float().to(dtype), tokenizer=char_tokenizer(),
+                               name="tiny-mistral"), 64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_cache_that_cannot_be_cut_back_generates_as_without_a_decline(dtype):
+    """Mistral's sliding-window cache keeps too little to go back: the decline is not read, and no error."""
+    model = tiny_mistral(dtype)
     sampling = Sampling(max_new_tokens=8, temperature=0.0)
     plain = generated(model, sampling)
     trace = Trace()

@@ -149,11 +149,7 @@ def outcomes(rows: list[dict], least: float, decline: float | None = None, sure:
     o = {"least": least, "decline": decline, "sure": sure, "confirm": confirm, "shape": list(shape), "right": 0,
          "declined": 0, "wrong": 0, "not_said": 0, "invented": 0, "agrees": 0}
     for r in rows:
-        declined = decline is not None and r.get("decline") is not None and r["decline"] > decline
-        unsure = sure is not None and min(r["probs"][:SURE_TOKENS], default=0.0) < sure
-        unconfirmed = _unconfirmed(r, confirm)
-        shown = NOT_SAID if declined or unsure or unconfirmed else checked(r["draft"], r["question"], r["passages"],
-                                                                         least, shape)
+        shown = shown_of(r, least, decline, sure, shape, confirm)
         said = shown != NOT_SAID
         if r["golds"]:
             key = "right" if contains(shown, r["golds"]) else "wrong" if said and not says_not_said(shown) \
@@ -176,19 +172,23 @@ CHECKS = ("words", "decline", "sure", "confirm")  # the checks of an answer: the
 #                                                 (``Reading.sure``) and the reader's confirmation (``Reading.confirm``)
 
 
-def _unconfirmed(r: dict, confirm: float | None) -> bool:
-    """Whether row ``r``'s reader confirmed its draft below ``confirm`` (a row without its confirmation: never)."""
-    return bool(confirm) and r.get("confirm") is not None and r["confirm"] < confirm
+def shown_of(r: dict, least: float, decline: float | None = None, sure: float | None = None,
+             shape: tuple[int, int] = (REACH, ASKED), confirm: float | None = None) -> str:
+    """The reply row ``r``'s reader would show: ``NOT_SAID`` where its probability of declining is above ``decline``,
+    its least sure first token below ``sure`` or its confirmation below ``confirm`` (None or 0: not applied; a row
+    without the value: not applied either), else its draft as the check at ``least`` shows it."""
+    declined = decline is not None and r.get("decline") is not None and r["decline"] > decline
+    unsure = bool(sure) and min(r["probs"][:SURE_TOKENS], default=0.0) < sure
+    unconfirmed = bool(confirm) and r.get("confirm") is not None and r["confirm"] < confirm
+    if declined or unsure or unconfirmed:
+        return NOT_SAID
+    return checked(r["draft"], r["question"], r["passages"], least, shape)
 
 
 def fate(r: dict, least: float, decline: float | None, sure: float | None,
          shape: tuple[int, int] = (REACH, ASKED), confirm: float | None = None) -> str:
-    """What a user is shown of row ``r`` under those thresholds (``reply_fate``)."""
-    declined = decline is not None and r.get("decline") is not None and r["decline"] > decline
-    unsure = bool(sure) and min(r["probs"][:SURE_TOKENS], default=0.0) < sure
-    shown = NOT_SAID if declined or unsure or _unconfirmed(r, confirm) else checked(
-        r["draft"], r["question"], r["passages"], least, shape)
-    return reply_fate(r, shown)
+    """What a user is shown of row ``r`` under those thresholds (``shown_of``, ``reply_fate``)."""
+    return reply_fate(r, shown_of(r, least, decline, sure, shape, confirm))
 
 
 def reply_fate(r: dict, shown: str) -> str:

@@ -135,8 +135,8 @@ class Sampling:
     #                                first); (): no such reply, every token as sampled
     decline_above: float = 0.5  # the probability the decline must have to be given (``decline``)
     probe: Probe | None = None  # asked once the answer ends (a stop id, or ``max_new_tokens``), its tokens read after
-    #                             the answer's and cut back after: the model's probability of its ``yes`` against its
-    #                             ``no`` goes to ``Trace.confirm`` (with a trace; None: not asked)
+    #                             the answer's: the model's probability of its ``yes`` against its ``no`` goes to
+    #                             ``Trace.confirm`` (with a trace; None: not asked)
     draft: int = 6  # greedy decoding with the backbone's logits in the mix (side_weight < 1): the frozen backbone
     #                 drafts up to this many tokens ahead, and the model reads them in one pass and keeps those it would
     #                 have chosen itself: the tokens of one step at a time (up to rounding, as the drafts are read as
@@ -409,19 +409,18 @@ class SegmentLM(nn.Module):
         def confirm(tok: int) -> float | None:
             """The model's probability of the probe's ``yes`` against its ``no`` once the answer ended at ``tok``
             (chosen, not read; a stop id is left unread: the probe's ids end the turn in the template's own way),
-            the probe read as the answer's next tokens and cut back after (None where the window cannot take it)."""
+            the probe read as the answer's next tokens, last (None where the window cannot take it); what its
+            tokens retrieved is taken off ``memory``'s counts."""
             probe = sampling.probe
             new = ([] if tok in sampling.stop_ids else [tok]) + list(probe.ids)
-            if window.length + len(new) > self.segment_len or not self.backbone.cache_can_drop(window.past):
+            if window.length + len(new) > self.segment_len:  # read last: the cache need not be cut back
                 return None
-            start = window.length
             step = self.step(torch.tensor([new], device=ids.device), memory, window)
             both = probe.yes + probe.no
             logits = self.backbone.token_logits(step.hidden[:, -1:], both)[0, -1]  # (Y + N,) float32
             if step.reference is not None and sampling.side_weight < 1:  # the same blend the answer was chosen from
                 w = sampling.side_weight
                 logits = w * logits + (1 - w) * self.backbone.token_logits(step.reference[:, -1:], both)[0, -1]
-            window.crop(start)
             if isinstance(memory, MemoryView):
                 for found in step.chunk_ids:  # what the probe retrieved is not what the answer read
                     memory.forget(found)
