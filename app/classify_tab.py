@@ -159,6 +159,12 @@ def build(ws: Workspace, shared: Shared) -> None:
         lines = [f"**Accuracy {100 * r.accuracy:.1f}%** on {len(r.predictions)} held-out examples "
                  f"(always answering the most common label: {100 * out['majority']:.1f}%; macro F1 "
                  f"{r.macro_f1:.3f})."]
+        a = out["anchor"]
+        if a is not None:
+            low, high = out["anchor_interval"]
+            lines.append(f"What you could build instead from the same {out['anchor_examples']:,} examples, sentence "
+                         f"embeddings + logistic regression: **{100 * a.accuracy:.1f}%** ({100 * low:.0f}-"
+                         f"{100 * high:.0f}; macro F1 {a.macro_f1:.3f}).")
         if out["curve"]:
             lines.append("Accuracy by examples in memory (95% interval): " + ", ".join(
                 f"{p.n_memory:,} → {100 * p.accuracy:.1f}% ({100 * p.interval[0]:.0f}-{100 * p.interval[1]:.0f})"

@@ -50,3 +50,34 @@ def test_the_reader_s_hidden_state_is_read_after_each_draft_s_confirmation_quest
     assert states.shape[0] == 2 and states.dtype == torch.float64 and torch.isfinite(states).all()
     assert not torch.allclose(states[0], states[1])  # each draft's own state
     assert torch.allclose(hidden_states(rows[:1], str(reader))[0], states[0])  # one pass per draft, nothing carried
+
+
+def test_the_best_threshold_keeps_the_most_right_within_the_honesty():
+    from training.check_signals import best_threshold
+
+    table = [{"threshold": 0.1, "right": 9, "wrong": 5, "honest": False},
+             {"threshold": 0.2, "right": 7, "wrong": 3, "honest": True},
+             {"threshold": 0.3, "right": 7, "wrong": 2, "honest": True},
+             {"threshold": 0.4, "right": 4, "wrong": 0, "honest": True}]
+    assert best_threshold(table)["threshold"] == 0.3  # as many right, fewer wrong
+    assert best_threshold(table[:1]) is None
+
+
+def test_hidden_states_are_kept_in_the_run_folder_and_read_again(tmp_path, monkeypatch):
+    import training.check_signals as cs
+
+    calls = []
+
+    def states(rows, reader):
+        calls.append(len(rows))
+        return torch.arange(len(rows) * 3, dtype=torch.float64).view(len(rows), 3)
+
+    monkeypatch.setattr(cs, "hidden_states", states)
+    rows = [{"id": f"b:q{i}", "draft": f"d{i}"} for i in range(3)]
+    first = cs.cached_states(tmp_path, rows, "/models/tiny.gguf")
+    assert (tmp_path / "hidden.tiny.gguf.safetensors").is_file()
+    again = cs.cached_states(tmp_path, rows[::-1], "/models/tiny.gguf")  # any order, from the file
+    assert calls == [3] and torch.equal(again, first.flip(0))
+    changed = [dict(rows[0], draft="another"), *rows[1:]]  # a draft not kept: read again
+    cs.cached_states(tmp_path, changed, "/models/tiny.gguf")
+    assert calls == [3, 3]

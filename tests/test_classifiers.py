@@ -402,9 +402,31 @@ def test_plots_write_png(tmp_path):
     r = ME.score_predictions(["pos", "neg"], ["pos", "neg", "neg"], ["pos", "pos", "neg"])
     for path in (ME.plot_confusion(r, tmp_path / "confusion.png"),
                  ME.plot_curve([ME.CurvePoint(0, 0.5, 0, 20), ME.CurvePoint(100, 0.75, 400, 20)],
-                               tmp_path / "curve.png", baseline=0.6)):
+                               tmp_path / "curve.png", baseline=0.6),
+                 ME.plot_curve([ME.CurvePoint(100, 0.75, 400, 20)], tmp_path / "anchor.png",
+                               anchor=[ME.CurvePoint(30, 1.0, 0, 6)])):  # a perfect score: bars >= 0
         assert path.read_bytes()[:8] == PNG
         assert matplotlib.image.imread(path).ndim == 3
+
+
+def word_counts(texts: list[str]):
+    """A stand-in for sentence embeddings (the shipped model's are tested in ``test_embedder``)."""
+    import numpy as np
+
+    return np.array([[t.count("good"), t.count("bad"), 1.0] for t in texts], dtype=np.float32)  # a constant too
+
+
+def test_the_anchor_is_fitted_on_the_first_examples_at_each_size():
+    examples = [Example(f"{'good' if i % 2 else 'bad'} {i}", "pos" if i % 2 else "neg") for i in range(40)]
+    test = [Example("good one", "pos"), Example("bad one", "neg"), Example("bad, labelled pos", "pos")]
+    out = ME.anchor_results(word_counts, ["neg", "pos"], examples, test, [0, 1, 10, 40])
+    assert [n for n, _ in out] == [10, 40]  # 0 and a single label's examples: no classifier
+    for _, r in out:
+        assert r.predictions == ["pos", "neg", "neg"] and r.accuracy == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="sizes"):
+        ME.anchor_results(word_counts, ["neg", "pos"], examples, test, [41])
+    with pytest.raises(ValueError, match="empty"):
+        ME.anchor_results(word_counts, ["neg", "pos"], examples, [], [10])
 
 
 def test_classify_rows_and_csv(model, tmp_path):

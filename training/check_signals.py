@@ -29,7 +29,13 @@ With ``--answers RUN2`` (a run of another reading on the same questions, e.g. sp
 whether to answer (as recorded at its thresholds, or at ``--at``), the second's draft answers, checked by the word
 check: what reading more would add at the same honesty.
 
-Tuning sets only.
+With ``--ask RUN2`` (with ``--hidden``): the probe is fitted on all of the first run's drafts, its threshold the one
+that keeps the most right drafts within the honesty among the first run's book-by-book scores, and it is asked on
+RUN2's drafts (e.g. the dev sets): what it would do on questions it was not fitted or tuned on, beside RUN2's
+shipped checks, alone (with the word check) and on top of them. Hidden states are kept in each run's folder
+(``hidden.<reader>.safetensors``) and read from there again.
+
+Fit and tune on tuning sets only.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import math
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from longmem.eval.calibrate import checked, drafts, fate, reply_fate
@@ -84,6 +91,28 @@ def hidden_states(rows: list[dict], reader: str, prompt: str = "book-or-not") ->
                          torch.tensor([probe.ids])], dim=1)
         out.append(lm.step(ids[:, -lm.segment_len:], None, Window()).hidden[0, -1].double())
     return torch.stack(out)
+
+
+def cached_states(run: Path, rows: list[dict], reader: str) -> torch.Tensor:
+    """``hidden_states`` of ``rows`` (drafts of run folder ``run``), kept in ``run/hidden.<reader name>.safetensors``
+    and read from there where that file holds them all (keyed by the rows' ids and drafts)."""
+    path = run / f"hidden.{Path(reader).name}.safetensors"
+    keys = [f"{r['id']}\n{r['draft']}" for r in rows]
+    if path.is_file():
+        kept = load_file(path)
+        if all(k in kept for k in keys):
+            return torch.stack([kept[k] for k in keys])
+    states = hidden_states(rows, reader)
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.contiguous() for k, v in zip(keys, states)}, tmp)
+    tmp.replace(path)
+    return states
+
+
+def best_threshold(table: list[dict]) -> dict | None:
+    """The row of ``judged``'s table with the most right replies within the honesty (fewest wrong on a tie)."""
+    honest = [o for o in table if o["honest"]]
+    return max(honest, key=lambda o: (o["right"], -o["wrong"])) if honest else None
 
 
 def auc(pos: list[float], neg: list[float]) -> float:
@@ -140,6 +169,35 @@ def tally(rows: list[dict], fates: list[str]) -> dict:
             "honest": 100 * wrong / n <= WRONG_AT_MOST and 100 * said >= SAID_AT_LEAST * unanswerable}
 
 
+def asked_elsewhere(states: torch.Tensor, y: torch.Tensor, table: list[dict], run: Path, reader: str,
+                    at: tuple[float, float, float]) -> dict:
+    """The hidden-state probe fitted on all of ``states`` (N, E) with labels ``y`` (N,), at the threshold
+    ``best_threshold(table)`` chose, asked on run folder ``run``'s drafts: tallies of the probe with the word check,
+    the checks at ``at`` (CHECK, DECLINE, SURE), and the probe on top of those checks."""
+    best = best_threshold(table)
+    if best is None:
+        raise ValueError("no threshold of the probe keeps to the honesty on the run it is fitted on")
+    rows = drafts(run)
+    fates = [fate(r, 0.0, 1.0, 0.0) for r in rows]
+    keep = [i for i, f in enumerate(fates) if f != "not said"]
+    mean, std = states.mean(0), states.std(0) + 1e-9
+    w, b = fit_logistic((states - mean) / std, y, HIDDEN_L2)
+    there = cached_states(run, [rows[i] for i in keep], reader)
+    scores = dict(zip(keep, torch.sigmoid((there - mean) / std @ w + b).tolist()))
+    t = best["threshold"]
+    probe = [checked(r["draft"], r["question"], r["passages"], CHECK) if scores.get(i, 0.0) >= t else NOT_SAID
+             for i, r in enumerate(rows)]
+    shipped = [fate(r, *at) for r in rows]
+    on_top = [f if scores.get(i, 0.0) >= t else "not said" for i, f in enumerate(shipped)]
+    y2 = [fates[i] == "right" for i in keep]
+    v = [scores[i] for i in keep]
+    return {"run": str(run), "threshold": t, "drafts": len(keep), "right_drafts": sum(y2),
+            "auc": round(auc([a for a, r in zip(v, y2) if r], [a for a, r in zip(v, y2) if not r]), 3),
+            "probe": tally(rows, [reply_fate(r, s) for r, s in zip(rows, probe)]),
+            "checks": tally(rows, shipped), "probe_on_top": tally(rows, on_top),
+            "all_drafts": tally(rows, fates)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m training.check_signals", description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="a natural run at --set natural.decline=1 (its natural.tasks.jsonl and banks)")
@@ -147,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                                                    "answer where the first run's reply does")
     p.add_argument("--hidden", action="store_true",
                    help="also the reader's last hidden state at the confirmation question, read again (minutes)")
+    p.add_argument("--ask", default=None, metavar="RUN2",
+                   help="with --hidden: fit the probe on all of RUN's drafts, choose its threshold on their "
+                        "book-by-book scores, and ask it on RUN2's drafts (questions it was not tuned on)")
     p.add_argument("--reader", default="qwen2.5-coder-1.5b", help="the reader whose hidden states --hidden reads")
     p.add_argument("--at", default="0.5,0.7,0.1", metavar="CHECK,DECLINE,SURE",
                    help="the first run's checks deciding whether to answer, with --answers (default: the 1.5B's "
@@ -168,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 [s for s, t in zip(score, y) if not t]), 3)
     out["judged"] = judged(rows, dict(zip(keep, score)))
     if args.hidden:
-        states = hidden_states([rows[i] for i in keep], args.reader)
+        states = cached_states(Path(args.run), [rows[i] for i in keep], args.reader)
         books = [rows[i]["id"].split(":")[0] for i in keep]
         for name, feats in (("hidden state", states), ("hidden state and the signals", torch.cat([states, x], 1))):
             sc = book_by_book(feats, y, books, HIDDEN_L2)
@@ -176,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                                                             [s for s, t in zip(sc.tolist(), y) if not t]), 3)
             out.setdefault("judged_hidden", {})[name] = judged(rows, dict(zip(keep, sc.tolist())))
     check, decline, sure = (float(v) for v in args.at.split(","))
+    if args.hidden and args.ask:
+        out["asked"] = asked_elsewhere(states, y, out["judged_hidden"]["hidden state"], Path(args.ask), args.reader,
+                                       (check, decline, sure))
     out["checks"] = tally(rows, [fate(r, check, decline, sure) for r in rows])
     if args.answers:
         other = {r["id"]: r for r in drafts(Path(args.answers))}
@@ -195,11 +259,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {o['threshold']:.2f} | {o['right']} | {o['wrong']} ({o['wrong_pct']:g}%) | {o['said']} of "
               f"{o['unanswerable']} | {'yes' if o['honest'] else ''} |")
     for name, table in out.get("judged_hidden", {}).items():
-        honest = [o for o in table if o["honest"]]
-        best = max(honest, key=lambda o: (o["right"], -o["wrong"])) if honest else None
+        best = best_threshold(table)
         print(f"\n{name} (book by book): " + (f"the most right within the honesty: {best['right']}, wrong "
               f"{best['wrong']} ({best['wrong_pct']:g}%), said {best['said']} of {best['unanswerable']} (threshold "
               f"{best['threshold']:g})" if best else "no threshold keeps to the honesty"))
+    if "asked" in out:
+        a = out["asked"]
+        print(f"\nThe probe fitted on {args.run}, threshold {a['threshold']:g}, asked on {a['run']} ({a['drafts']} "
+              f"drafts, {a['right_drafts']} right; AUC {a['auc']:.2f}):\n")
+        print("| on the asked run | right | wrong (of all) | unanswerable said |\n| --- | ---: | ---: | ---: |")
+        for name, key in (("every draft", "all_drafts"), ("the checks at " + args.at, "checks"),
+                          ("the probe, then the word check", "probe"), ("the probe on top of the checks",
+                                                                        "probe_on_top")):
+            o = a[key]
+            print(f"| {name} | {o['right']} | {o['wrong']} ({o['wrong_pct']:g}%) | {o['said']} of "
+                  f"{o['unanswerable']} |")
     c = out["checks"]
     print(f"\nThe checks at {args.at}: right {c['right']}, wrong {c['wrong']} ({c['wrong_pct']:g}%), said {c['said']} "
           f"of {c['unanswerable']}.")

@@ -11,7 +11,11 @@ evaluation file are classified with the paper's templates (``longmem.tasks.examp
   the 2,000 in memory;
 - the backbone reading the k demonstrations BM25 finds (retrieval-augmented prompting, what a user would pick
   instead of a memory model: KATE's method with a lexical retriever);
-- MemTRM and the memory-empty twins; the majority class of each test sample, the floor.
+- MemTRM and the memory-empty twins; the majority class of each test sample, the floor;
+- the classifier a user would build instead from the same labelled examples (``ANCHOR``): sentence embeddings of the
+  memory demonstrations (the shipped all-MiniLM-L6-v2) and a logistic regression fitted on them, its penalty chosen
+  by cross-validation on those demonstrations (``tasks.readout``), at each memory size of the curve too. Its units are
+  recorded apart (``<set>/<seed>/anchor``), so a record made before it existed gains it without running again.
 
 LongMem's bank grows through ``curve`` (100, 500) to ``memory_demos``: at each size, the fixed and the found rows at
 the most shots are scored again, for the accuracy-vs-demonstrations curve (0 = the memory-empty twin).
@@ -32,7 +36,9 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
+
+import numpy as np
 
 from longmem.eval.core import (
     WITH_MEMORY,
@@ -54,12 +60,13 @@ from longmem.storage import BankDirectory
 from longmem.tasks.classify import Choice, calibrate
 from longmem.tasks.demos import DemoFinder, grow_bank
 from longmem.tasks.examples import PRESETS, Example, Preset, demo_stream, format_demo, split_examples
-from longmem.tasks.measure import majority_accuracy, wilson
+from longmem.tasks.measure import ANCHOR_LABEL, anchor_results, majority_accuracy, wilson
 
 SEPARATOR = "\n"  # between the prompt's demonstrations (and before the test sentence)
 MEMORY_SEPARATOR = "\n\n"  # between demonstrations in memory, as a bank ingests them
 TEST_ROOM = 256  # window tokens kept free after the demonstrations, for a test sentence and its label
 CONTENT_FREE = "N/A"  # the content-free input of contextual calibration (Zhao et al. 2021)
+ANCHOR = "embeddings_lr"  # the rows of the classifier a user would build: sentence embeddings + logistic regression
 
 
 @dataclass
@@ -303,6 +310,22 @@ def run_task(ctx: EvalContext, size: Size, task: Task, entrants: list[Entrant]) 
     return rows
 
 
+def anchor_rows(task: Task, size: Size, embed: Callable[[list[str]], np.ndarray]) -> list[dict]:
+    """The anchor's rows (``ANCHOR``) for one set under one seed: at each memory size of the curve and the full
+    one, a logistic regression on ``embed``'s vectors (texts -> (N, E)) of the first that many memory demonstrations
+    (as LongMem's bank holds them, ``grow_bank``), its penalty chosen by cross-validation on them, classifies the
+    test sample (``measure.anchor_results``). One protocol: the three columns are the same accuracy."""
+    n_memory, rows = len(task.memory), []
+    sizes = sorted({n for n in size.curve if 0 < n < n_memory} | {n_memory})
+    for n, result in anchor_results(embed, task.preset.labels, task.memory, task.test, sizes, task.seed):
+        hits = "".join("1" if p == t else "0" for p, t in zip(result.predictions, result.truths))
+        rows.append({"set": task.preset.name, "seed": task.seed, "k": 0, "memory": n,
+                     "model": ANCHOR if n == n_memory else f"{ANCHOR}@{n}", "greedy": result.accuracy,
+                     "label": result.accuracy, "calibrated": result.accuracy, "n": len(task.test),
+                     "items": {"label": hits, "calibrated": hits}})
+    return rows
+
+
 def run(ctx: EvalContext) -> SuiteResult:
     size: Size = ctx.size("icl", QUICK, FULL)
     for how in size.finders:
@@ -313,6 +336,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     seconds = 0.0  # of every unit, those reused from an earlier run included
     entrants = ctx.entrants + memory_empty(ctx.entrants)
     tasks = tasks_for(ctx, size)
+    embedder = None
     for task in tasks:
         key = f"{task.preset.name}/{task.seed}"  # the seed itself, not its rank: ctx.seed + s
         unit = units.get(key)
@@ -320,11 +344,21 @@ def run(ctx: EvalContext) -> SuiteResult:
             t0 = time.perf_counter()
             unit = {"runs": run_task(ctx, size, task, entrants), "seconds": time.perf_counter() - t0}
             units.put(key, unit)
-        runs += unit["runs"]
-        seconds += unit["seconds"]
+        anchor = units.get(f"{key}/anchor")
+        if anchor is None:
+            if embedder is None:
+                from longmem.model.embedder import Embedder
+                embedder = Embedder.load()
+            t0 = time.perf_counter()
+            anchor = {"runs": anchor_rows(task, size, embedder.encode), "seconds": time.perf_counter() - t0}
+            units.put(f"{key}/anchor", anchor)
+            ctx.log(f"icl {task.preset.name} seed {task.seed} {ANCHOR}: "
+                    + ", ".join(f"{r['memory']:,} examples {r['label']:.3f}" for r in anchor["runs"]))
+        runs += unit["runs"] + anchor["runs"]
+        seconds += unit["seconds"] + anchor["seconds"]
     summary = summarize(runs)
     top, n_memory = max(size.shots), size.memory_demos
-    rows_for = [("majority", 0, "majority class")]
+    rows_for = [("majority", 0, "majority class"), (ANCHOR, 0, f"{ANCHOR_LABEL}, {n_memory:,} examples")]
     for k in size.shots:
         rows_for += [(e.key, k, f"{e.label}, {k}-shot") for e in entrants if e.key != "longmem"]
         rows_for += [("longmem", k, f"LongMem, {k} fixed in context + {n_memory:,} in memory (the paper's)")]
@@ -341,7 +375,7 @@ def run(ctx: EvalContext) -> SuiteResult:
     if curve:
         tables.append(f"**Accuracy vs demonstrations in memory** (LongMem at {top} shots, average of "
                       f"{len(size.sets)} sets, %, ± the half-width of a 95% interval)\n\n" + curve)
-    scored = [r for r in runs if r["model"] != "majority"]
+    scored = [r for r in runs if "agree" in r]  # the language models' rows
     notes = [verdict(summary, entrants, size.sets, top), *targets(runs, summary, size),
              f"The two protocols gave the same verdict on {sum(r['agree'] for r in scored):,} of "
              f"{sum(r['n'] for r in scored):,} test sentences (every model, shot count and seed): they differ only "
@@ -351,13 +385,18 @@ def run(ctx: EvalContext) -> SuiteResult:
              f"come from that bank ({', '.join(size.finders)}; the backbone's by BM25 from the same bank), never the "
              "test sentence itself, closest last; the full-context backbone reads as many memory demonstrations as fit "
              "before its k-shot prompt.",
+             f"The anchor ({ANCHOR_LABEL}) is fitted on the same {n_memory:,} memory demonstrations (the first "
+             f"{', '.join(f'{n:,}' for n, _ in anchor_points(summary, size)[1:-1]) or 'none'} for the curve) with its "
+             "penalty chosen by 5-fold cross-validation on them, and classifies the same test sentences; it has one "
+             "protocol (its three columns are one accuracy).",
              f"Units (set x seed): {len(tasks)}, made at {', '.join(units.commits())}; "
              f"{seconds / 60:.1f} min of work in all, {timer.seconds / 60:.1f} min in this run."]
     plots = [plot_icl(ctx.out_dir, summary, rows_for, size.sets)]
     if curve:
         plots.append(plot_curve(ctx.out_dir, summary, size, top))
     return SuiteResult("icl", "Memory-augmented in-context learning (paper table 5): accuracy %, with 95% intervals",
-                       tables, {"runs": runs, "summary": summary, "models": {e.key: e.label for e in ctx.entrants}},
+                       tables, {"runs": runs, "summary": summary,
+                                "models": {**{e.key: e.label for e in ctx.entrants}, ANCHOR: ANCHOR_LABEL}},
                        asdict(size), plots, notes, seconds)
 
 
@@ -418,6 +457,13 @@ def curve_points(summary: dict, size: Size, top: int, model: str) -> list[tuple[
             + [(size.memory_demos, summary.get(f"{model}/{top}/Avg"))])
 
 
+def anchor_points(summary: dict, size: Size) -> list[tuple[int, dict | None]]:
+    """(examples, the 5-set average entry) of the anchor's line, at the memory sizes of ``curve_points``."""
+    steps = sorted({n for n in size.curve if 0 < n < size.memory_demos})
+    return ([(0, None)] + [(n, summary.get(f"{ANCHOR}@{n}/0/Avg")) for n in steps]
+            + [(size.memory_demos, summary.get(f"{ANCHOR}/0/Avg"))])
+
+
 def curve_lines(size: Size) -> list[tuple[str, str]]:
     return [("longmem", "fixed demonstrations")] + [(f"longmem_{how}", f"found by {how}") for how in size.finders[:1]]
 
@@ -430,6 +476,9 @@ def curve_table(summary: dict, size: Size, top: int) -> str:
     header = ["in prompt"] + [f"{n:,} in memory" for n, _ in points["longmem"]]
     rows = [[f"{top} {name}" + (", calibrated" if p == "calibrated" else "")]
             + [cell(v, p) for _, v in points[m]] for m, name in lines for p in ("label", "calibrated")]
+    anchor = anchor_points(summary, size)
+    if any(v is not None for _, v in anchor):
+        rows.append([f"({ANCHOR_LABEL}, as many examples)"] + [cell(v, "label") for _, v in anchor])
     return table(header, rows)
 
 
@@ -465,7 +514,8 @@ def targets(runs: list[dict], summary: dict, size: Size) -> list[str]:
                             (base, "calibrated", f"the backbone at {top} shots, calibrated"),
                             (("backbone_1k_lexical", top), "label", f"the backbone reading {top} found by BM25"),
                             (("backbone_1k_lexical", top), "calibrated",
-                             f"the backbone reading {top} found by BM25, calibrated")):
+                             f"the backbone reading {top} found by BM25, calibrated"),
+                            ((ANCHOR, 0), "label", ANCHOR_LABEL + " on the same examples")):
         d = paired(runs, best[:2], rival, best[2], rp)
         if d is None:
             continue
@@ -473,6 +523,11 @@ def targets(runs: list[dict], summary: dict, size: Size) -> list[str]:
         out.append(f"Best LongMem configuration, {name}, minus {what}: {d[0]:+.1f} ± {d[1]:.1f} points (paired, "
                    f"{d[2]:,} test sentences)" + (f"; the >= 5-point target is {'met' if met else 'not met'}."
                                                   if rival == base and rp == "label" else "."))
+    pts = [(n, v) for n, v in anchor_points(summary, size) if v is not None]
+    if len(pts) > 1:
+        accs = [v["label"][0] for _, v in pts]
+        out.append(f"The anchor ({ANCHOR_LABEL}) by examples: " + ", ".join(f"{n:,} → {a:.1f}" for (n, _), a in
+                                                                           zip(pts, accs)) + ".")
     for m, line in curve_lines(size):
         pts = [(n, v) for n, v in curve_points(summary, size, top, m) if v is not None]
         if len(pts) > 1:
@@ -540,6 +595,13 @@ def plot_curve(out_dir: Path, summary: dict, size: Size, top: int) -> str:
                    [v["ci"].get(p, (y, y))[1] - y for y, (_, v) in zip(ys, pts)]]
             ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=3,
                         label=f"LongMem, {top} {line}" + (", calibrated" if p == "calibrated" else ""))
+    pts = [(n, v) for n, v in anchor_points(summary, size) if v is not None]
+    if pts:
+        ys = [v["label"][0] for _, v in pts]
+        err = [[y - v["ci"].get("label", (y, y))[0] for y, (_, v) in zip(ys, pts)],
+               [v["ci"].get("label", (y, y))[1] - y for y, (_, v) in zip(ys, pts)]]
+        ax.errorbar([n for n, _ in pts], ys, yerr=err, fmt="^-.", color="black", capsize=3,
+                    label=f"{ANCHOR_LABEL}, as many examples")
     for key, label, style in ((f"backbone_1k/{top}/Avg", f"backbone, {top} fixed", ":"),
                               (f"backbone_1k_lexical/{top}/Avg", f"backbone, {top} found by BM25", "-."),
                               ("majority/0/Avg", "majority class", "-")):

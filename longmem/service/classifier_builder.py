@@ -3,7 +3,8 @@ demonstrations (ingested into a bank by a job) and a held-out set; save the clas
 (with plots); classify texts and whole files. ``Workspace.classifiers`` is one of these.
 
     job = ws.classifiers.build("sst2", "sentiment", "train.tsv", PRESETS["SST-2"].demo_format(), 4, 2000, 200)
-    ws.classifiers.evaluate("sst2", "sentiment")          # accuracy, per-label metrics, confusion + curve PNGs
+    ws.classifiers.evaluate("sst2", "sentiment")          # accuracy, per-label metrics, confusion + curve PNGs,
+                                                          # beside embeddings + logistic regression on the same examples
     ws.classifiers.classify("sst2", "sentiment", ["a gorgeous film"])
 
 A classifier reads fixed demonstrations in its prompt, or finds them for each text in its bank
@@ -27,7 +28,17 @@ from longmem.storage.bank import Bank
 from longmem.tasks.classify import Choice, ClassifierSpec, classify_rows, write_predictions_csv
 from longmem.tasks.demos import DemoFinder, accuracy_vs_bank, jsonl_format, write_demos
 from longmem.tasks.examples import Example, format_demo, read_examples, read_texts, split_examples
-from longmem.tasks.measure import accuracy_vs_memory, default_sizes, majority_accuracy, plot_confusion, plot_curve
+from longmem.tasks.measure import (
+    CurvePoint,
+    EvalResult,
+    accuracy_vs_memory,
+    anchor_results,
+    default_sizes,
+    majority_accuracy,
+    plot_confusion,
+    plot_curve,
+    wilson,
+)
 from longmem.tasks.measure import evaluate as evaluate_classifier
 from longmem.text.io import InputError
 
@@ -57,6 +68,18 @@ class ClassifierBuilder:
 
     def __init__(self, host: BuilderHost):
         self.host = host
+        self._embedder = None  # the anchor's sentence embedder, loaded on the first evaluation
+
+    def _embed(self):
+        """The shipped sentence embedder's ``encode`` (``model.embedder``), loaded once; None where it is not
+        installed (the evaluation then shows no anchor)."""
+        if self._embedder is None:
+            from longmem.model.embedder import Embedder, EmbedderError
+            try:
+                self._embedder = Embedder.load()
+            except EmbedderError:
+                return None
+        return self._embedder.encode
 
     def build(self, name: str, classifier: str, path: str | os.PathLike, fmt: DemoFormat, n_context: int,
               n_memory: int | None, n_test: int, seed: int = 0, chunk_size: int | None = None, create: bool = True,
@@ -129,8 +152,12 @@ class ClassifierBuilder:
                  settings: dict | None = None) -> dict:
         """Accuracy, per-label metrics and confusion matrix on the held-out set (bank memory), plus accuracy vs the
         number of in-memory demonstrations (0, 100, 500, 2,000 and all, each with a 95% interval over the held-out
-        set; a classifier that finds its demonstrations finds them among those in memory); plots as PNG. Returns
-        {"result", "curve", "majority", "confusion_png", "curve_png"}."""
+        set; a classifier that finds its demonstrations finds them among those in memory); plots as PNG. Beside it
+        the anchor, what a user would build from the same in-memory examples (``measure.anchor_results``: sentence
+        embeddings + logistic regression), at all of them and, with the curve, at each size of it. Returns
+        {"result", "curve", "majority", "anchor" (its EvalResult, None without in-memory examples or an embedder),
+        "anchor_examples", "anchor_interval" (95%, Wilson), "anchor_curve" (CurvePoints), "confusion_png",
+        "curve_png"}."""
         spec, saved = self._spec(name, classifier, settings)
         if not spec.test:
             raise ValueError(f"classifier {classifier!r} has no held-out examples to evaluate on")
@@ -138,8 +165,24 @@ class ClassifierBuilder:
         chunk_size = saved.get("chunk_size")
         sizes = default_sizes(len(mem_examples))
         n_curve = (len(spec.test) * len(sizes) + len(mem_examples)) if curve else 0
-        total = len(spec.test) + n_curve
+        total = len(spec.test) + n_curve + len(spec.test) + len(mem_examples)
         report = (lambda base: (lambda d, _t: progress(base + d, total))) if progress else (lambda base: None)
+
+        def anchor() -> list[tuple[int, EvalResult]]:
+            embed = self._embed() if mem_examples else None
+            if embed is None:
+                return []
+            done, embedded = report(len(spec.test) + n_curve), 0
+
+            def counted(texts: list[str]):  # the anchor's progress: texts embedded
+                nonlocal embedded
+                out = embed(texts)
+                embedded += len(texts)
+                if done is not None:
+                    done(embedded, None)
+                return out
+            at = [n for n in sizes if n > 0] if curve else [len(mem_examples)]
+            return anchor_results(counted, spec.labels, mem_examples, spec.test, at, spec.seed)
 
         def run():
             result = evaluate_classifier(self._classifier(name, spec, chunk_size), spec.test, report(0))
@@ -157,6 +200,9 @@ class ClassifierBuilder:
             return result, points
 
         result, points = self.host.run_locked(run)
+        anchored = self.host.run_locked(anchor)
+        full = anchored[-1][1] if anchored and anchored[-1][0] == len(mem_examples) else None
+        anchor_curve = [CurvePoint(n, r.accuracy, 0, len(r.truths)) for n, r in anchored] if curve else []
         out_dir = self.host.scratch_dir()
         stem = f"{name}-{classifier}".replace("/", "_")
         with self.host.directory.open(name) as bank:
@@ -166,10 +212,15 @@ class ClassifierBuilder:
         return {"result": result,
                 "curve": points,
                 "majority": majority_accuracy(spec.test),
+                "anchor": full,
+                "anchor_examples": len(mem_examples),
+                "anchor_interval": wilson(round(full.accuracy * len(full.truths)), len(full.truths)) if full else None,
+                "anchor_curve": anchor_curve,
                 "confusion_png": str(plot_confusion(result, out_dir / f"{stem}-confusion.png")),
                 "curve_png": str(plot_curve(points, out_dir / f"{stem}-curve.png",
                                             baseline=majority_accuracy(spec.test),
-                                            label=f"LongMem, {how}" + (", calibrated" if spec.calibrate else "")))
+                                            label=f"LongMem, {how}" + (", calibrated" if spec.calibrate else ""),
+                                            anchor=anchor_curve))
                 if points else None}
 
     def classify(self, name: str, classifier: str, texts: list[str], progress=None,

@@ -1,7 +1,8 @@
 """Measuring a classifier on held-out examples: accuracy, per-label precision/recall/F1 and the confusion matrix
 (``evaluate``), the majority-class baseline, Wilson intervals, accuracy as the demonstrations in memory grow
-(``accuracy_vs_memory``; with demonstrations found per input, ``longmem.tasks.demos.accuracy_vs_bank``), and their
-plots (matplotlib's Agg canvas on a ``Figure``: no pyplot, safe in a threaded web app).
+(``accuracy_vs_memory``; with demonstrations found per input, ``longmem.tasks.demos.accuracy_vs_bank``), the
+classifier a user would build instead from the same examples (``anchor_results``: sentence embeddings + logistic
+regression), and their plots (matplotlib's Agg canvas on a ``Figure``: no pyplot, safe in a threaded web app).
 """
 
 from __future__ import annotations
@@ -9,11 +10,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
 
 from longmem.model.lm import SegmentLM
 from longmem.tasks.classify import Classifier, Progress
 from longmem.tasks.examples import Example, demo_stream
+from longmem.tasks.readout import fit_cv
 from longmem.util.plots import agg_figure
 
 # -----------------------------------------------------------------------------
@@ -163,6 +168,36 @@ def accuracy_vs_memory(model: SegmentLM, template: str, labels: Sequence[str], c
 
 
 # -----------------------------------------------------------------------------
+# the anchor: what a user would build from the same examples
+
+ANCHOR_LABEL = "sentence embeddings + logistic regression"
+
+
+def anchor_results(embed: Callable[[list[str]], np.ndarray], labels: Sequence[str], examples: Sequence[Example],
+                   test: Sequence[Example], sizes: Sequence[int], seed: int = 0) -> list[tuple[int, EvalResult]]:
+    """The anchor classifier at each size: a logistic regression on ``embed``'s vectors (texts -> (N, E)) of the
+    first ``size`` ``examples``, its penalty chosen by cross-validation on them (``readout.fit_cv``, folds dealt by
+    ``seed``), scored on ``test``. Each text is embedded once. Sizes whose examples hold fewer than two labels are
+    left out (size 0 always). Returns [(size, its EvalResult)], ascending."""
+    sizes = sorted({n for n in sizes if n > 0})
+    if sizes and sizes[-1] > len(examples):
+        raise ValueError(f"anchor sizes must lie in [1, {len(examples)}], got {sizes}")
+    if not test:
+        raise ValueError("nothing to evaluate: the test set is empty")
+    top = sizes[-1] if sizes else 0
+    x = torch.from_numpy(np.asarray(embed([e.text for e in examples[:top]]), dtype=np.float64))  # (M, E)
+    xt = torch.from_numpy(np.asarray(embed([e.text for e in test]), dtype=np.float64))  # (T, E)
+    out = []
+    for n in sizes:
+        seen = [e.label for e in examples[:n]]
+        if len(set(seen)) < 2:
+            continue
+        predictions = fit_cv(x[:n], seen, seed=seed).predict(xt)
+        out.append((n, score_predictions(labels, [e.label for e in test], predictions)))
+    return out
+
+
+# -----------------------------------------------------------------------------
 # plots (PNG)
 
 def plot_confusion(result: EvalResult, path: str | Path) -> Path:
@@ -186,15 +221,20 @@ def plot_confusion(result: EvalResult, path: str | Path) -> Path:
 
 
 def plot_curve(points: Sequence[CurvePoint], path: str | Path, baseline: float | None = None,
-               baseline_label: str = "majority class", label: str = "LongMem") -> Path:
+               baseline_label: str = "majority class", label: str = "LongMem",
+               anchor: Sequence[CurvePoint] = (), anchor_label: str = ANCHOR_LABEL) -> Path:
     """Accuracy against the number of demonstrations in memory as a PNG, each point with its 95% interval over the
-    test examples, and an optional horizontal baseline."""
+    test examples, an optional horizontal baseline, and the anchor's line (``anchor``: its accuracy against as many
+    examples) where given."""
     fig = agg_figure(6, 4)
     ax = fig.subplots()
-    acc = [100 * p.accuracy for p in points]
-    bars = [[a - 100 * p.interval[0] for a, p in zip(acc, points)],
-            [100 * p.interval[1] - a for a, p in zip(acc, points)]]
-    ax.errorbar([p.n_memory for p in points], acc, yerr=bars, fmt="o-", capsize=3, label=f"{label} (95% interval)")
+    for line, name, fmt in ((points, label, "o-"), (anchor, anchor_label, "^--")):
+        if not line:
+            continue
+        acc = [100 * p.accuracy for p in line]
+        bars = [[max(0.0, a - 100 * p.interval[0]) for a, p in zip(acc, line)],  # >= 0: Wilson's bound may
+                [max(0.0, 100 * p.interval[1] - a) for a, p in zip(acc, line)]]  # round past a perfect score
+        ax.errorbar([p.n_memory for p in line], acc, yerr=bars, fmt=fmt, capsize=3, label=f"{name} (95% interval)")
     if baseline is not None:
         ax.axhline(100 * baseline, color="gray", linestyle="--", label=baseline_label)
     ax.set_xlabel("demonstrations in memory")

@@ -1,0 +1,41 @@
+"""``eval.icl``'s anchor: a logistic regression on sentence embeddings of the same memory demonstrations, at every
+memory size of the curve, scored on the same test sentences, and shown in the curve's table beside LongMem."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from longmem.eval.icl import ANCHOR, Size, Task, anchor_rows, curve_table, summarize
+from longmem.tasks.examples import PRESETS, Example
+
+
+def features(texts: list[str]) -> np.ndarray:
+    """A stand-in for sentence embeddings (the shipped model's are tested in ``test_embedder``): word counts."""
+    return np.array([[t.count("good"), t.count("bad"), len(t.split())] for t in texts], dtype=np.float32)
+
+
+def task(seed: int = 0) -> Task:
+    words = ["good", "bad"]
+    demos = [Example(f"a {words[i % 2]} film number {i}", ["positive", "negative"][i % 2]) for i in range(60)]
+    test = [Example(f"so {words[i % 2]}", ["positive", "negative"][i % 2]) for i in range(10)]
+    test[0] = Example("so bad", "positive")  # a mislabelled test sentence: the anchor gets it wrong
+    return Task(PRESETS["SST-2"], seed, [], demos, test)
+
+
+def test_the_anchor_is_fitted_at_each_memory_size_and_scored_per_sentence():
+    rows = anchor_rows(task(), Size(memory_demos=60, curve=[20, 500]), features)
+    assert [(r["model"], r["memory"]) for r in rows] == [(f"{ANCHOR}@20", 20), (ANCHOR, 60)]
+    for r in rows:
+        assert r["items"]["label"] == "0" + "1" * 9 and r["label"] == r["calibrated"] == r["greedy"] == 0.9
+        assert r["k"] == 0 and r["n"] == 10 and "agree" not in r
+
+
+def test_the_curve_table_shows_the_anchor_beside_longmem():
+    size = Size(sets=["SST-2"], shots=[4], memory_demos=60, curve=[20])
+    runs = anchor_rows(task(), size, features)
+    runs += [{"set": "SST-2", "seed": 0, "k": 4, "model": m, "memory": n, "greedy": 0.5, "label": 0.6,
+              "calibrated": 0.7, "n": 10, "agree": 10} for m, n in (("longmem", 60), ("longmem@20", 20),
+                                                                    ("longmem_empty", 0))]
+    text = curve_table(summarize(runs), size, 4)
+    anchor = next(line for line in text.splitlines() if "logistic regression" in line)
+    assert anchor.count("90.0") == 2  # at 20 and at 60 examples; nothing at 0
