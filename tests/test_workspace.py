@@ -381,6 +381,8 @@ def test_a_classifier_finds_its_demonstrations_in_its_bank(ws, tmp_path):
     assert [p.n_memory for p in out["curve"]] == [0, 30] and all(p.n_test == 6 for p in out["curve"])
     assert out["anchor_examples"] == 30 and out["anchor"].accuracy == 1.0  # the shipped embedder, words it can tell
     assert [p.n_memory for p in out["anchor_curve"]] == [30] and out["anchor_interval"][1] == pytest.approx(1.0)
+    flat = ws.classifiers.evaluate("r", "mood", curve=False)  # the anchor at all 30 examples, no curve
+    assert flat["anchor"].accuracy == 1.0 and flat["anchor_curve"] == [] and flat["curve_png"] is None
     assert open(out["curve_png"], "rb").read(4) == b"\x89PNG"
     with pytest.raises(ValueError, match="unknown classifier settings: colour"):
         ws.classifiers.classify("r", "mood", ["x"], settings={"colour": "red"})

@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the first run's checks deciding whether to answer, with --answers (default: the 1.5B's "
                         "profile, 0.5,0.7,0.1)")
     args = p.parse_args(argv)
+    if args.ask and not args.hidden:
+        p.error("--ask asks the hidden-state probe: give --hidden too")
     rows = drafts(Path(args.run))
     fates = [fate(r, 0.0, 1.0, 0.0) for r in rows]
     keep = [i for i, f in enumerate(fates) if f != "not said"]  # drafts that answer (the reader wrote no decline)

@@ -12,8 +12,8 @@ Features of a text, read without demonstrations in the prompt (the set's templat
 
     python -m training.icl_features --sets SST-2 --readers default,qwen2.5-coder-1.5b --out runs/icl-features
 
-Features are kept in ``--out`` (``<set>-<seed>-<feature>.npy``) and read from there again. Dev splits (the record's
-evaluation files) only: SST-2's test split is for the held-out check.
+Features are kept in ``--out`` (``<set>-<seed>-<demos>-<test>-<feature>.npy``) and read from there again. Dev
+splits (the record's evaluation files) only: SST-2's test split is for the held-out check.
 """
 
 from __future__ import annotations
@@ -82,14 +82,15 @@ def main(argv: list[str] | None = None) -> int:
             texts = [e.text for e in task.memory + task.test]
             n = len(task.memory)
 
-            path = out / f"{name}-{seed}-embeddings.npy"
+            stem = f"{name}-{seed}-{args.demos}-{args.test}"  # the texts are the draw's: set, seed and sizes
+            path = out / f"{stem}-embeddings.npy"
             if not path.is_file():
                 embedder = embedder or Embedder.load()
                 save(path, embedder.encode(texts).astype(np.float64))
             feats = {"embeddings": np.load(path)}
             for reader in args.readers.split(","):
                 short = Path(reader).name
-                state_path, words_path = (out / f"{name}-{seed}-{short}-{kind}.npy" for kind in ("state", "words"))
+                state_path, words_path = (out / f"{stem}-{short}-{kind}.npy" for kind in ("state", "words"))
                 if not (state_path.is_file() and words_path.is_file()):
                     s, w = reader_features(reader, preset.template, preset.labels, texts)
                     save(state_path, s)

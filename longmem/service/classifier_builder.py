@@ -165,7 +165,8 @@ class ClassifierBuilder:
         chunk_size = saved.get("chunk_size")
         sizes = default_sizes(len(mem_examples))
         n_curve = (len(spec.test) * len(sizes) + len(mem_examples)) if curve else 0
-        total = len(spec.test) + n_curve + len(spec.test) + len(mem_examples)
+        n_anchor = len(spec.test) + len(mem_examples) if mem_examples else 0  # texts the anchor embeds
+        total = len(spec.test) + n_curve + n_anchor
         report = (lambda base: (lambda d, _t: progress(base + d, total))) if progress else (lambda base: None)
 
         def anchor() -> list[tuple[int, EvalResult]]:
@@ -200,7 +201,10 @@ class ClassifierBuilder:
             return result, points
 
         result, points = self.host.run_locked(run)
-        anchored = self.host.run_locked(anchor)
+        try:
+            anchored = self.host.run_locked(anchor)
+        except ValueError:  # examples the anchor cannot score (a label outside the classifier's): shown without it
+            anchored = []
         full = anchored[-1][1] if anchored and anchored[-1][0] == len(mem_examples) else None
         anchor_curve = [CurvePoint(n, r.accuracy, 0, len(r.truths)) for n, r in anchored] if curve else []
         out_dir = self.host.scratch_dir()

@@ -2,7 +2,8 @@
 
 What a user who has labelled examples fits on their features (sentence embeddings, a model's hidden states, label
 log-probabilities): standardised features, softmax over the labels, an L2 penalty chosen by cross-validation on the
-examples themselves (``choose_l2``), as scikit-learn's ``LogisticRegressionCV`` would. Used as the classifier
+examples themselves (``choose_l2``, by out-of-fold log-likelihood), like scikit-learn's
+``LogisticRegressionCV``. Used as the classifier
 suite's anchor (``eval.icl``: embeddings + logistic regression) and for heads fitted on demonstrations.
 
 The penalty is per example: the loss is the mean cross-entropy plus ``l2 * |W|^2 / (2 N)``, so ``l2`` is
@@ -102,16 +103,17 @@ def folds_of(n: int, folds: int = FOLDS, seed: int = 0, groups: Sequence[int] | 
 def cross_fit(x: torch.Tensor, labels: Sequence[str], l2: float = 1.0, folds: int = FOLDS, seed: int = 0,
               classes: Sequence[str] | None = None) -> torch.Tensor:
     """Out-of-fold probabilities (N, C): each example's by a readout fitted on the other folds, never on itself
-    (where the other folds hold a single label: that label's probability 1). The columns follow ``classes``
-    (default: the labels seen, sorted)."""
+    (where the other folds hold a single label: that label's probability 1; none: every label alike). The columns
+    follow ``classes`` (default: the labels seen, sorted)."""
     x = torch.as_tensor(x, dtype=torch.float64)
     classes, _ = _targets(labels, classes)
     out = torch.zeros(len(labels), len(classes), dtype=torch.float64)
     for held in folds_of(len(labels), folds, seed):
         rest = sorted(set(range(len(labels))) - set(held))
         seen = {labels[i] for i in rest}
-        if len(seen) < 2:  # the other folds hold one label (a few examples): that label, surely
-            out[held] = torch.tensor([float(c in seen) for c in classes], dtype=torch.float64)
+        if len(seen) < 2:  # the other folds hold one label or none (a few examples)
+            out[held] = torch.tensor([float(c in seen) if seen else 1 / len(classes) for c in classes],
+                                     dtype=torch.float64)
             continue
         out[held] = fit(x[rest], [labels[i] for i in rest], l2, classes).probs(x[held])
     return out
