@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from longmem.eval.icl import make_task
+from longmem.eval.icl import make_task, prompt_parts
 from longmem.model.embedder import Embedder
 from longmem.model.readers import load_reader
 from longmem.tasks.examples import PRESETS
@@ -42,12 +42,11 @@ def reader_features(reader: str, template: str, labels: list[str], texts: list[s
     first tokens there, by reader ``reader``."""
     lm = load_reader(reader)
     tok = lm.backbone.tokenizer
-    head = template.split("{label}")[0]
-    gap = head[len(head.rstrip()):]
+    gap = prompt_parts(template, "x")[1]  # the whitespace before a label word, as the suite scores it
     firsts = [tok(gap + w, add_special_tokens=False).input_ids[0] for w in labels]
     states, logps = [], []
     for text in tqdm(texts, desc=f"{Path(reader).name} features", unit="text"):
-        ids = tok(head.format(text=text.strip()).rstrip(), add_special_tokens=False, return_tensors="pt").input_ids
+        ids = tok(prompt_parts(template, text)[0], add_special_tokens=False, return_tensors="pt").input_ids
         hidden = lm.step(ids[:, -lm.segment_len:], None).hidden[:, -1:]  # (1, 1, E)
         logp = torch.log_softmax(lm.backbone.logits(hidden).float(), dim=-1)[0, 0]  # (V,)
         states.append(hidden[0, 0].double().numpy())
