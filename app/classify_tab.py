@@ -1,7 +1,9 @@
 """Classify tab: the many-shot classifier builder. Upload labelled examples, map columns, choose a template (the
-paper's presets or your own), how many demonstrations the prompt reads (found for each text in the bank, or fixed)
-and how many go into memory; evaluate on a held-out split (accuracy, per-label precision/recall, confusion matrix,
-accuracy vs in-memory demonstrations with 95% intervals); classify texts (showing the demonstrations each read) or a
+paper's presets or your own), how the classifier decides (a head fitted on the examples, or the paper's in-context
+learning: how many demonstrations the prompt reads, found for each text in the bank or fixed) and how many examples
+go into memory; see the head's cross-validated accuracy, unsure threshold and possible label errors; evaluate on a
+held-out split (accuracy beside embeddings + logistic regression, per-label precision/recall, confusion matrix,
+accuracy vs examples with 95% intervals); classify texts (with a confidence, or the demonstrations each read) or a
 whole file. Classifiers are saved in their bank and reopen with it."""
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ CUSTOM = "Custom"
 FINDERS = [("the most similar ones in the bank (meaning and words)", "fused"),
            ("the most similar in memory", "memory"), ("those sharing the most words", "lexical"),
            ("the same fixed ones for every text (as in the paper)", "none")]
+METHOD_CHOICES = [("a head fitted on the examples (recommended)", "head"),
+                  ("the model reads label words after examples (the paper's in-context learning)", "in-context")]
 SAMPLE = Path(__file__).parent / "samples" / "reviews.csv"  # 400 restaurant reviews made for the project (MIT)
 SAMPLE_SPLIT = {"n_context": 8, "n_memory": 332, "n_test": 60}  # the whole sample: 8 + 332 + 60 = 400 rows
 HIDDEN = gr.update(visible=False)
@@ -33,9 +37,10 @@ def preset_choices() -> list[tuple[str, str]]:
 
 
 def build(ws: Workspace, shared: Shared) -> None:
-    gr.Markdown("Build a classifier from labelled examples: it reads a few of them with each text, and keeps "
-                "thousands more in memory. No file at hand? Try the sample: 400 short restaurant reviews, "
-                "positive or negative.")
+    gr.Markdown("Build a classifier from labelled examples: they go into memory, and a head fitted on them decides "
+                "from what the model computes for each text (or, as in the paper, the model reads a few examples "
+                "with each text). No file at hand? Try the sample: 400 short restaurant reviews, positive or "
+                "negative.")
     sample = gr.Button(f"Build a sample classifier ({SAMPLE_SPLIT['n_memory'] + SAMPLE_SPLIT['n_context']} reviews "
                        f"to learn from, {SAMPLE_SPLIT['n_test']} to test on)", elem_id="classify-sample")
     with gr.Row():
@@ -60,7 +65,10 @@ def build(ws: Workspace, shared: Shared) -> None:
         words = gr.Textbox(label="Label words (value=word, comma-separated; empty: labels as written)",
                            value=_words(PRESETS["SST-2"].label_words), elem_id="label-words")
     with gr.Row():
-        n_context = gr.Slider(0, 32, value=20, step=1, label="Examples the model reads with each text",
+        method = gr.Dropdown(label="How it decides", choices=METHOD_CHOICES, value="head", elem_id="classify-method",
+                             info="a head reads what the model computes for each text, fitted on the examples in "
+                                  "memory; in-context, the model reads examples before each text")
+        n_context = gr.Slider(0, 32, value=20, step=1, label="Examples the model reads with each text (in-context)",
                               elem_id="n-context")
         finder = gr.Dropdown(label="Which ones", choices=FINDERS, value="fused", elem_id="demo-finder")
         n_memory = gr.Number(label="Examples kept in memory", value=2000, precision=0, elem_id="n-memory")
@@ -86,6 +94,9 @@ def build(ws: Workspace, shared: Shared) -> None:
         curve = gr.Checkbox(label="Also plot accuracy against the examples in memory", value=True)
         evaluate = gr.Button("Evaluate on the held-out examples", elem_id="evaluate")
     summary = gr.Markdown(elem_id="eval-summary")
+    suspects = gr.Dataframe(headers=["text", "labelled", "the head says", "probability of its label"],
+                            interactive=False, wrap=True, max_height=300, visible=False, elem_id="label-suspects",
+                            label="Possible label errors: examples whose label the head, fitted without them, doubts")
     per_label = gr.Dataframe(headers=["label", "precision", "recall", "f1", "support"], interactive=False,
                              label="Per label", visible=False, elem_id="per-label")
     with gr.Row():
@@ -122,7 +133,8 @@ def build(ws: Workspace, shared: Shared) -> None:
             return gr.skip(), gr.skip()
         return PRESETS[p].template, _words(PRESETS[p].label_words)
 
-    def do_build(bank_name, clf, files, has_header, tcol, lcol, tmpl, wordmap, k, m, t, s, size, how, bal, cal):
+    def do_build(bank_name, clf, files, has_header, tcol, lcol, tmpl, wordmap, k, m, t, s, size, how, bal, cal,
+                 way="head"):
         paths = file_paths(files)
         if not paths:
             raise ValueError("upload a CSV/TSV/JSONL file of labelled examples first")
@@ -132,9 +144,10 @@ def build(ws: Workspace, shared: Shared) -> None:
         fmt = DemoFormat(template=tmpl, label_words=parse_label_words(wordmap), text_column=tcol or "text",
                          label_column=lcol or "label", columns=columns)
         job = ws.classifiers.build(bank_name.strip(), clf, paths[0], fmt, int(k), int(m), int(t), int(s), int(size),
-                                   finder=how, balance=bool(bal), calibrate=bool(cal))
-        return (f"Building {clf!r}: the examples are being written into memory (job {job}). When it is done, "
-                "it appears under Saved classifier below."), shared.bump()
+                                   finder=how, balance=bool(bal), calibrate=bool(cal), method=way or "head")
+        fitted = " and its head fitted on them" if (way or "head") == "head" else ""
+        return (f"Building {clf!r}: the examples are being written into memory{fitted} (job {job}). When it is "
+                "done, it appears under Saved classifier below."), shared.bump()
 
     def sample_form():
         """The form filled in for the sample file (a new bank of its own), ready to build."""
@@ -159,6 +172,18 @@ def build(ws: Workspace, shared: Shared) -> None:
         lines = [f"**Accuracy {100 * r.accuracy:.1f}%** on {len(r.predictions)} held-out examples "
                  f"(always answering the most common label: {100 * out['majority']:.1f}%; macro F1 "
                  f"{r.macro_f1:.3f})."]
+        h = out["head"]
+        if h is not None:
+            low, high = h["cv_interval"]
+            sure = (f"answers below {100 * h['unsure_below']:.0f}% confidence are marked unsure (those above were "
+                    f"right at least {100 * h['unsure_target']:.0f}% of the time): "
+                    f"{100 * h['sure_share']:.0f}% of the examples were answered sure, and right "
+                    f"{100 * h['sure_accuracy']:.0f}% of the time" if h["sure_accuracy"] is not None
+                    else f"no confidence is right {100 * h['unsure_target']:.0f}% of the time, so every answer is "
+                         "marked unsure")
+            lines.append(f"Cross-validated on its {h['examples']:,} examples ({h['folds']} folds): "
+                         f"**{100 * h['cv_accuracy']:.1f}%** ({100 * low:.0f}-{100 * high:.0f}; macro F1 "
+                         f"{h['cv_macro_f1']:.3f}); {sure}. Possible label errors: {h['suspects']}.")
         a = out["anchor"]
         if a is not None:
             low, high = out["anchor_interval"]
@@ -172,14 +197,22 @@ def build(ws: Workspace, shared: Shared) -> None:
         table = [[w, round(m.precision, 3), round(m.recall, 3), round(m.f1, 3), m.support]
                  for w, m in r.per_label.items()]
         shown = lambda v: gr.update(value=v, visible=v is not None)  # noqa: E731
-        return "\n\n".join(lines), shown(table), shown(out["confusion_png"]), shown(out["curve_png"])
+        doubts = [[d["text"], d["label"], d["predicted"], round(d["p_label"], 3)] for d in out["suspects"]]
+        return ("\n\n".join(lines), shown(table), shown(out["confusion_png"]), shown(out["curve_png"]),
+                shown(doubts or None))
 
-    def do_one(bank_name, clf, t):
+    def do_one(bank_name, clf, t, progress=gr.Progress()):
         if not bank_name or not clf:
             raise ValueError("pick a bank and one of its saved classifiers")
-        [row] = ws.classifiers.classify(bank_name, clf, [t])
+        [row] = ws.classifiers.classify(bank_name, clf, [t],  # the first use of an old classifier fits its head
+                                        progress=lambda d, n: progress(d / max(n, 1), desc="classifying"))
         if row["error"]:
             raise ValueError(row["error"])
+        probs = {k[len("prob_"):]: v for k, v in row.items() if k.startswith("prob_")}
+        if probs:  # a head's answer
+            how = ("marked **unsure**: below the head's unsure threshold (the evaluation says where it lies and how "
+                   "often the answers above it were right)") if row["unsure"] else "sure"
+            return gr.update(value=probs, visible=True), f"Confidence {100 * row['confidence']:.0f}%, {how}."
         scores = {k[len("score_"):]: v for k, v in row.items() if k.startswith("score_")}
         top = max(scores.values())
         z = sum(math.exp(v - top) for v in scores.values())
@@ -206,7 +239,7 @@ def build(ws: Workspace, shared: Shared) -> None:
         return gr.skip(), gr.skip(), False
 
     build_inputs = [bank, name, upload, header, text_col, label_col, template, words, n_context, n_memory, n_test,
-                    seed, chunk_size, finder, balance, calibrate]
+                    seed, chunk_size, finder, balance, calibrate, method]
     wire(upload.change, on_upload, [upload, header], [preview, text_col, label_col], notice, api_name="preview")
     wire(header.change, on_upload, [upload, header], [preview, text_col, label_col], notice)
     preset.change(on_preset, [preset], [template, words], api_name="preset")
@@ -216,7 +249,8 @@ def build(ws: Workspace, shared: Shared) -> None:
     filled.then(reported(do_build, 2), build_inputs, [notice, status, shared.version], api_visibility="private")
     wire(bank.change, list_saved, [bank], [saved], notice)
     wire(refresh.click, list_saved, [bank], [saved], notice, api_name="classifiers")
-    wire(evaluate.click, do_evaluate, [bank, saved, curve], [summary, per_label, confusion, curve_img], notice,
+    wire(evaluate.click, do_evaluate, [bank, saved, curve], [summary, per_label, confusion, curve_img, suspects],
+         notice,
          concurrency_id="model", concurrency_limit=1, api_name="evaluate")
     for event, api in ((one.click, "classify"), (text.submit, None)):
         wire(event, do_one, [bank, saved, text], [label, read], notice, concurrency_id="model", concurrency_limit=1,

@@ -181,7 +181,8 @@ def job_html(j: JobState) -> str:
     total = f"~{j.file_tokens * j.bytes_total / j.bytes_done:,.0f}" if j.bytes_done else "?"
     detail = html.escape(own_names(j.message)) if not j.active else (
         f"{j.file_tokens:,} / {total} tokens · {j.tokens_per_s:,.0f} tok/s · {j.bytes_done / 2**20:,.2f} / "
-        f"{j.bytes_total / 2**20:,.2f} MiB · {duration(j.eta_s)} left")
+        f"{j.bytes_total / 2**20:,.2f} MiB · {duration(j.eta_s)} left" if j.unit == "B" else
+        f"{j.bytes_done:,} / {j.bytes_total:,} {html.escape(j.unit)} · {duration(j.eta_s)} left")
     return (f"<div class='job' data-status='{j.status}' data-job='{j.id}'><b>{html.escape(j.bank)}</b> · "
             f"{html.escape(j.step or j.title)} · <span class='job-status'>{j.status}</span><br>"
             f"<progress max='100' value='{pct:.1f}' style='width:100%'></progress><br><small>{detail}</small></div>")

@@ -159,14 +159,14 @@ def test_classifier_from_a_csv(server):
     assert text_col == "text" and label_col == "label"  # guessed from the header
     status = client.predict("reviews", "mood", handle_file(str(csv)), True, "text", "label",
                             "Review: {text} Sentiment: {label}", "", 2, 20, 10, 0, 2, "fused", True, True,
-                            api_name="/build_classifier")
+                            "in-context", api_name="/build_classifier")
     assert "job" in status[0]
     for _ in range(600):  # the demonstrations are ingested by a job; the classifier is saved when it is done
         if client.predict("reviews", api_name="/classifiers") == "mood":
             break
         time.sleep(0.2)
     assert ws.classifiers.names("reviews") == ["mood"]
-    summary, per_label, confusion, curve = client.predict("reviews", "mood", True, api_name="/evaluate")
+    summary, per_label, confusion, curve, doubts = client.predict("reviews", "mood", True, api_name="/evaluate")
     assert "Accuracy" in summary and "10 held-out" in summary
     assert {r[0] for r in per_label["data"]} == {"good", "bad"}
     assert open(confusion, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and open(curve, "rb").read(4) == b"\x89PNG"
@@ -182,6 +182,20 @@ def test_classifier_from_a_csv(server):
         table = list(csvlib.DictReader(f))
     assert [r["text"] for r in table] == ["a fine warm film", "a dull cold film"]
     assert all(r["prediction"] in ("good", "bad") and r["read"].count("Sentiment:") == 2 for r in table)
+    # the default method: a head fitted on the same examples, with its cross-validated figures and a confidence
+    status = client.predict("reviews", "tone", handle_file(str(csv)), True, "text", "label",
+                            "Review: {text} Sentiment: {label}", "", 2, 20, 10, 0, 2, "fused", False, False,
+                            "head", api_name="/build_classifier")
+    assert "head fitted" in status[0]
+    for _ in range(600):
+        if "tone" in ws.classifiers.names("reviews"):
+            break
+        time.sleep(0.2)
+    wait_for_job(ws, "reviews")
+    summary, per_label, confusion, curve, doubts = client.predict("reviews", "tone", True, api_name="/evaluate")
+    assert "Cross-validated on its 20 examples" in summary and "sentence embeddings + logistic regression" in summary
+    pred, said = client.predict("reviews", "tone", "a fine warm film", api_name="/classify")
+    assert pred["label"] == "good" and said.startswith("Confidence")
 
 
 def test_bad_inputs_are_rejected_with_a_message(server, book_bank):

@@ -245,3 +245,15 @@ def test_the_chat_offers_a_library_s_books_and_hides_the_picker_for_one(page, tm
     settings = make_settings(0.0, 16, 0, 2)
     settings.books = (ids["The Iron Mill"],)
     assert settings.reading_config().books == (ids["The Iron Mill"],)
+
+
+def test_a_job_shows_bytes_while_it_reads_a_file_and_items_while_it_counts_them():
+    from app.common import job_html
+    from longmem.service.jobs import JobState
+
+    reading = JobState("ingest-1", "ingest", "b", "book.txt", status="running", bytes_done=2**20, bytes_total=2**21,
+                       file_tokens=1000, tokens_done=1000)
+    assert "1,000 / ~2,000 tokens" in job_html(reading) and "1.00 / 2.00 MiB" in job_html(reading)
+    fitting = JobState("ingest-1", "ingest", "b", "book.txt", status="running", bytes_done=300, bytes_total=4000,
+                       unit="text features", step="mood: fitting its head on 2,000 examples")
+    assert "300 / 4,000 text features" in job_html(fitting) and "MiB" not in job_html(fitting)

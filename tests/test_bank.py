@@ -129,7 +129,8 @@ def segment_row(bank, sid: int) -> int:
 
 def as_made_before_kv_files(directory, name: str) -> None:
     """Turn bank ``name`` into what a LongMem before the K/V files wrote (schema 5): each segment's keys/values as a
-    SQLite ``kv`` row of (Hkv, n_chunks * C, d) blobs, no ``kv_crc32`` column, no K/V files."""
+    SQLite ``kv`` row of (Hkv, n_chunks * C, d) blobs, no ``kv_crc32`` column, no K/V files (and no classifier
+    heads, which came later)."""
     with directory.open(name) as bank:
         rows = [(sid, *(tensor_bytes(t) for t in bank.segment_kv(sid)))
                 for (sid,) in bank.db.execute("SELECT id FROM segments ORDER BY id").fetchall()]
@@ -138,6 +139,7 @@ def as_made_before_kv_files(directory, name: str) -> None:
         conn.executemany("INSERT INTO kv (segment_id, k, v, crc32) VALUES (?, ?, ?, ?)",
                          [(sid, k, v, zlib.crc32(v, zlib.crc32(k))) for sid, k, v in rows])
         conn.execute("ALTER TABLE segments DROP COLUMN kv_crc32")
+        conn.execute("ALTER TABLE classifiers DROP COLUMN head")  # migration 7
         conn.execute("DELETE FROM migrations WHERE id >= 6")
     for path in paths:
         path.unlink()
@@ -422,8 +424,8 @@ def test_corrupt_sqlite_is_reported_not_recreated(directory, model, text_file):
 
 
 def test_schemas_migrate_forward_and_a_newer_one_is_refused(directory, model, text_file):
-    """A bank written before passages existed (schema 2) gets them, cut from its stored text, when first opened, and
-    its ``csz`` column renamed ``chunk_size``."""
+    """A bank written before passages existed (schema 2) gets them, cut from its stored text, when first opened, its
+    ``csz`` column renamed ``chunk_size`` and its classifiers a column for their heads."""
     from longmem.storage.schema import MIGRATIONS
 
     with directory.create("b", model) as bank:
@@ -438,6 +440,7 @@ def test_schemas_migrate_forward_and_a_newer_one_is_refused(directory, model, te
     with directory.open("b") as bank:
         assert bank.info.chunk_size == model.chunk_size
         assert [r[0] for r in bank.db.execute("SELECT id FROM migrations")] == list(range(1, len(MIGRATIONS) + 1))
+        assert "head" in bank.db["classifiers"].columns_dict
         got = [(r["char_start"], r["char_end"], r["text"]) for r in bank.db.query("SELECT * FROM passages")]
         assert got == want and len(got) > 3  # the same passages as ingestion cut
         assert len(bank.search_passages(want[2][2], 100)) == len(got) and bank.verify().ok  # its words: in all

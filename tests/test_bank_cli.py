@@ -126,17 +126,34 @@ def test_classify_and_generate_with_a_bank(run, files):
     code, out, _ = run("bank", "ingest", "demos", str(demos), "--create", "--label-words", "0=negative,1=positive",
                        model=True)
     assert code == 0 and "ingested" in out
-    code, out, _ = run("classify", "--bank", "demos", "--text", "a fine bright film", "--text", "a dull film",
-                       model=True)
-    assert code == 0
-    labels = [line.split("\t")[0] for line in out.strip().splitlines()]
-    assert len(labels) == 2 and set(labels) <= {"negative", "positive"}
-    code, out, _ = run("classify", "--bank", "demos", "--text", "a fine bright film", "--finder", "lexical",
-                       "--shots", "2", "--calibrate", "--show-demos", model=True)
+    code, out, err = run("classify", "--bank", "demos", "--text", "a fine bright film", "--text", "a dull film",
+                         model=True)  # a head fitted on the bank's 40 demonstrations, stored with it
+    assert code == 0 and "head fitted on 40 examples: cross-validated accuracy" in err
+    lines = [line.split("\t") for line in out.strip().splitlines()]
+    assert [(cols[0], cols[3]) for cols in lines] == [("positive", "a fine bright film"), ("negative", "a dull film")]
+    assert all(0.5 <= float(cols[1]) <= 1 and cols[2] in ("sure", "unsure") for cols in lines)
+    code, again, err = run("classify", "--bank", "demos", "--text", "a fine bright film", model=True)
+    assert code == 0 and "head fitted" not in err and again.split("\t")[:2] == out.split("\t")[:2]  # stored
+    code, out, _ = run("classify", "--bank", "demos", "--text", "a fine bright film", "--method", "in-context",
+                       "--finder", "lexical", "--shots", "2", "--calibrate", "--show-demos", model=True)
     lines = out.strip().splitlines()
-    assert code == 0 and lines[0].split("\t")[0] in {"negative", "positive"}
+    cols = lines[0].split("\t")
+    assert code == 0 and cols[0] in {"negative", "positive"} and 0 < float(cols[1]) <= 1 and cols[2] == "-"
     read = [line for line in lines[1:] if line.startswith("  read: ")]
     assert 1 <= len(read) <= 2 and all("Sentiment:" in line for line in read)  # the bank's demonstrations
+    code, _, err = run("classify", "--bank", "demos", "--text", "x", "--classifier", "nope", model=True)
+    assert code == 2 and "no classifier 'nope'" in err
+    code, _, err = run("classify", "--bank", "demos", "--text", "x", "--classifier", "nope", "--method", "in-context",
+                       model=True)
+    assert code == 2 and "--classifier names a saved classifier for --method head" in err
+    with BankDirectory(run.banks).open("demos") as bank:  # a classifier saved as the Classify tab saves one
+        examples = [{"text": f"a fine bright film {i}" if i % 2 else f"a dull grey film {i}",
+                     "label": "positive" if i % 2 else "negative"} for i in range(12)]
+        bank.save_classifier("mood", {"spec": {"name": "mood", "template": "Review: {text} Sentiment: {label}",
+                                               "labels": ["negative", "positive"]}, "memory_examples": examples})
+    code, out, err = run("classify", "--bank", "demos", "--text", "a fine bright film", "--classifier", "mood",
+                         model=True)
+    assert code == 0 and "head fitted on 12 examples" in err and out.startswith("positive\t")
     code, _, err = run("classify", "--bank", "demos", "--text", "x", "--shots", "-1", model=True)
     assert code == 2 and "shots must be >= 0" in err
     code, out, err = run("generate", "--bank", "demos", "--prompt", "a fine", "--max-new-tokens", "5",

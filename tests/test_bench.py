@@ -49,14 +49,19 @@ def test_dtype_comparison_puts_each_measurement_side_by_side():
     assert "| LongMem perplexity of the 2,048-token document | 20.03 | 20.01 | 1.00x |" in table  # no better/worse
 
 
+def quick_run(module: str, tmp_path) -> tuple[subprocess.CompletedProcess, dict]:
+    """``python -m <module> --quick --out F`` in a child process: (the process, the JSON it wrote)."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", module, "--quick", "--out", str(out)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc, json.loads(out.read_text())
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_quick_benchmark_runs_end_to_end(tmp_path):
-    out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "longmem.bench.inference", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    res = json.loads(out.read_text())
+    proc, res = quick_run("longmem.bench.inference", tmp_path)
     assert set(res["targets"]) == {"memorize_tok_s", "retrieval_fraction", "score_speedup", "score_peak_rss_lower",
                                    "generation_ratio"}
     assert all(t["value"] > 0 for t in res["targets"].values())
@@ -306,3 +311,13 @@ def test_the_crash_benchmark_refuses_bad_arguments_by_name(tmp_path, capsys):
     assert "--after must be >= 0" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="no bank 'library-10000000'.*build it"):
         scenario(parse_args(["--work", str(tmp_path)]))
+
+
+@pytest.mark.heavy
+def test_the_classifier_benchmark_builds_and_classifies_through_the_workspace(tmp_path):
+    """The Classify tab's path at quick sizes, on the shipped model and the shared SST-2 files (its dev split)."""
+    proc, res = quick_run("longmem.bench.classifier", tmp_path)
+    assert res["examples"] == 200 and res["texts"] == 20 and res["build_s"] > 0 and res["head_from_scratch_s"] > 0
+    assert 0 < res["one_call_median_s"] <= res["one_call_max_s"] and res["file_s_per_text"] > 0
+    assert 0.6 <= res["cv_accuracy"] <= 1  # sentiment from 200 examples: far above chance, not a record
+    assert "| classify one text (one call, median of 10) |" in proc.stdout

@@ -259,7 +259,7 @@ def test_every_eval_suite_runs_in_both_dtypes(dtype, tmp_path, capsys):
     capsys.readouterr()
     # --resume: a second run of a suite reuses the units the first one recorded, and gives the same record
     first = {name: json.loads((tmp_path / "out" / f"{name}.json").read_text())["data"] for name in ("icl", "bookqa")}
-    for name, n_units in (("icl", 2), ("bookqa", 2)):  # icl: the models' unit and the anchor's; bookqa: a unit
+    for name, n_units in (("icl", 3), ("bookqa", 2)):  # icl: the models' unit, the anchor's, the head's; bookqa: a unit
         #                                                   per question here (bookqa.block=1)
         assert main([name] + argv[1:] + ["--resume"]) == 0
         assert f"resuming: {n_units} finished units" in capsys.readouterr().err

@@ -58,6 +58,6 @@ def test_eval_all_quick_writes_every_suite_and_the_results_document(tmp_path, ca
     icl = json.loads((out / "icl.json").read_text())["data"]["runs"]
     assert {r["model"] for r in icl} == {"majority", "backbone_1k", "backbone_full", "longmem", "longmem_empty",
                                          "longmem@40", "longmem_fused", "longmem_fused@40", "backbone_1k_lexical",
-                                         "embeddings_lr", "embeddings_lr@40"}
+                                         "embeddings_lr", "embeddings_lr@40", "longmem_head", "longmem_head@40"}
     assert all(0 <= r[p] <= 1 and r["n"] == 8 for r in icl for p in ("label", "calibrated"))
     assert (out / "icl-curve.png").stat().st_size > 1000 and (out / "icl.tasks.jsonl").is_file()

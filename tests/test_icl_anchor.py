@@ -1,11 +1,12 @@
 """``eval.icl``'s anchor: a logistic regression on sentence embeddings of the same memory demonstrations, at every
-memory size of the curve, scored on the same test sentences, and shown in the curve's table beside LongMem."""
+memory size of the curve, scored on the same test sentences, and shown in the curve's table beside LongMem; LongMem's
+head, fitted the same way on the model's state and the embeddings, and the issue's targets against the anchor."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from longmem.eval.icl import ANCHOR, Size, Task, anchor_rows, curve_table, summarize
+from longmem.eval.icl import ANCHOR, HEAD, Size, Task, anchor_rows, curve_table, head_rows, head_targets, summarize
 from longmem.tasks.examples import PRESETS, Example
 
 
@@ -39,3 +40,26 @@ def test_the_curve_table_shows_the_anchor_beside_longmem():
     text = curve_table(summarize(runs), size, 4)
     anchor = next(line for line in text.splitlines() if "logistic regression" in line)
     assert anchor.count("90.0") == 2  # at 20 and at 60 examples; nothing at 0
+
+
+class Stacked:
+    """A stand-in for ``tasks.head.Featurizer``: the word counts, and a second column that reads "good" twice."""
+
+    def __call__(self, texts):
+        import torch
+        return torch.from_numpy(np.concatenate([features(texts), 2 * features(texts)[:, :1]], 1))
+
+
+def test_the_head_is_fitted_like_the_anchor_and_its_targets_are_judged_per_set():
+    size = Size(sets=["SST-2"], shots=[4], memory_demos=60, curve=[20])
+    head = head_rows(task(), size, Stacked())
+    assert [(r["model"], r["memory"]) for r in head] == [(f"{HEAD}@20", 20), (HEAD, 60)]
+    assert all(r["items"]["label"] == "0" + "1" * 9 and r["k"] == 0 for r in head)
+    runs = head + anchor_rows(task(), size, features)
+    notes = head_targets(runs, summarize(runs), size)
+    assert "+0.0 ± 0.0 points (paired, 10 test sentences); by set SST-2 +0.0" in notes[0]
+    assert "is not met" in notes[0] and "20 → 90.0, 60 → 90.0 (does not rise at every step)" in notes[1]
+    better = [dict(r, label=1.0, items={"label": "1" * 10}) for r in head]  # the head right on every sentence
+    notes = head_targets(better + anchor_rows(task(), size, features),
+                         summarize(better + anchor_rows(task(), size, features)), size)
+    assert "+10.0 ±" in notes[0] and "is met" in notes[0]

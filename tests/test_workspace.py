@@ -368,7 +368,8 @@ def test_a_classifier_finds_its_demonstrations_in_its_bank(ws, tmp_path):
     rows = [("1", f"a fine warm film {i}") if i % 2 else ("0", f"a dull cold film {i}") for i in range(40)]
     reviews.write_text("label,text\n" + "".join(f"{label},{text}\n" for label, text in rows))
     fmt = DemoFormat(template="Review: {text} Sentiment: {label}", label_words={"0": "negative", "1": "positive"})
-    job = ws.classifiers.build("r", "mood", reviews, fmt, 2, 30, 6, finder="lexical", balance=True, calibrate=True)
+    job = ws.classifiers.build("r", "mood", reviews, fmt, 2, 30, 6, finder="lexical", balance=True, calibrate=True,
+                               method="in-context")
     assert ws.jobs.wait(job, timeout=JOB_TIMEOUT).status == "done"
     [row] = ws.classifiers.classify("r", "mood", ["a fine warm film 99"])
     read = row["read"].split("\n")
@@ -388,4 +389,58 @@ def test_a_classifier_finds_its_demonstrations_in_its_bank(ws, tmp_path):
         ws.classifiers.classify("r", "mood", ["x"], settings={"colour": "red"})
     with pytest.raises(ValueError, match="finder must be one of"):
         ws.classifiers.build("r", "m2", reviews, fmt, 2, 30, 6, finder="magic")
+    ws.close()
+
+
+def test_a_classifier_head_is_fitted_with_its_bank_and_shows_how_good_it_is(ws, tmp_path):
+    """The default method: the job that ingests the examples fits the head on them (cross-validated), stores it with
+    the bank; classifying gives a confidence and an unsure mark; the evaluation shows the head's figures, its
+    curve and the anchor on the same examples, and the examples whose label it doubts."""
+    from longmem.ingest.readers import DemoFormat
+    from longmem.tasks.head import Head
+
+    reviews = tmp_path / "reviews.csv"
+    rows = [("1", f"a fine warm film {i}") if i % 2 else ("0", f"a dull cold film {i}") for i in range(48)]
+    rows[5] = ("0", rows[5][1])  # a warm film labelled negative: a label error to find
+    reviews.write_text("label,text\n" + "".join(f"{label},{text}\n" for label, text in rows))
+    fmt = DemoFormat(template="Review: {text} Sentiment: {label}", label_words={"0": "negative", "1": "positive"})
+    job = ws.classifiers.build("r", "mood", reviews, fmt, 0, 40, 8)
+    state = ws.jobs.wait(job, timeout=JOB_TIMEOUT)
+    assert state.status == "done" and "head fitted on 40 examples: cross-validated accuracy" in state.message
+    with ws.directory.open("r") as bank:
+        stored = Head.from_bytes(bank.classifier_head("mood"))
+    assert len(stored.keys) == 40 and stored.signature["features"] == ["embeddings", "state"]
+    rows_out = ws.classifiers.classify("r", "mood", ["a fine warm film 99", "a dull cold film 98"])
+    assert [r["prediction"] for r in rows_out] == ["positive", "negative"]  # the embedder tells these apart
+    assert all(0.5 <= r["confidence"] <= 1 and isinstance(r["unsure"], bool) and r["error"] == "" and
+               abs(r["prob_positive"] + r["prob_negative"] - 1) < 1e-9 for r in rows_out)
+    out = ws.classifiers.evaluate("r", "mood")
+    assert out["method"] == "head" and out["head"]["examples"] == 40 and out["head"]["cv_accuracy"] >= 0.9
+    assert out["result"].accuracy == 1.0 and out["anchor"].accuracy == 1.0
+    assert [p.n_memory for p in out["curve"]] == [40] and [p.n_memory for p in out["anchor_curve"]] == [40]
+    warm = [d for d in out["suspects"] if d["text"] == rows[5][1]]
+    assert warm and warm[0]["label"] == "negative" and warm[0]["predicted"] == "positive"
+    assert open(out["curve_png"], "rb").read(4) == b"\x89PNG"
+    [paper] = ws.classifiers.classify("r", "mood", ["a fine warm film 99"], settings={"method": "in-context"})
+    assert "score_positive" in paper and "prob_positive" not in paper  # the paper's way, for this call only
+    with pytest.raises(ValueError, match="method must be one of"):
+        ws.classifiers.classify("r", "mood", ["x"], settings={"method": "magic"})
+    one = tmp_path / "one.csv"
+    one.write_text("label,text\n" + "".join(f"1,text {i}\n" for i in range(20)))
+    with pytest.raises(InputError, match="a classifier needs at least two labels"):
+        ws.classifiers.build("r", "one", one, fmt, 0, 10, 5)
+    many = tmp_path / "many.csv"
+    many.write_text("label,text\n" + "".join(f"l{i},text {i}\n" for i in range(500)))
+    with pytest.raises(InputError, match="500 distinct labels"):
+        ws.classifiers.build("r", "many", many, DemoFormat(template=fmt.template), 0, 400, 50)
+    with pytest.raises(InputError, match="kept for the bank's own demonstrations"):
+        ws.classifiers.build("r", "bank demonstrations", reviews, fmt, 0, 40, 8)
+    assert ws.classifiers.names("r") == ["mood"]  # nothing refused was saved
+    with ws.directory.open("r") as bank:  # classifiers saved before heads existed (no "method")
+        saved = bank.classifiers()["mood"]
+        del saved["spec"]["method"]
+        bank.save_classifier("old", saved)
+        bank.save_classifier("old-fixed", {**saved, "memory_examples": []})  # in-context only: no examples
+    assert "prob_positive" in ws.classifiers.classify("r", "old", ["a fine warm film 99"])[0]  # gets a head
+    assert "score_positive" in ws.classifiers.classify("r", "old-fixed", ["a fine warm film 99"])[0]  # stays
     ws.close()

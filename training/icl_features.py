@@ -10,6 +10,15 @@ Features of a text, read without demonstrations in the prompt (the set's templat
 - ``<reader> label words``: its log-probabilities of the set's label words there;
 - ``embeddings + <reader> state``: both, side by side.
 
+With ``--memory`` (the bank's LongMem model, SmolLM2 + its shipped SideNet, reading each text with demonstrations in a
+memory of chunk size 2, as the record's ICL suite writes them), cross-fitted: a demonstration's features are read with
+the other folds' demonstrations in memory (``readout.folds_of``), never its own; a test text's with all of them:
+
+- ``memory state``: the LongMem model's last hidden state at the prompt's end, memory read;
+- ``memory vote``: the share of each label among the demonstrations whose chunks its memory layer retrieved (over
+  every head and token of the prompt: a kNN-Prompting-like vote, from the same pass);
+- ``embeddings + <reader> state + memory ...``: stacked with the best features without memory (the first reader's).
+
     python -m training.icl_features --sets SST-2 --readers default,qwen2.5-coder-1.5b --out runs/icl-features
 
 Features are kept in ``--out`` (``<set>-<seed>-<demos>-<test>-<feature>.npy``) and read from there again. Dev
@@ -27,10 +36,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from longmem.eval.icl import make_task, prompt_parts
+from longmem.eval.icl import make_task
 from longmem.model.embedder import Embedder
 from longmem.model.readers import load_reader
-from longmem.tasks.examples import PRESETS
+from longmem.tasks.examples import PRESETS, prompt_parts
 from longmem.tasks.measure import score_predictions, wilson
 from longmem.tasks.readout import fit_cv
 from longmem.util.data import data_dir
@@ -54,6 +63,56 @@ def reader_features(reader: str, template: str, labels: list[str], texts: list[s
     return np.stack(states), np.stack(logps)
 
 
+@torch.inference_mode()
+def memory_features(template: str, labels: list[str], demos: list, texts: list[str], seed: int,
+                    chunk_size: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """(N + M, E) LongMem states and (N + M, L) retrieved-label shares for the ``demos`` (N, cross-fitted: each read
+    with the other folds' demonstrations in memory) and then ``texts`` (M, read with all N in memory)."""
+    from longmem.eval.icl import MEMORY_SEPARATOR, demo_memory
+    from longmem.memory.memory import MemoryView
+    from longmem.model.longmem import LongMemModel
+    from longmem.tasks.examples import format_demo
+    from longmem.tasks.readout import folds_of
+
+    lm = LongMemModel.from_config().eval()
+    tok = lm.backbone.tokenizer
+    index = {w: i for i, w in enumerate(labels)}
+
+    def owners(held: list) -> np.ndarray:
+        """The demonstration (index into ``held``) behind each chunk serial of their memory."""
+        pieces = [format_demo(template, e) for e in held]
+        starts = np.cumsum([0] + [len(p) + len(MEMORY_SEPARATOR) for p in pieces])[:-1]
+        stream = MEMORY_SEPARATOR.join(pieces)
+        offsets = tok(stream, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
+        by_token = np.searchsorted(starts, [a for a, _ in offsets], side="right") - 1
+        return by_token[::chunk_size]  # a chunk belongs to the demonstration of its first token
+
+    def read(memory, held: list, text: str) -> tuple[np.ndarray, np.ndarray]:
+        view, own = MemoryView(memory), owners(held)
+        ids = tok(prompt_parts(template, text)[0], add_special_tokens=False, return_tensors="pt").input_ids
+        hidden = lm.step(ids[:, -lm.segment_len:], view).hidden[0, -1]  # (E,)
+        vote = np.zeros(len(labels))
+        for serial, count in view.hits.items():
+            if serial < len(own):
+                vote[index[held[own[serial]].label]] += count
+        return hidden.double().numpy(), vote / max(vote.sum(), 1)
+
+    states, votes = np.zeros((len(demos) + len(texts), lm.backbone.spec.hidden)), \
+        np.zeros((len(demos) + len(texts), len(labels)))
+    jobs = [(fold, sorted(set(range(len(demos))) - set(fold))) for fold in folds_of(len(demos), seed=seed)]
+    jobs.append((list(range(len(demos), len(demos) + len(texts))), list(range(len(demos)))))
+    bar = tqdm(total=len(demos) + len(texts), desc="memory features", unit="text")
+    for rows, kept in jobs:
+        held = [demos[i] for i in kept]
+        memory = demo_memory(lm, held, template, chunk_size)
+        for r in rows:
+            text = demos[r].text if r < len(demos) else texts[r - len(demos)]
+            states[r], votes[r] = read(memory, held, text)
+            bar.update()
+    bar.close()
+    return states, votes
+
+
 def save(path: Path, x: np.ndarray) -> None:
     """``x`` to ``path`` (.npy), whole or not at all."""
     tmp = path.with_name(path.stem + ".tmp.npy")
@@ -68,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=1, help="draws of demonstrations and test sentences per set")
     p.add_argument("--demos", type=int, default=2000, help="demonstrations the readouts are fitted on")
     p.add_argument("--test", type=int, default=300, help="test sentences per set and seed (from the dev split)")
+    p.add_argument("--memory", action="store_true",
+                   help="add the LongMem model's features with the demonstrations in memory (cross-fitted)")
     p.add_argument("--out", default="runs/icl-features", help="folder for the features and the results")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -97,6 +158,19 @@ def main(argv: list[str] | None = None) -> int:
                 feats[f"{short} state"] = np.load(state_path)
                 feats[f"{short} label words"] = np.load(words_path)
                 feats[f"embeddings + {short} state"] = np.concatenate([feats["embeddings"], feats[f"{short} state"]], 1)
+            if args.memory:
+                state_path, vote_path = (out / f"{stem}-memory-{kind}.npy" for kind in ("state", "vote"))
+                if not (state_path.is_file() and vote_path.is_file()):
+                    s, v = memory_features(preset.template, preset.labels, task.memory,
+                                           [e.text for e in task.test], seed)
+                    save(state_path, s)
+                    save(vote_path, v)
+                feats["memory state"], feats["memory vote"] = np.load(state_path), np.load(vote_path)
+                first = Path(args.readers.split(",")[0]).name
+                best = feats[f"embeddings + {first} state"]
+                feats[f"embeddings + {first} state + memory vote"] = np.concatenate([best, feats["memory vote"]], 1)
+                feats["embeddings + memory state"] = np.concatenate([feats["embeddings"], feats["memory state"]], 1)
+                feats[f"embeddings + {first} state + memory state"] = np.concatenate([best, feats["memory state"]], 1)
             truths = [e.label for e in task.test]
             hits = {}
             for kind, x in feats.items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import sys
 import tempfile
 from typing import Iterator
@@ -240,9 +241,14 @@ def cmd_classify(args) -> int:
         print("error: give --text (repeatable) or texts on standard input, one per line", file=sys.stderr)
         return 2
     choice = Choice(args.finder, args.shots, args.balance)  # bad settings fail before the model loads
+    if args.classifier is not None and args.method != "head":
+        print("error: --classifier names a saved classifier for --method head", file=sys.stderr)
+        return 2
     with BankDirectory(args.banks_dir).open(args.bank) as bank:
-        documents = bank.documents()
         model = _load_model(args)
+        if args.method == "head":
+            return _classify_with_head(args, bank, model, texts)
+        documents = bank.documents()
         memory = load_memory(bank, model)
         if args.chunk_size and args.chunk_size != memory.chunk_size:
             memory = memory.rechunk(args.chunk_size)
@@ -254,11 +260,46 @@ def cmd_classify(args) -> int:
         for text in texts:
             scores = classifier.scores(text)
             best = max(scores, key=scores.get)
+            confidence = 1 / sum(math.exp(s - scores[best]) for s in scores.values())  # softmax over the labels
             detail = "  ".join(f"{w}={s:.2f}" for w, s in scores.items())
-            print(f"{best}\t{text}" if not args.verbose else f"{best}\t{detail}\t{text}")
+            print(f"{best}\t{confidence:.3f}\t-\t{text}" if not args.verbose else
+                  f"{best}\t{confidence:.3f}\t-\t{detail}\t{text}")
             if args.show_demos:
                 for demo in classifier.read(text):
                     print(f"  read: {demo}")
+    return 0
+
+
+def _classify_with_head(args, bank, model, texts: list[str]) -> int:
+    """``classify --method head``: the head fitted on the bank's examples (``tasks.head.bank_head``, fitted and
+    stored with the bank on first use, with a progress bar), one line per text: label, confidence, "sure" or
+    "unsure", the text (the in-context method prints "-" in the third column)."""
+    from longmem.model.embedder import Embedder, EmbedderError
+    from longmem.tasks.head import bank_head
+
+    try:
+        embed = Embedder.load().encode
+    except EmbedderError as e:
+        print(f"note: no sentence embedder ({e}); the head reads the model's state alone", file=sys.stderr)
+        embed = None
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc="fitting the head: features of the examples", unit="text", file=sys.stderr)
+        bar.update(done - bar.n)
+
+    head, featurizer, fitted = bank_head(bank, model, embed, args.classifier, progress)
+    if bar is not None:
+        bar.close()
+    if fitted:
+        print(head.describe(), file=sys.stderr)
+    for row in head.rows(featurizer(texts), texts):
+        sure = "unsure" if row["unsure"] else "sure"
+        detail = "  ".join(f"{w}={row[f'prob_{w}']:.3f}" for w in head.labels)
+        print(f"{row['prediction']}\t{row['confidence']:.3f}\t{sure}\t{row['text']}" if not args.verbose else
+              f"{row['prediction']}\t{row['confidence']:.3f}\t{sure}\t{detail}\t{row['text']}")
     return 0
 
 
@@ -312,9 +353,19 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(gen)
     _sampling_args(gen)
 
-    cls = sub.add_parser("classify", help="label texts with the demonstrations stored in a bank (log-prob of each "
-                                          "label word)")
+    cls = sub.add_parser("classify", help="label texts with the labelled examples stored in a bank: one line per "
+                                          "text, tab-separated: label, confidence, sure/unsure (a head; '-' "
+                                          "in-context), text")
     cls.add_argument("--bank", required=True, help="bank holding the demonstrations")
+    cls.add_argument("--method", default="head", choices=["head", "in-context"],
+                     help="head: a head fitted on the bank's examples reads the model's state and the text's "
+                          "sentence embedding (fitted and stored with the bank on first use, again when examples "
+                          "are added); in-context: the likeliest label word after the demonstrations read in the "
+                          "prompt and memory (the paper's; --template, --finder, --shots, --balance, --calibrate, "
+                          "--chunk-size and --show-demos apply to it alone)")
+    cls.add_argument("--classifier", default=None,
+                     help="with head: a classifier saved in the bank (the app's Classify tab), its examples; "
+                          "default: the bank's demonstrations (at most 10,000, a seeded sample beyond)")
     cls.add_argument("--text", action="append", help="text to classify (repeatable; default: stdin lines)")
     cls.add_argument("--template", default=None, help="prompt template (default: the demonstrations' own)")
     cls.add_argument("--finder", default="fused", choices=["fused", "memory", "lexical", "none"],

@@ -15,7 +15,10 @@ evaluation file are classified with the paper's templates (``longmem.tasks.examp
 - the classifier a user would build instead from the same labelled examples (``ANCHOR``): sentence embeddings of the
   memory demonstrations (the shipped all-MiniLM-L6-v2) and a logistic regression fitted on them, its penalty chosen
   by cross-validation on those demonstrations (``tasks.readout``), at each memory size of the curve too. Its units are
-  recorded apart (``<set>/<seed>/anchor``), so a record made before it existed gains it without running again.
+  recorded apart (``<set>/<seed>/anchor``), so a record made before it existed gains it without running again;
+- LongMem's classifier head (``HEAD``, the app's default classifier, ``tasks.head``): the LongMem model's backbone
+  state at each text's prompt end stacked with its sentence embedding, a logistic regression fitted the same way on
+  the same memory demonstrations (at each size of the curve too); its units apart as well (``<set>/<seed>/head``).
 
 LongMem's bank grows through ``curve`` (100, 500) to ``memory_demos``: at each size, the fixed and the found rows at
 the most shots are scored again, for the accuracy-vs-demonstrations curve (0 = the memory-empty twin).
@@ -59,8 +62,9 @@ from longmem.model.lm import SegmentLM
 from longmem.storage import BankDirectory
 from longmem.tasks.classify import Choice, calibrate
 from longmem.tasks.demos import DemoFinder, grow_bank
-from longmem.tasks.examples import PRESETS, Example, Preset, demo_stream, format_demo, split_examples
-from longmem.tasks.measure import ANCHOR_LABEL, anchor_results, majority_accuracy, wilson
+from longmem.tasks.examples import PRESETS, Example, Preset, demo_stream, format_demo, prompt_parts, split_examples
+from longmem.tasks.head import FEATURES, Featurizer
+from longmem.tasks.measure import ANCHOR_LABEL, anchor_results, fitted_results, majority_accuracy, wilson
 from longmem.tasks.readout import FOLDS, L2_GRID
 
 SEPARATOR = "\n"  # between the prompt's demonstrations (and before the test sentence)
@@ -70,6 +74,8 @@ CONTENT_FREE = "N/A"  # the content-free input of contextual calibration (Zhao e
 ANCHOR = "embeddings_lr"  # the rows of the classifier a user would build: sentence embeddings + logistic regression
 ANCHOR_FIT = {"folds": FOLDS, "l2_grid": list(L2_GRID)}  # how its penalty is chosen: a recorded anchor unit made
 #                                                          otherwise is made again
+HEAD = "longmem_head"  # the rows of LongMem's classifier head (``tasks.head``)
+HEAD_LABEL = "LongMem's head (its state + embeddings)"
 
 
 @dataclass
@@ -146,13 +152,6 @@ class Scored:
 
 def encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False).input_ids
-
-
-def prompt_parts(template: str, text: str) -> tuple[str, str]:
-    """(the template up to the label, without trailing whitespace; the whitespace that goes with the label word)."""
-    prefix = template.split("{label}")[0].format(text=text.strip())
-    own = prefix.rstrip()
-    return own, prefix[len(own):]
 
 
 def starts_label(piece: str, gap: str, label: str) -> bool:
@@ -318,12 +317,32 @@ def anchor_rows(task: Task, size: Size, embed: Callable[[list[str]], np.ndarray]
     one, a logistic regression on ``embed``'s vectors (texts -> (N, E)) of the first that many memory demonstrations
     (as LongMem's bank holds them, ``grow_bank``), its penalty chosen by cross-validation on them, classifies the
     test sample (``measure.anchor_results``). One protocol: the three columns are the same accuracy."""
-    n_memory, rows = len(task.memory), []
+    n_memory = len(task.memory)
     sizes = sorted({n for n in size.curve if 0 < n < n_memory} | {n_memory})
-    for n, result in anchor_results(embed, task.preset.labels, task.memory, task.test, sizes, task.seed):
+    return fitted_rows(task, ANCHOR, anchor_results(embed, task.preset.labels, task.memory, task.test, sizes,
+                                                    task.seed))
+
+
+def head_rows(task: Task, size: Size, featurizer: Featurizer) -> list[dict]:
+    """LongMem's head's rows (``HEAD``) for one set under one seed: at each memory size of the curve and the full
+    one, a head fitted on the ``featurizer``'s features of the first that many memory demonstrations (its penalty by
+    cross-validation on them, as the app fits it) classifies the test sample (``measure.fitted_results``)."""
+    n_memory = len(task.memory)
+    sizes = sorted({n for n in size.curve if 0 < n < n_memory} | {n_memory})
+    x = featurizer([e.text for e in task.memory] + [e.text for e in task.test])  # (M + T, F)
+    results = fitted_results(x[:n_memory], x[n_memory:], task.preset.labels, task.memory, task.test, sizes,
+                             task.seed)
+    return fitted_rows(task, HEAD, results)
+
+
+def fitted_rows(task: Task, model: str, results: list) -> list[dict]:
+    """Rows of a classifier fitted on the memory demonstrations (``model`` at the full size, ``model@n`` below):
+    one protocol, so the three columns are the same accuracy."""
+    rows = []
+    for n, result in results:
         hits = "".join("1" if p == t else "0" for p, t in zip(result.predictions, result.truths))
         rows.append({"set": task.preset.name, "seed": task.seed, "k": 0, "memory": n,
-                     "model": ANCHOR if n == n_memory else f"{ANCHOR}@{n}", "greedy": result.accuracy,
+                     "model": model if n == len(task.memory) else f"{model}@{n}", "greedy": result.accuracy,
                      "label": result.accuracy, "calibrated": result.accuracy, "n": len(task.test),
                      "items": {"label": hits, "calibrated": hits}})
     return rows
@@ -347,22 +366,32 @@ def run(ctx: EvalContext) -> SuiteResult:
             t0 = time.perf_counter()
             unit = {"runs": run_task(ctx, size, task, entrants), "seconds": time.perf_counter() - t0}
             units.put(key, unit)
+        if embedder is None:  # the anchor's, and the head's sentence embeddings
+            from longmem.model.embedder import Embedder
+            embedder = Embedder.load()
         anchor = units.get(f"{key}/anchor")
         if anchor is None or anchor.get("fit") != ANCHOR_FIT:
-            if embedder is None:
-                from longmem.model.embedder import Embedder
-                embedder = Embedder.load()
             t0 = time.perf_counter()
             anchor = {"runs": anchor_rows(task, size, embedder.encode), "seconds": time.perf_counter() - t0,
                       "fit": ANCHOR_FIT}
             units.put(f"{key}/anchor", anchor)
             ctx.log(f"icl {task.preset.name} seed {task.seed} {ANCHOR}: "
                     + ", ".join(f"{r['memory']:,} examples {r['label']:.3f}" for r in anchor["runs"]))
-        runs += unit["runs"] + anchor["runs"]
-        seconds += unit["seconds"] + anchor["seconds"]
+        featurizer = Featurizer(ctx.model, task.preset.template, embedder.encode, FEATURES)
+        head_fit = {**ANCHOR_FIT, "signature": featurizer.signature()}  # a unit made otherwise is made again
+        head = units.get(f"{key}/head")
+        if head is None or head.get("fit") != head_fit:
+            t0 = time.perf_counter()
+            head = {"runs": head_rows(task, size, featurizer), "seconds": time.perf_counter() - t0, "fit": head_fit}
+            units.put(f"{key}/head", head)
+            ctx.log(f"icl {task.preset.name} seed {task.seed} {HEAD}: "
+                    + ", ".join(f"{r['memory']:,} examples {r['label']:.3f}" for r in head["runs"]))
+        runs += unit["runs"] + anchor["runs"] + head["runs"]
+        seconds += unit["seconds"] + anchor["seconds"] + head["seconds"]
     summary = summarize(runs)
     top, n_memory = max(size.shots), size.memory_demos
-    rows_for = [("majority", 0, "majority class"), (ANCHOR, 0, f"{ANCHOR_LABEL}, {n_memory:,} examples")]
+    rows_for = [("majority", 0, "majority class"), (ANCHOR, 0, f"{ANCHOR_LABEL}, {n_memory:,} examples"),
+                (HEAD, 0, f"{HEAD_LABEL}, {n_memory:,} examples")]
     for k in size.shots:
         rows_for += [(e.key, k, f"{e.label}, {k}-shot") for e in entrants if e.key != "longmem"]
         rows_for += [("longmem", k, f"LongMem, {k} fixed in context + {n_memory:,} in memory (the paper's)")]
@@ -380,7 +409,8 @@ def run(ctx: EvalContext) -> SuiteResult:
         tables.append(f"**Accuracy vs demonstrations in memory** (LongMem at {top} shots, average of "
                       f"{len(size.sets)} sets, %, ± the half-width of a 95% interval)\n\n" + curve)
     scored = [r for r in runs if "agree" in r]  # the language models' rows
-    notes = [verdict(summary, entrants, size.sets, top), *targets(runs, summary, size),
+    notes = [verdict(summary, entrants, size.sets, top), *head_targets(runs, summary, size),
+             *targets(runs, summary, size),
              f"The two protocols gave the same verdict on {sum(r['agree'] for r in scored):,} of "
              f"{sum(r['n'] for r in scored):,} test sentences (every model, shot count and seed): they differ only "
              "where the greedy next token is not a label word.",
@@ -390,9 +420,12 @@ def run(ctx: EvalContext) -> SuiteResult:
              "test sentence itself, closest last; the full-context backbone reads as many memory demonstrations as fit "
              "before its k-shot prompt.",
              f"The anchor ({ANCHOR_LABEL}) is fitted on the same {n_memory:,} memory demonstrations (the first "
-             f"{', '.join(f'{n:,}' for n, _ in anchor_points(summary, size)[1:-1]) or 'none'} for the curve) with its "
+             f"{', '.join(f'{n:,}' for n, _ in fitted_points(summary, size)[1:-1]) or 'none'} for the curve) with its "
              f"penalty chosen by {FOLDS}-fold cross-validation on them, and classifies the same test sentences; it has "
-             "one protocol (its three columns are one accuracy).",
+             "one protocol (its three columns are one accuracy). LongMem's head (the app's default classifier) is "
+             "fitted the same way on the same demonstrations, on the LongMem model's backbone state at each text's "
+             "prompt end (the template up to its label, no demonstrations, no memory) stacked with the same sentence "
+             "embeddings.",
              f"Units (set x seed): {len(tasks)}, made at {', '.join(units.commits())}; "
              f"{seconds / 60:.1f} min of work in all, {timer.seconds / 60:.1f} min in this run."]
     plots = [plot_icl(ctx.out_dir, summary, rows_for, size.sets)]
@@ -461,11 +494,12 @@ def curve_points(summary: dict, size: Size, top: int, model: str) -> list[tuple[
             + [(size.memory_demos, summary.get(f"{model}/{top}/Avg"))])
 
 
-def anchor_points(summary: dict, size: Size) -> list[tuple[int, dict | None]]:
-    """(examples, the 5-set average entry) of the anchor's line, at the memory sizes of ``curve_points``."""
+def fitted_points(summary: dict, size: Size, model: str = ANCHOR) -> list[tuple[int, dict | None]]:
+    """(examples, the 5-set average entry) of the line of a classifier fitted on the memory demonstrations (the
+    anchor, LongMem's head), at the memory sizes of ``curve_points``."""
     steps = sorted({n for n in size.curve if 0 < n < size.memory_demos})
-    return ([(0, None)] + [(n, summary.get(f"{ANCHOR}@{n}/0/Avg")) for n in steps]
-            + [(size.memory_demos, summary.get(f"{ANCHOR}/0/Avg"))])
+    return ([(0, None)] + [(n, summary.get(f"{model}@{n}/0/Avg")) for n in steps]
+            + [(size.memory_demos, summary.get(f"{model}/0/Avg"))])
 
 
 def curve_lines(size: Size) -> list[tuple[str, str]]:
@@ -480,9 +514,10 @@ def curve_table(summary: dict, size: Size, top: int) -> str:
     header = ["in prompt"] + [f"{n:,} in memory" for n, _ in points["longmem"]]
     rows = [[f"{top} {name}" + (", calibrated" if p == "calibrated" else "")]
             + [cell(v, p) for _, v in points[m]] for m, name in lines for p in ("label", "calibrated")]
-    anchor = anchor_points(summary, size)
-    if any(v is not None for _, v in anchor):
-        rows.append([f"({ANCHOR_LABEL}, as many examples)"] + [cell(v, "label") for _, v in anchor])
+    for model, label in ((HEAD, HEAD_LABEL), (ANCHOR, ANCHOR_LABEL)):
+        fitted = fitted_points(summary, size, model)
+        if any(v is not None for _, v in fitted):
+            rows.append([f"({label}, as many examples)"] + [cell(v, "label") for _, v in fitted])
     return table(header, rows)
 
 
@@ -500,6 +535,29 @@ def paired(runs: list[dict], a: tuple[str, int], b: tuple[str, int], pa: str = "
     mean = sum(diffs) / len(diffs)
     sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / max(len(diffs) - 1, 1))
     return 100 * mean, 100 * 1.96 * sd / math.sqrt(len(diffs)), len(diffs)
+
+
+def head_targets(runs: list[dict], summary: dict, size: Size) -> list[str]:
+    """Issue 86's targets for LongMem's head: at or above the anchor on every set and >= 3 points above it on
+    average (paired over the same sentences, with its interval), and rising from 100 to 500 to all the examples."""
+    d = paired(runs, (HEAD, 0), (ANCHOR, 0))
+    if d is None:
+        return []
+    per_set = {s: summary[f"{HEAD}/0/{s}"]["label"][0] - summary[f"{ANCHOR}/0/{s}"]["label"][0] for s in size.sets
+               if f"{HEAD}/0/{s}" in summary and f"{ANCHOR}/0/{s}" in summary}
+    every = all(v >= 0 for v in per_set.values())
+    out = [f"LongMem's head minus the anchor ({ANCHOR_LABEL}), on the same examples and sentences: "
+           f"{d[0]:+.1f} ± {d[1]:.1f} points "
+           f"(paired, {d[2]:,} test sentences); by set " + ", ".join(f"{s} {v:+.1f}" for s, v in per_set.items())
+           + f". The target (at or above on every set, >= 3 points on average) is "
+           f"{'met' if every and d[0] >= 3 else 'not met'}."]
+    pts = [(n, v) for n, v in fitted_points(summary, size, HEAD) if v is not None]
+    if len(pts) > 1:
+        accs = [v["label"][0] for _, v in pts]
+        rising = all(b > a for a, b in zip(accs, accs[1:]))
+        out.append("LongMem's head by examples: " + ", ".join(f"{n:,} → {a:.1f}" for (n, _), a in zip(pts, accs))
+                   + (" (rises at every step)." if rising else " (does not rise at every step)."))
+    return out
 
 
 def targets(runs: list[dict], summary: dict, size: Size) -> list[str]:
@@ -527,7 +585,7 @@ def targets(runs: list[dict], summary: dict, size: Size) -> list[str]:
         out.append(f"Best LongMem configuration, {name}, minus {what}: {d[0]:+.1f} ± {d[1]:.1f} points (paired, "
                    f"{d[2]:,} test sentences)" + (f"; the >= 5-point target is {'met' if met else 'not met'}."
                                                   if rival == base and rp == "label" else "."))
-    pts = [(n, v) for n, v in anchor_points(summary, size) if v is not None]
+    pts = [(n, v) for n, v in fitted_points(summary, size) if v is not None]
     if len(pts) > 1:
         accs = [v["label"][0] for _, v in pts]
         out.append(f"The anchor ({ANCHOR_LABEL}) by examples: " + ", ".join(f"{n:,} → {a:.1f}" for (n, _), a in
@@ -599,13 +657,14 @@ def plot_curve(out_dir: Path, summary: dict, size: Size, top: int) -> str:
                    [v["ci"].get(p, (y, y))[1] - y for y, (_, v) in zip(ys, pts)]]
             ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=3,
                         label=f"LongMem, {top} {line}" + (", calibrated" if p == "calibrated" else ""))
-    pts = [(n, v) for n, v in anchor_points(summary, size) if v is not None]
-    if pts:
-        ys = [v["label"][0] for _, v in pts]
-        err = [[y - v["ci"].get("label", (y, y))[0] for y, (_, v) in zip(ys, pts)],
-               [v["ci"].get("label", (y, y))[1] - y for y, (_, v) in zip(ys, pts)]]
-        ax.errorbar([n for n, _ in pts], ys, yerr=err, fmt="^-.", color="black", capsize=3,
-                    label=f"{ANCHOR_LABEL}, as many examples")
+    for model, label, fmt, colour in ((HEAD, HEAD_LABEL, "D-", "tab:purple"), (ANCHOR, ANCHOR_LABEL, "^-.", "black")):
+        pts = [(n, v) for n, v in fitted_points(summary, size, model) if v is not None]
+        if pts:
+            ys = [v["label"][0] for _, v in pts]
+            err = [[max(0.0, y - v["ci"].get("label", (y, y))[0]) for y, (_, v) in zip(ys, pts)],
+                   [max(0.0, v["ci"].get("label", (y, y))[1] - y) for y, (_, v) in zip(ys, pts)]]
+            ax.errorbar([n for n, _ in pts], ys, yerr=err, fmt=fmt, color=colour, capsize=3,
+                        label=f"{label}, as many examples")
     for key, label, style in ((f"backbone_1k/{top}/Avg", f"backbone, {top} fixed", ":"),
                               (f"backbone_1k_lexical/{top}/Avg", f"backbone, {top} found by BM25", "-."),
                               ("majority/0/Avg", "majority class", "-")):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -66,6 +67,7 @@ class Embedder:
         self.tokenizer = tokenizer
         self.device = device
         self.max_length = max_length
+        self._lock = threading.Lock()  # one batch at a time: a fast tokenizer's padding settings are not thread-safe
 
     @classmethod
     def load(cls, path: str | Path | None = None, device: str | torch.device = "cpu",
@@ -107,7 +109,8 @@ class Embedder:
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         for start in range(0, len(order), batch_size):
             rows = order[start:start + batch_size]
-            out[rows] = self._encode_batch([texts[i] for i in rows])
+            with self._lock:
+                out[rows] = self._encode_batch([texts[i] for i in rows])
             if progress is not None:
                 progress(min(start + batch_size, len(texts)), len(texts))
         return out

@@ -7,17 +7,25 @@ demonstrations (ingested into a bank by a job) and a held-out set; save the clas
                                                           # beside embeddings + logistic regression on the same examples
     ws.classifiers.classify("sst2", "sentiment", ["a gorgeous film"])
 
-A classifier reads fixed demonstrations in its prompt, or finds them for each text in its bank
-(``longmem.tasks.demos``): ``finder``, ``shots``, ``balance`` and ``calibrate`` are saved with it and can be changed
-for one call (``settings``).
+How a classifier decides (``ClassifierSpec.method``): by default a head fitted on its in-memory examples reads the
+bank model's state and the sentence embedding of each text (``longmem.tasks.head``), fitted when the examples are
+ingested (a classifier saved before heads existed gets one on first use) and stored with the bank, cross-validated
+(its figures, unsure threshold and possible label errors come with it). Or, "in-context", the paper's: the likeliest
+label word after fixed demonstrations in the prompt, or those found for each text in its bank
+(``longmem.tasks.demos``). ``method``, ``finder``, ``shots``, ``balance`` and ``calibrate`` are saved with it and
+can be changed for one call (``settings``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from pathlib import Path
 from typing import Callable, Protocol
+
+import numpy as np
+import torch
 
 from longmem.ingest.readers import DemoFormat
 from longmem.model.longmem import LongMemModel
@@ -25,18 +33,29 @@ from longmem.service.jobs import JobManager
 from longmem.service.sessions import Sessions
 from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
-from longmem.tasks.classify import Choice, ClassifierSpec, classify_rows, write_predictions_csv
+from longmem.tasks.classify import METHODS, Choice, ClassifierSpec, classify_rows, write_predictions_csv
 from longmem.tasks.demos import DemoFinder, accuracy_vs_bank, jsonl_format, write_demos
 from longmem.tasks.examples import Example, format_demo, read_examples, read_texts, split_examples
+from longmem.tasks.head import (
+    BANK_CLASSIFIER,
+    FEATURES,
+    MAX_LABELS,
+    Featurizer,
+    Head,
+    head_examples,
+    head_for,
+    head_problem,
+)
 from longmem.tasks.measure import (
     CurvePoint,
-    EvalResult,
     accuracy_vs_memory,
     anchor_results,
     default_sizes,
+    fitted_results,
     majority_accuracy,
     plot_confusion,
     plot_curve,
+    score_predictions,
     wilson,
 )
 from longmem.tasks.measure import evaluate as evaluate_classifier
@@ -68,7 +87,9 @@ class ClassifierBuilder:
 
     def __init__(self, host: BuilderHost):
         self.host = host
-        self._embedder = None  # the anchor's sentence embedder, loaded on the first evaluation
+        self._embedder = None  # the sentence embedder (heads, the anchor), loaded on first use
+        self._fitting: dict[tuple[str, str], threading.Lock] = {}  # (bank, classifier) -> held while its head is fitted
+        self._fitting_guard = threading.Lock()
 
     def _embed(self):
         """The shipped sentence embedder's ``encode`` (``model.embedder``), loaded once; None where it is not
@@ -83,22 +104,39 @@ class ClassifierBuilder:
 
     def build(self, name: str, classifier: str, path: str | os.PathLike, fmt: DemoFormat, n_context: int,
               n_memory: int | None, n_test: int, seed: int = 0, chunk_size: int | None = None, create: bool = True,
-              finder: str = "none", balance: bool = False, calibrate: bool = False) -> str:
+              finder: str = "none", balance: bool = False, calibrate: bool = False, method: str = "head") -> str:
         """Split a labelled file into in-context demonstrations, in-memory demonstrations (ingested into bank
-        ``name`` by a job) and a held-out test set; the classifier is saved with the bank when the job is done.
-        ``finder`` other than "none": the prompt reads the ``n_context`` demonstrations found in the bank for each
-        text (``balance``d over the labels or not) instead of fixed ones. Returns the job id."""
+        ``name`` by a job) and a held-out test set; the classifier is saved with the bank when the job is done, and
+        (``method`` "head") its head fitted on the in-memory examples in the same job. ``finder`` other than
+        "none": an in-context prompt reads the ``n_context`` demonstrations found in the bank for each text
+        (``balance``d over the labels or not) instead of fixed ones. Returns the job id."""
         if not classifier or not classifier.strip():
             raise InputError("give the classifier a name")
+        if classifier.strip() == BANK_CLASSIFIER:
+            raise InputError(f"{BANK_CLASSIFIER!r} is the name kept for the bank's own demonstrations; choose another")
+        if method not in METHODS:
+            raise InputError(f"a classifier's method must be one of {', '.join(METHODS)}, got {method!r}")
         Choice(finder, n_context, balance)  # refuses bad settings before anything is read
         self.host.check_upload(path, fmt)
         examples = read_examples(path, fmt, skip_empty=True)
-        split = split_examples(examples, n_context, n_memory, n_test, seed)
+        # a head reads no demonstrations in a prompt: none are set apart for one
+        split = split_examples(examples, n_context if method == "in-context" else 0, n_memory, n_test, seed)
         words = list(dict.fromkeys((fmt.label_words or {}).values())) or sorted({e.label for e in examples})
+        seen = sorted({e.label for e in examples})
+        if len(seen) < 2:
+            raise InputError(f"{Path(path).name}: every example is labelled {seen[0]!r}; a classifier needs at "
+                             "least two labels (is the label column right?)")
+        if len(words) > MAX_LABELS:
+            raise InputError(f"{Path(path).name}: {len(words):,} distinct labels; a classifier takes at most "
+                             f"{MAX_LABELS} (is the label column right?)")
         spec = ClassifierSpec(name=classifier.strip(), template=fmt.template, labels=words,
                               context=[format_demo(fmt.template, e) for e in split.context], source=Path(path).name,
                               n_memory=len(split.memory), n_test=len(split.test), seed=seed, test=split.test,
-                              finder=finder, shots=n_context, balance=balance, calibrate=calibrate)
+                              finder=finder, shots=n_context, balance=balance, calibrate=calibrate, method=method)
+        if method == "head":
+            problem = head_problem([e.label for e in split.memory])
+            if problem:
+                raise InputError(f"{problem}: keep more examples in memory, or choose the in-context method")
         saved = {"spec": spec.to_dict(), "chunk_size": chunk_size or self.host.model.chunk_size,
                  "memory_examples": [{"text": e.text, "label": e.label} for e in split.memory]}
         if not self.host.directory.exists(name):
@@ -119,8 +157,45 @@ class ClassifierBuilder:
         demo_file = write_demos(self.host.scratch_dir() / f"{name}-{spec.name}-{seed}-demos.jsonl", split.memory)
         demos = jsonl_format(fmt.template)
         title = f"{spec.name} demonstrations ({len(split.memory):,} from {Path(path).name}).jsonl"
-        work = self.host.ingest_work(name, [demo_file], [title], demos, save)
+        ingest = self.host.ingest_work(name, [demo_file], [title], demos, save)
+
+        def work(ctx) -> str:
+            done = ingest(ctx)
+            if spec.method != "head":
+                return done
+            n = len(head_examples(split.memory, seed))
+            ctx.new_file(f"{spec.name}: fitting its head on {n:,} examples (their features first)",
+                         unit="text features")
+            head = self._head(name, spec, saved, ctx.count)
+            return f"{done}; {head.describe()}"
+
         return self.host.jobs.submit("ingest", name, title, work)
+
+    # -- the head (method "head") ----------------------------------------------------------------------------------
+    def _featurizer(self, spec: ClassifierSpec) -> Featurizer:
+        """What a head of ``spec`` reads: the bank model's state and, where the embedder is installed, the
+        sentence embeddings."""
+        embed = self._embed()
+        return Featurizer(self.host.model, spec.template, embed, FEATURES if embed is not None else ("state",))
+
+    def head(self, name: str, classifier: str, progress=None) -> Head:
+        """The fitted head of a saved classifier (fitted now, with ``progress(done, total)``, when it has none or its
+        examples or model changed since)."""
+        spec, saved = self._spec(name, classifier)
+        return self._head(name, spec, saved, progress)
+
+    def _head(self, name: str, spec: ClassifierSpec, saved: dict, progress=None) -> Head:
+        """The head, fitted when needed: one fit at a time per classifier (a second caller waits, then finds it
+        stored). The model is not locked for it: the backbone runs one forward pass at a time (``Backbone``), so
+        a chat goes on between its batches, as beside an ingestion."""
+        examples = [Example(e["text"], e["label"]) for e in saved.get("memory_examples", [])]
+        problem = head_problem([e.label for e in examples])
+        if problem:
+            raise InputError(f"classifier {spec.name!r} cannot have a head ({problem}); use its in-context method")
+        with self._fitting_guard:
+            lock = self._fitting.setdefault((name, spec.name), threading.Lock())
+        with lock, self.host.directory.open(name) as bank:
+            return head_for(bank, spec.name, self._featurizer(spec), examples, spec.labels, spec.seed, progress)[0]
 
     def names(self, name: str) -> list[str]:
         with self.host.directory.open(name) as bank:
@@ -133,10 +208,12 @@ class ClassifierBuilder:
         if saved is None:
             raise KeyError(f"bank {name!r} has no classifier {classifier!r}")
         spec = ClassifierSpec.from_dict(saved["spec"])
-        unknown = set(settings or {}) - {"finder", "shots", "balance", "calibrate"}
+        if "method" not in saved["spec"] and head_problem([e["label"] for e in saved.get("memory_examples", [])]):
+            spec = dataclasses.replace(spec, method="in-context")  # saved before heads, with no examples for one
+        unknown = set(settings or {}) - {"finder", "shots", "balance", "calibrate", "method"}
         if unknown:
             raise ValueError(f"unknown classifier settings: {', '.join(sorted(unknown))}")
-        spec = dataclasses.replace(spec, **(settings or {}))
+        spec = dataclasses.replace(spec, **(settings or {}))  # checks the method
         if spec.finder != "none":
             Choice(spec.finder, spec.shots, spec.balance)  # checks them
         return spec, saved
@@ -150,40 +227,106 @@ class ClassifierBuilder:
 
     def evaluate(self, name: str, classifier: str, curve: bool = True, progress=None,
                  settings: dict | None = None) -> dict:
-        """Accuracy, per-label metrics and confusion matrix on the held-out set (bank memory), plus accuracy vs the
-        number of in-memory demonstrations (0, 100, 500, 2,000 and all, each with a 95% interval over the held-out
-        set; a classifier that finds its demonstrations finds them among those in memory); plots as PNG. Beside it
-        the anchor, what a user would build from the same in-memory examples (``measure.anchor_results``: sentence
-        embeddings + logistic regression), at all of them and, with the curve, at each size of it. Returns
-        {"result", "curve", "majority", "anchor" (its EvalResult, None without in-memory examples or an embedder),
+        """Accuracy, per-label metrics and confusion matrix on the held-out set, plus accuracy vs the number of
+        in-memory examples (0, 100, 500, 2,000 and all, each with a 95% interval over the held-out set: a head fitted
+        on the first that many; in-context, that many in memory, a classifier that finds its demonstrations finding
+        them among those); plots as PNG. Beside it the anchor, what a user would build from the same in-memory
+        examples (``measure.anchor_results``: sentence embeddings + logistic regression), at all of them and, with
+        the curve, at each size of it. Returns {"result", "curve", "majority", "method", "head" (a head's
+        ``Head.summary``: its cross-validated figures; None in-context), "suspects" (a head's possible label errors,
+        each with its "text"), "anchor" (its EvalResult, None without in-memory examples or an embedder),
         "anchor_examples", "anchor_interval" (95%, Wilson), "anchor_curve" (CurvePoints), "confusion_png",
         "curve_png"}."""
         spec, saved = self._spec(name, classifier, settings)
         if not spec.test:
             raise ValueError(f"classifier {classifier!r} has no held-out examples to evaluate on")
         mem_examples = [Example(e["text"], e["label"]) for e in saved.get("memory_examples", [])]
-        chunk_size = saved.get("chunk_size")
         sizes = default_sizes(len(mem_examples))
-        n_curve = (len(spec.test) * len(sizes) + len(mem_examples)) if curve else 0
-        n_anchor = len(spec.test) + len(mem_examples) if mem_examples else 0  # texts the anchor embeds
-        total = len(spec.test) + n_curve + n_anchor
-        report = (lambda base: (lambda d, _t: progress(base + d, total))) if progress else (lambda base: None)
-
-        def anchor() -> list[tuple[int, EvalResult]]:
-            embed = self._embed() if mem_examples else None
-            if embed is None:
-                return []
-            done, embedded = report(len(spec.test) + n_curve), 0
-
-            def counted(texts: list[str]):  # the anchor's progress: texts embedded
-                nonlocal embedded
-                out = embed(texts)
-                embedded += len(texts)
-                if done is not None:
-                    done(embedded, None)
-                return out
+        if spec.method == "head":
+            kinds = len(self._featurizer(spec).features)
+            fitted_on = len(head_examples(mem_examples, spec.seed))
+            total = kinds * (fitted_on + len(spec.test)) + (len(sizes) if curve else 0)
+            report = (lambda base: (lambda d, _t: progress(base + d, total))) if progress else (lambda base: None)
+            result, points, vectors, head = self._evaluate_head(name, spec, saved, mem_examples,
+                                                                sizes if curve else [], kinds, report)
+            embed = self._embed()
+            cached = (lambda texts: np.stack([vectors[t] if t in vectors else embed([t])[0] for t in texts])) \
+                if embed is not None and "embeddings" in head.signature["features"] else embed
+        else:
+            result, points = self._evaluate_in_context(name, spec, saved, mem_examples, sizes, curve, progress)
+            head, cached = None, self._embed()
+        try:
             at = [n for n in sizes if n > 0] if curve else [len(mem_examples)]
-            return anchor_results(counted, spec.labels, mem_examples, spec.test, at, spec.seed)
+            anchored = self.host.run_locked(lambda: anchor_results(cached, spec.labels, mem_examples, spec.test, at,
+                                                                   spec.seed)) if mem_examples and cached else []
+        except ValueError:  # examples the anchor cannot score (a label outside the classifier's): shown without it
+            anchored = []
+        full = anchored[-1][1] if anchored and anchored[-1][0] == len(mem_examples) else None
+        anchor_curve = [CurvePoint(n, r.accuracy, 0, len(r.truths)) for n, r in anchored] if curve else []
+        out_dir = self.host.scratch_dir()
+        stem = f"{name}-{classifier}".replace("/", "_")
+        with self.host.directory.open(name) as bank:
+            saved["spec"]["last_eval"] = result.to_dict()
+            bank.save_classifier(classifier, saved)
+        if head is not None:
+            how = "a head on the model's state" + (" + embeddings" if "embeddings" in head.signature["features"]
+                                                   else "")
+        else:
+            how = "fixed demonstrations" if spec.finder == "none" else f"{spec.shots} found by {spec.finder}"
+            how += ", calibrated" if spec.calibrate else ""
+        return {"result": result,
+                "curve": points,
+                "majority": majority_accuracy(spec.test),
+                "method": spec.method,
+                "head": head.summary() if head is not None else None,
+                "suspects": [{**s, "text": mem_examples[s["index"]].text} for s in head.suspects] if head else [],
+                "anchor": full,
+                "anchor_examples": len(mem_examples),
+                "anchor_interval": wilson(round(full.accuracy * len(full.truths)), len(full.truths)) if full else None,
+                "anchor_curve": anchor_curve,
+                "confusion_png": str(plot_confusion(result, out_dir / f"{stem}-confusion.png")),
+                "curve_png": str(plot_curve(points, out_dir / f"{stem}-curve.png",
+                                            baseline=majority_accuracy(spec.test), label=f"LongMem, {how}",
+                                            anchor=anchor_curve))
+                if points else None}
+
+    def _evaluate_head(self, name: str, spec: ClassifierSpec, saved: dict, examples: list[Example],
+                       sizes: list[int], kinds: int, report):
+        """(held-out result, curve points, {text: its sentence embedding} of the examples and held-out texts where
+        the head reads them, the head): the head fitted (when needed), the held-out texts' features (``kinds`` of
+        them), and at each curve size a head fitted on the first that many of its examples (``readout.fit_cv``;
+        sizes whose examples hold fewer than two labels, 0 among them, are left out: no head is fitted on them)."""
+        examples = head_examples(examples, spec.seed)  # those the head is fitted on
+        n = len(examples)
+        head = self._head(name, spec, saved, report(0))
+        featurizer = self._featurizer(spec)
+        test_texts = [e.text for e in spec.test]
+        xt = self.host.run_locked(lambda: featurizer(test_texts, report(kinds * n)))
+        truths = [e.label for e in spec.test]
+        result = score_predictions(spec.labels, truths, head.readout.predict(xt))
+        fewer = [k for k in sizes if 0 < k < n]
+        points = [CurvePoint(k, r.accuracy, 0, len(truths))
+                  for k, r in fitted_results(head.x, xt, spec.labels, examples, spec.test, fewer, spec.seed)]
+        if sizes:
+            points.append(CurvePoint(n, result.accuracy, 0, len(truths)))
+        tick = report(kinds * (n + len(truths)))
+        if tick is not None:
+            tick(len(sizes), None)
+        vectors = {}
+        if "embeddings" in head.signature["features"]:
+            dim = xt.shape[1] - self.host.model.backbone.spec.hidden  # stacked first (``FEATURES`` order)
+            texts = [e.text for e in examples] + test_texts
+            for t, v in zip(texts, torch.cat([head.x, xt])[:, :dim].numpy()):
+                vectors[t] = v
+        return result, points, vectors, head
+
+    def _evaluate_in_context(self, name: str, spec: ClassifierSpec, saved: dict, mem_examples: list[Example],
+                             sizes: list[int], curve: bool, progress):
+        """(held-out result, curve points) of the in-context method."""
+        chunk_size = saved.get("chunk_size")
+        n_curve = (len(spec.test) * len(sizes) + len(mem_examples)) if curve else 0
+        total = len(spec.test) + n_curve
+        report = (lambda base: (lambda d, _t: progress(base + d, total))) if progress else (lambda base: None)
 
         def run():
             result = evaluate_classifier(self._classifier(name, spec, chunk_size), spec.test, report(0))
@@ -200,41 +343,22 @@ class ClassifierBuilder:
                                           report(len(spec.test)))
             return result, points
 
-        result, points = self.host.run_locked(run)
-        try:
-            anchored = self.host.run_locked(anchor)
-        except ValueError:  # examples the anchor cannot score (a label outside the classifier's): shown without it
-            anchored = []
-        full = anchored[-1][1] if anchored and anchored[-1][0] == len(mem_examples) else None
-        anchor_curve = [CurvePoint(n, r.accuracy, 0, len(r.truths)) for n, r in anchored] if curve else []
-        out_dir = self.host.scratch_dir()
-        stem = f"{name}-{classifier}".replace("/", "_")
-        with self.host.directory.open(name) as bank:
-            saved["spec"]["last_eval"] = result.to_dict()
-            bank.save_classifier(classifier, saved)
-        how = "fixed demonstrations" if spec.finder == "none" else f"{spec.shots} found by {spec.finder}"
-        return {"result": result,
-                "curve": points,
-                "majority": majority_accuracy(spec.test),
-                "anchor": full,
-                "anchor_examples": len(mem_examples),
-                "anchor_interval": wilson(round(full.accuracy * len(full.truths)), len(full.truths)) if full else None,
-                "anchor_curve": anchor_curve,
-                "confusion_png": str(plot_confusion(result, out_dir / f"{stem}-confusion.png")),
-                "curve_png": str(plot_curve(points, out_dir / f"{stem}-curve.png",
-                                            baseline=majority_accuracy(spec.test),
-                                            label=f"LongMem, {how}" + (", calibrated" if spec.calibrate else ""),
-                                            anchor=anchor_curve))
-                if points else None}
+        return self.host.run_locked(run)
 
     def classify(self, name: str, classifier: str, texts: list[str], progress=None,
                  settings: dict | None = None) -> list[dict]:
-        """Label ``texts``: one row per text with the prediction, its confidence, every label's score and the
-        demonstrations it read when they are found per text (``classify.classify_rows``)."""
+        """Label ``texts``: one row per text with the prediction and its confidence; a head's rows (``Head.rows``)
+        also say whether the answer is unsure and each label's probability, in-context rows every label's score
+        and the demonstrations read when they are found per text (``classify.classify_rows``)."""
         texts = [t for t in texts if t and t.strip()]
         if not texts:
             raise InputError("nothing to classify: the text is empty")
         spec, saved = self._spec(name, classifier, settings)
+        if spec.method == "head":
+            head = self._head(name, spec, saved, progress)  # a classifier saved before heads: fitted now, once
+            featurizer = self._featurizer(spec)
+            x = self.host.run_locked(lambda: featurizer(texts, progress))
+            return [{**row, "error": ""} for row in head.rows(x, texts)]
         return self.host.run_locked(lambda: classify_rows(self._classifier(name, spec, saved.get("chunk_size")), texts,
                                                         progress))
 

@@ -38,8 +38,9 @@ class JobState:
     title: str  # what it works on, for people (file names)
     status: str = "queued"  # queued | running | done | failed | cancelled
     step: str = ""  # what it is doing now, e.g. "book.epub (2/3)"
-    bytes_done: int = 0  # of the current file's text stream
+    bytes_done: int = 0  # of the current file's text stream (or of the step's items: ``unit``)
     bytes_total: int = 0
+    unit: str = "B"  # what bytes_done / bytes_total count: "B" (a file's bytes) or a step's items (e.g. "texts")
     tokens_done: int = 0  # tokens stored by this job so far (all files)
     file_tokens: int = 0  # ... of which from the current file
     tokens_per_s: float = 0.0
@@ -76,9 +77,11 @@ class JobContext:
         if self._cancel.is_set():
             raise Cancelled()
 
-    def new_file(self, step: str) -> None:
+    def new_file(self, step: str, unit: str = "B") -> None:
+        """A new step (a file; ``unit``: what its progress counts, bytes or its items, e.g. "texts")."""
         self._file_t0, self._file_tokens0 = time.perf_counter(), self._tokens
-        self._manager._update(self.job_id, step=step, bytes_done=0, bytes_total=0, file_tokens=0, eta_s=None)
+        self._manager._update(self.job_id, step=step, bytes_done=0, bytes_total=0, file_tokens=0, eta_s=None,
+                              unit=unit)
 
     def progress(self, bytes_done: int, bytes_total: int, tokens_done: int) -> None:
         """Report progress (and stop here if cancelled): bytes of the current file, tokens of the whole job."""
@@ -90,6 +93,11 @@ class JobContext:
                               file_tokens=tokens_done - self._file_tokens0, eta_s=eta,
                               tokens_per_s=tokens_done / max(now - self._t0, 1e-9))
         self.check()
+
+    def count(self, done: int, total: int) -> None:
+        """Report progress through a step that stores no tokens (e.g. fitting a classifier, begun with
+        ``new_file(step, unit)``): ``done`` of ``total`` of its items; stop here if cancelled."""
+        self.progress(done, total, self._tokens)
 
 
 Work = Callable[[JobContext], str]

@@ -45,6 +45,18 @@ class AppRecords:
             self.db["classifiers"].upsert({"name": name, "spec": json.dumps(spec), "updated": now(),
                                            "created": old[0]["created"] if old else now()}, pk="name")
 
+    def save_classifier_head(self, name: str, head: bytes | None) -> None:
+        """Store (or, with None, drop) the fitted head of saved classifier ``name``."""
+        with self.db.atomic():
+            if not list(self.db.query("SELECT 1 FROM classifiers WHERE name = ?", [name])):
+                raise BankError(f"no classifier {name!r} to store a head for")
+            self.db.execute("UPDATE classifiers SET head = ?, updated = ? WHERE name = ?", [head, now(), name])
+
+    def classifier_head(self, name: str) -> bytes | None:
+        """The stored head of classifier ``name`` (None: none fitted yet, or no such classifier)."""
+        rows = list(self.db.query("SELECT head FROM classifiers WHERE name = ?", [name]))
+        return rows[0]["head"] if rows else None
+
     def classifiers(self) -> dict[str, dict]:
         """Saved classifiers by name (settings renamed since they were saved under their current names)."""
         rows = self.db.query("SELECT name, spec FROM classifiers ORDER BY name")

@@ -147,6 +147,11 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0006 keys and values in files", """
         ALTER TABLE segments ADD COLUMN kv_crc32 INTEGER;
     """),
+    # a classifier's fitted head (``tasks.head.Head.to_bytes``: safetensors, its JSON in the file's metadata); NULL
+    # until one is fitted
+    ("0007 classifier heads", """
+        ALTER TABLE classifiers ADD COLUMN head BLOB;
+    """),
 ]
 
 

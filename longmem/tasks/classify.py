@@ -20,7 +20,7 @@ import torch
 
 from longmem.memory.memory import Memory
 from longmem.model.lm import SegmentLM
-from longmem.tasks.examples import Example
+from longmem.tasks.examples import Example, prompt_parts
 
 Progress = Callable[[int, int], None]  # (done, total)
 
@@ -106,10 +106,9 @@ class Classifier:
         """(prompt, the text's own prompt, whitespace between the prompt and a label word)."""
         if not text.strip():
             raise ValueError("the text to classify is empty")
-        prefix = self.template.split("{label}")[0].format(text=text.strip())  # as the demonstrations were written
-        own = prefix.rstrip()
+        own, gap = prompt_parts(self.template, text)  # as the demonstrations were written
         head = self.separator.join(demos) + self.separator if demos else ""
-        return head + own, own, prefix[len(own):]
+        return head + own, own, gap
 
     def scores(self, text: str) -> dict[str, float]:
         """log P(label word | prompt, memory) for every label (calibrated: see ``calibrate``)."""
@@ -155,6 +154,7 @@ class Classifier:
 
 
 DEMO_FINDERS = ("fused", "memory", "lexical", "none")
+METHODS = ("head", "in-context")  # how a saved classifier decides (``ClassifierSpec.method``)
 
 
 @dataclass
@@ -193,6 +193,14 @@ class ClassifierSpec:
     shots: int = 4
     balance: bool = False
     calibrate: bool = False  # contextual calibration (``classify.calibrate``)
+    # how it decides: "head", a head fitted on the in-memory examples reads the bank model's state and the text's
+    # sentence embedding (``tasks.head``); "in-context", the likeliest label word after the prompt and memory (the
+    # paper's, the fields above). A classifier saved before heads existed gets its head on first use
+    method: str = "head"
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"a classifier's method must be one of {', '.join(METHODS)}, got {self.method!r}")
 
     def classifier(self, model: SegmentLM, memory, demos=None) -> Classifier:
         """The classifier over ``memory``; ``demos`` (a ``demos.DemoFinder`` over the bank) chooses the prompt's

@@ -39,6 +39,7 @@ from longmem.memory.memory import Memory
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces
 from longmem.tasks.classify import Choice, Classifier
+from longmem.tasks.examples import Example, prompt_parts
 from longmem.tasks.measure import CurvePoint, default_sizes, evaluate
 from longmem.tasks.reading import PassageFinder
 
@@ -105,7 +106,7 @@ class DemoFinder:
 
     def query_ids(self, text: str) -> torch.Tensor:
         """(1, T) the input as the classifier reads it before a label word: the memory finder's query."""
-        own = self.template.split("{label}")[0].format(text=text.strip()).rstrip()
+        own = prompt_parts(self.template, text)[0]
         return self.model.backbone.tokenizer(own, return_tensors="pt", add_special_tokens=False).input_ids
 
     def find(self, text: str, choice: Choice) -> list[Demo]:
@@ -130,6 +131,21 @@ class DemoFinder:
     def chooser(self, choice: Choice) -> Callable[[str], list[str]]:
         """``context`` for ``choice``, as ``classify.Classifier.choose`` takes it."""
         return lambda text: self.context(text, choice)
+
+
+def bank_examples(bank: Bank, template: str, labels: Sequence[str]) -> list:
+    """Every demonstration of ``template`` stored in ``bank`` (its complete demonstration documents, one
+    demonstration per passage) as a ``tasks.examples.Example``, in the order they were stored; passages that are not
+    such a demonstration with one of ``labels`` are left out."""
+    pattern, allowed, out = demo_pattern(template), set(labels), []
+    for doc in bank.documents():
+        if doc.kind != "demos" or doc.status != "complete" or doc.meta.get("template") != template:
+            continue
+        for _, text in bank.passage_texts(doc.id):
+            parsed = parse_demo(pattern, text)
+            if parsed is not None and parsed[1] in allowed:
+                out.append(Example(*parsed))
+    return out
 
 
 def write_demos(path: Path, examples: Sequence) -> Path:

@@ -233,6 +233,14 @@ def format_demo(template: str, example: Example) -> str:
     return template.format(text=example.text, label=example.label)
 
 
+def prompt_parts(template: str, text: str) -> tuple[str, str]:
+    """(the text written in ``template`` up to its label, without trailing whitespace; the whitespace that goes with
+    the label word): what a classifier reads before a label word, as the demonstrations were written."""
+    prefix = template.split("{label}")[0].format(text=text.strip())
+    own = prefix.rstrip()
+    return own, prefix[len(own):]
+
+
 def demo_stream(template: str, examples: Sequence[Example], separator: str = "\n\n") -> str:
     """Demonstrations as one text, as they are written into memory."""
     return separator.join(format_demo(template, e) for e in examples)

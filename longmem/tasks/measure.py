@@ -173,28 +173,39 @@ def accuracy_vs_memory(model: SegmentLM, template: str, labels: Sequence[str], c
 ANCHOR_LABEL = "sentence embeddings + logistic regression"
 
 
-def anchor_results(embed: Callable[[list[str]], np.ndarray], labels: Sequence[str], examples: Sequence[Example],
+def fitted_results(x: torch.Tensor, xt: torch.Tensor, labels: Sequence[str], examples: Sequence[Example],
                    test: Sequence[Example], sizes: Sequence[int], seed: int = 0) -> list[tuple[int, EvalResult]]:
-    """The anchor classifier at each size: a logistic regression on ``embed``'s vectors (texts -> (N, E)) of the
-    first ``size`` ``examples``, its penalty chosen by cross-validation on them (``readout.fit_cv``, folds dealt by
-    ``seed``), scored on ``test``. Each text is embedded once. Sizes whose examples hold fewer than two labels are
-    left out (size 0 always). Returns [(size, its EvalResult)], ascending."""
+    """A logistic regression on the features ``x`` (M, F) of the first ``size`` ``examples`` at each size, its
+    penalty chosen by cross-validation on them (``readout.fit_cv``, folds dealt by ``seed``), scored on ``test``
+    (features ``xt`` (T, F)). Sizes whose examples hold fewer than two labels are left out (size 0 always). Returns
+    [(size, its EvalResult)], ascending."""
     sizes = sorted({n for n in sizes if n > 0})
-    if sizes and sizes[-1] > len(examples):
-        raise ValueError(f"anchor sizes must lie in [1, {len(examples)}], got {sizes}")
+    if sizes and sizes[-1] > min(len(examples), len(x)):
+        raise ValueError(f"sizes must lie in [1, {min(len(examples), len(x))}], got {sizes}")
     if not test:
         raise ValueError("nothing to evaluate: the test set is empty")
-    top = sizes[-1] if sizes else 0
-    x = torch.from_numpy(np.asarray(embed([e.text for e in examples[:top]]), dtype=np.float64))  # (M, E)
-    xt = torch.from_numpy(np.asarray(embed([e.text for e in test]), dtype=np.float64))  # (T, E)
     out = []
     for n in sizes:
         seen = [e.label for e in examples[:n]]
         if len(set(seen)) < 2:
             continue
-        predictions = fit_cv(x[:n], seen, seed=seed).predict(xt)
+        predictions = fit_cv(x[:n].double(), seen, seed=seed).predict(xt.double())
         out.append((n, score_predictions(labels, [e.label for e in test], predictions)))
     return out
+
+
+def anchor_results(embed: Callable[[list[str]], np.ndarray], labels: Sequence[str], examples: Sequence[Example],
+                   test: Sequence[Example], sizes: Sequence[int], seed: int = 0) -> list[tuple[int, EvalResult]]:
+    """The anchor classifier at each size (``fitted_results`` on ``embed``'s vectors, texts -> (N, E)): a logistic
+    regression on the sentence embeddings of the first ``size`` ``examples``. Each text is embedded once."""
+    top = max([n for n in sizes if n > 0], default=0)
+    if top > len(examples):
+        raise ValueError(f"anchor sizes must lie in [1, {len(examples)}], got {sorted(set(sizes))}")
+    if not test:
+        raise ValueError("nothing to evaluate: the test set is empty")
+    x = torch.from_numpy(np.asarray(embed([e.text for e in examples[:top]]), dtype=np.float64))  # (M, E)
+    xt = torch.from_numpy(np.asarray(embed([e.text for e in test]), dtype=np.float64))  # (T, E)
+    return fitted_results(x, xt, labels, examples, test, sizes, seed)
 
 
 # -----------------------------------------------------------------------------
