@@ -171,7 +171,10 @@ def build(ws: Workspace, shared: Shared) -> None:
         r = out["result"]
         lines = [f"**Accuracy {100 * r.accuracy:.1f}%** on {len(r.predictions)} held-out examples "
                  f"(always answering the most common label: {100 * out['majority']:.1f}%; macro F1 "
-                 f"{r.macro_f1:.3f})."]
+                 f"{r.macro_f1:.3f})." if out["held_out"] else
+                 "No examples were held out: the per-label figures and the confusion matrix below are the head's, "
+                 f"cross-validated on its examples (always answering the most common label: "
+                 f"{100 * out['majority']:.1f}%)."]
         h = out["head"]
         if h is not None:
             low, high = h["cv_interval"]

@@ -416,11 +416,17 @@ def test_a_classifier_head_is_fitted_with_its_bank_and_shows_how_good_it_is(ws, 
                abs(r["prob_positive"] + r["prob_negative"] - 1) < 1e-9 for r in rows_out)
     out = ws.classifiers.evaluate("r", "mood")
     assert out["method"] == "head" and out["head"]["examples"] == 40 and out["head"]["cv_accuracy"] >= 0.9
+    assert out["held_out"] == 8
     assert out["result"].accuracy == 1.0 and out["anchor"].accuracy == 1.0
     assert [p.n_memory for p in out["curve"]] == [40] and [p.n_memory for p in out["anchor_curve"]] == [40]
     warm = [d for d in out["suspects"] if d["text"] == rows[5][1]]
     assert warm and warm[0]["label"] == "negative" and warm[0]["predicted"] == "positive"
     assert open(out["curve_png"], "rb").read(4) == b"\x89PNG"
+    job = ws.classifiers.build("r", "all-in", reviews, fmt, 0, 48, 0)  # nothing held out
+    assert ws.jobs.wait(job, timeout=JOB_TIMEOUT).status == "done"
+    cv = ws.classifiers.evaluate("r", "all-in")  # the head's cross-validated figures in the held-out part's place
+    assert cv["held_out"] == 0 and len(cv["result"].truths) == 48 and cv["anchor"] is None and cv["curve"] == []
+    assert cv["result"].accuracy == pytest.approx(cv["head"]["cv_accuracy"]) and cv["curve_png"] is None
     [paper] = ws.classifiers.classify("r", "mood", ["a fine warm film 99"], settings={"method": "in-context"})
     assert "score_positive" in paper and "prob_positive" not in paper  # the paper's way, for this call only
     with pytest.raises(ValueError, match="method must be one of"):
@@ -435,7 +441,7 @@ def test_a_classifier_head_is_fitted_with_its_bank_and_shows_how_good_it_is(ws, 
         ws.classifiers.build("r", "many", many, DemoFormat(template=fmt.template), 0, 400, 50)
     with pytest.raises(InputError, match="kept for the bank's own demonstrations"):
         ws.classifiers.build("r", "bank demonstrations", reviews, fmt, 0, 40, 8)
-    assert ws.classifiers.names("r") == ["mood"]  # nothing refused was saved
+    assert ws.classifiers.names("r") == ["all-in", "mood"]  # nothing refused was saved
     with ws.directory.open("r") as bank:  # classifiers saved before heads existed (no "method")
         saved = bank.classifiers()["mood"]
         del saved["spec"]["method"]

@@ -232,17 +232,22 @@ class ClassifierBuilder:
         on the first that many; in-context, that many in memory, a classifier that finds its demonstrations finding
         them among those); plots as PNG. Beside it the anchor, what a user would build from the same in-memory
         examples (``measure.anchor_results``: sentence embeddings + logistic regression), at all of them and, with
-        the curve, at each size of it. Returns {"result", "curve", "majority", "method", "head" (a head's
+        the curve, at each size of it. A head's classifier with no held-out examples gets its cross-validated figures
+        in their place ("result": ``Head.cross_validated``; no curve, no anchor). Returns {"result", "held_out" (the
+        held-out examples; 0: "result" is cross-validated), "curve", "majority", "method", "head" (a head's
         ``Head.summary``: its cross-validated figures; None in-context), "suspects" (a head's possible label errors,
         each with its "text"), "anchor" (its EvalResult, None without in-memory examples or an embedder),
         "anchor_examples", "anchor_interval" (95%, Wilson), "anchor_curve" (CurvePoints), "confusion_png",
         "curve_png"}."""
         spec, saved = self._spec(name, classifier, settings)
-        if not spec.test:
+        if not spec.test and spec.method != "head":
             raise ValueError(f"classifier {classifier!r} has no held-out examples to evaluate on")
         mem_examples = [Example(e["text"], e["label"]) for e in saved.get("memory_examples", [])]
         sizes = default_sizes(len(mem_examples))
-        if spec.method == "head":
+        if spec.method == "head" and not spec.test:  # the examples' cross-validated figures alone
+            head = self._head(name, spec, saved, progress)
+            result, points, cached = head.cross_validated(), [], None
+        elif spec.method == "head":
             kinds = len(self._featurizer(spec).features)
             fitted_on = len(head_examples(mem_examples, spec.seed))
             total = kinds * (fitted_on + len(spec.test)) + (len(sizes) if curve else 0)
@@ -255,10 +260,11 @@ class ClassifierBuilder:
         else:
             result, points = self._evaluate_in_context(name, spec, saved, mem_examples, sizes, curve, progress)
             head, cached = None, self._embed()
+        at = [n for n in sizes if n > 0] if curve else [len(mem_examples)]
         try:
-            at = [n for n in sizes if n > 0] if curve else [len(mem_examples)]
-            anchored = self.host.run_locked(lambda: anchor_results(cached, spec.labels, mem_examples, spec.test, at,
-                                                                   spec.seed)) if mem_examples and cached else []
+            anchored = self.host.run_locked(lambda: anchor_results(
+                cached, spec.labels, mem_examples, spec.test, at, spec.seed)) if mem_examples and cached and spec.test \
+                else []
         except ValueError:  # examples the anchor cannot score (a label outside the classifier's): shown without it
             anchored = []
         full = anchored[-1][1] if anchored and anchored[-1][0] == len(mem_examples) else None
@@ -274,19 +280,22 @@ class ClassifierBuilder:
         else:
             how = "fixed demonstrations" if spec.finder == "none" else f"{spec.shots} found by {spec.finder}"
             how += ", calibrated" if spec.calibrate else ""
+        fitted_on = head_examples(mem_examples, spec.seed) if head is not None else []  # the suspects' indexes
+        scored = spec.test or fitted_on
         return {"result": result,
+                "held_out": len(spec.test),
                 "curve": points,
-                "majority": majority_accuracy(spec.test),
+                "majority": majority_accuracy(scored),
                 "method": spec.method,
                 "head": head.summary() if head is not None else None,
-                "suspects": [{**s, "text": mem_examples[s["index"]].text} for s in head.suspects] if head else [],
+                "suspects": [{**s, "text": fitted_on[s["index"]].text} for s in head.suspects] if head else [],
                 "anchor": full,
                 "anchor_examples": len(mem_examples),
                 "anchor_interval": wilson(round(full.accuracy * len(full.truths)), len(full.truths)) if full else None,
                 "anchor_curve": anchor_curve,
                 "confusion_png": str(plot_confusion(result, out_dir / f"{stem}-confusion.png")),
                 "curve_png": str(plot_curve(points, out_dir / f"{stem}-curve.png",
-                                            baseline=majority_accuracy(spec.test), label=f"LongMem, {how}",
+                                            baseline=majority_accuracy(scored), label=f"LongMem, {how}",
                                             anchor=anchor_curve))
                 if points else None}
 
