@@ -1,9 +1,10 @@
 """A classifier fitted on its labelled examples (issue 86): what the bank's model computes for a text, beside the
 text's sentence embedding, read by a logistic regression fitted on the examples (``tasks.readout``).
 
-    features = Featurizer(model, template, embedder.encode)
-    head = fit_head(features(texts), labels)             # penalty by cross-validation, out-of-fold figures
-    rows = head.rows(features(new_texts), new_texts)      # label, confidence, unsure, each label's probability
+    featurizer = Featurizer(model, template, embedder.encode)
+    head, fitted = head_for(bank, "sentiment", featurizer, examples, labels)  # stored with the bank, or fitted
+    head.summary()                                        # cross-validated accuracy, unsure threshold, ...
+    rows = head.rows(featurizer(texts), texts)            # label, confidence, unsure, each label's probability
     Head.from_bytes(head.to_bytes())                      # safetensors; its JSON in the file's metadata
 
 The features of a text (``FEATURES``):
@@ -15,7 +16,8 @@ The features of a text (``FEATURES``):
 
 Why these: ``training/icl_features`` on the five ICL sets' dev splits (``docs/history/notes-issue-86.md``): the
 backbone's state with the embeddings stacked is above the embeddings alone on every set; label-word scores read far
-less; what the memory adds is measured there too.
+less; the memory's features (the state with demonstrations in memory, the labels of those retrieved) add nothing a
+head can use (``docs/design.md``).
 
 At fitting time, out-of-fold predictions (``readout.cross_fit``, each example predicted by a head fitted without
 its fold) give what the user sees before trusting it: the cross-validated accuracy with its interval, per-label
