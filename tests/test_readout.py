@@ -84,3 +84,13 @@ def test_a_few_examples_whose_other_folds_hold_one_label_still_get_a_penalty_and
     p = cross_fit(x, ys, folds=6)
     assert torch.allclose(p.sum(-1), torch.ones(6, dtype=torch.float64)) and p[0, 1] == 1.0
     assert fit_cv(x, ys).labels == ("a", "b")
+
+
+def test_a_paired_gap_is_the_mean_difference_over_the_same_items_with_its_interval():
+    from longmem.tasks.measure import paired_gap
+
+    mean, half, n = paired_gap([True, True, False, True], [True, False, False, False])
+    assert (mean, n) == (50.0, 4) and half > 0  # two of four items won, none lost
+    assert paired_gap([True] * 3, [True] * 3) == (0.0, 0.0, 3)
+    with pytest.raises(ValueError, match="same items"):
+        paired_gap([True], [True, False])

@@ -17,7 +17,6 @@ import contextlib
 import csv
 import io
 import json
-import math
 import random
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 from longmem.cli.main import main as longmem
 from longmem.model.embedder import Embedder
 from longmem.tasks.examples import PRESETS, Example
-from longmem.tasks.measure import anchor_results, wilson
+from longmem.tasks.measure import anchor_results, paired_gap, wilson
 from longmem.util.data import data_dir
 
 
@@ -82,14 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     unsure = [cols[2] == "unsure" for cols in lines]
     [(_, anchor)] = anchor_results(Embedder.load().encode, preset.labels, examples, texts, [len(examples)], args.seed)
     theirs = [a == b for a, b in zip(anchor.predictions, anchor.truths)]
-    d = [int(a) - int(b) for a, b in zip(mine, theirs)]
-    mean = sum(d) / len(d)
-    half = 1.96 * math.sqrt(sum((v - mean) ** 2 for v in d) / (len(d) - 1)) / math.sqrt(len(d))
+    gap, half, _ = paired_gap(mine, theirs)
     sure = [m for m, u in zip(mine, unsure) if not u]
     result = {"set": args.set, "split": args.split, "examples": args.examples, "texts": len(texts), "seed": args.seed,
               "longmem_classify": sum(mine) / len(mine), "longmem_interval": wilson(sum(mine), len(mine)),
               "anchor": sum(theirs) / len(theirs), "anchor_interval": wilson(sum(theirs), len(theirs)),
-              "minus_anchor": [100 * mean, 100 * half], "sure_share": len(sure) / len(mine),
+              "minus_anchor": [gap, half], "sure_share": len(sure) / len(mine),
               "sure_accuracy": sum(sure) / len(sure) if sure else None}
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
@@ -97,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     alo, ahi = result["anchor_interval"]
     print(f"| {args.set} {args.split}, {len(texts)} texts, {args.examples:,} examples | `longmem classify --bank`: "
           f"{100 * result['longmem_classify']:.1f} ({100 * lo:.0f}-{100 * hi:.0f}) | anchor "
-          f"{100 * result['anchor']:.1f} ({100 * alo:.0f}-{100 * ahi:.0f}) | {100 * mean:+.1f} ± {100 * half:.1f} "
+          f"{100 * result['anchor']:.1f} ({100 * alo:.0f}-{100 * ahi:.0f}) | {gap:+.1f} ± {half:.1f} "
           f"paired | sure {100 * result['sure_share']:.0f}%, right "
           f"{100 * (result['sure_accuracy'] or 0):.1f}% |")
     return 0

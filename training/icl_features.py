@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +39,7 @@ from longmem.eval.icl import make_task
 from longmem.model.embedder import Embedder
 from longmem.model.readers import load_reader
 from longmem.tasks.examples import PRESETS, prompt_parts
-from longmem.tasks.measure import score_predictions, wilson
+from longmem.tasks.measure import paired_gap, score_predictions, wilson
 from longmem.tasks.readout import fit_cv
 from longmem.util.data import data_dir
 
@@ -181,10 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append({"set": name, "seed": seed, "feature": kind, "accuracy": r.accuracy,
                                 "macro_f1": r.macro_f1, "l2": readout.l2, "n": len(truths)})
             for row in results[-len(feats):]:
-                d = [int(a) - int(b) for a, b in zip(hits[row["feature"]], hits["embeddings"])]
-                mean = sum(d) / len(d)
-                sd = math.sqrt(sum((v - mean) ** 2 for v in d) / max(len(d) - 1, 1))
-                row["minus_anchor"] = (100 * mean, 100 * 1.96 * sd / math.sqrt(len(d)))
+                row["minus_anchor"] = paired_gap(hits[row["feature"]], hits["embeddings"])[:2]
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(json.dumps(results))
     print("\n| set | seed | feature | accuracy % (95%) | minus the anchor, paired (points) | penalty |\n"

@@ -64,7 +64,14 @@ from longmem.tasks.classify import Choice, calibrate
 from longmem.tasks.demos import DemoFinder, grow_bank
 from longmem.tasks.examples import PRESETS, Example, Preset, demo_stream, format_demo, prompt_parts, split_examples
 from longmem.tasks.head import FEATURES, Featurizer
-from longmem.tasks.measure import ANCHOR_LABEL, anchor_results, fitted_results, majority_accuracy, wilson
+from longmem.tasks.measure import (
+    ANCHOR_LABEL,
+    anchor_results,
+    fitted_results,
+    majority_accuracy,
+    paired_gap,
+    wilson,
+)
 from longmem.tasks.readout import FOLDS, L2_GRID
 
 SEPARATOR = "\n"  # between the prompt's demonstrations (and before the test sentence)
@@ -529,12 +536,10 @@ def paired(runs: list[dict], a: tuple[str, int], b: tuple[str, int], pa: str = "
         return {(r["set"], r["seed"]): r["items"][p] for r in runs
                 if (r["model"], r["k"]) == key and "items" in r}
     xa, xb = items(a, pa), items(b, pb)
-    diffs = [int(u) - int(v) for unit in sorted(set(xa) & set(xb)) for u, v in zip(xa[unit], xb[unit])]
-    if not diffs:
+    units = sorted(set(xa) & set(xb))
+    if not any(xa[u] for u in units):
         return None
-    mean = sum(diffs) / len(diffs)
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / max(len(diffs) - 1, 1))
-    return 100 * mean, 100 * 1.96 * sd / math.sqrt(len(diffs)), len(diffs)
+    return paired_gap([c == "1" for u in units for c in xa[u]], [c == "1" for u in units for c in xb[u]])
 
 
 def head_targets(runs: list[dict], summary: dict, size: Size) -> list[str]:

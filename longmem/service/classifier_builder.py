@@ -255,8 +255,13 @@ class ClassifierBuilder:
             result, points, vectors, head = self._evaluate_head(name, spec, saved, mem_examples,
                                                                 sizes if curve else [], kinds, report)
             embed = self._embed()
-            cached = (lambda texts: np.stack([vectors[t] if t in vectors else embed([t])[0] for t in texts])) \
-                if embed is not None and "embeddings" in head.signature["features"] else embed
+
+            def embedded(texts: list[str]) -> np.ndarray:  # the head's own embeddings, the others in one batch
+                missing = list(dict.fromkeys(t for t in texts if t not in vectors))
+                if missing:
+                    vectors.update(zip(missing, embed(missing)))
+                return np.stack([vectors[t] for t in texts])
+            cached = embedded if embed is not None else None
         else:
             result, points = self._evaluate_in_context(name, spec, saved, mem_examples, sizes, curve, progress)
             head, cached = None, self._embed()

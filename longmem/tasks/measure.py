@@ -85,6 +85,17 @@ def evaluate(classifier: Classifier, test: Sequence[Example], progress: Progress
     return score_predictions(classifier.labels, [e.label for e in test], predictions)
 
 
+def paired_gap(a: Sequence[bool], b: Sequence[bool]) -> tuple[float, float, int]:
+    """Two classifiers on the same items (each right or not): the mean of a minus b in points, the half-width of its
+    95% interval (normal, over the items' differences), and the number of items."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"a paired gap needs the same items on both sides, got {len(a)} and {len(b)}")
+    d = [int(x) - int(y) for x, y in zip(a, b)]
+    mean = sum(d) / len(d)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in d) / max(len(d) - 1, 1))
+    return 100 * mean, 100 * 1.96 * sd / math.sqrt(len(d)), len(d)
+
+
 def majority_accuracy(test: Sequence[Example]) -> float:
     """Accuracy of always answering the test set's most common label (a floor for any classifier)."""
     counts: dict[str, int] = {}
