@@ -17,6 +17,7 @@ from longmem.model.longmem import LongMemModel
 from longmem.storage import BankDirectory
 
 __all__ = ["VOCAB", "small_config", "tiny_backbone", "tiny_gpt2", "tiny_llama", "random_ids"]
+pytest_plugins = ["data_guard", "pytester"]  # every test as on a fresh clone, but those marked shared_data
 
 
 def pytest_configure(config) -> None:

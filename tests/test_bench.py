@@ -4,6 +4,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,11 +50,11 @@ def test_dtype_comparison_puts_each_measurement_side_by_side():
     assert "| LongMem perplexity of the 2,048-token document | 20.03 | 20.01 | 1.00x |" in table  # no better/worse
 
 
-def quick_run(module: str, tmp_path) -> tuple[subprocess.CompletedProcess, dict]:
-    """``python -m <module> --quick --out F`` in a child process: (the process, the JSON it wrote)."""
+def quick_run(module: str, tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``python -m <module> --quick --out F [args]`` in a child process: (the process, the JSON it wrote)."""
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", module, "--quick", "--out", str(out)], capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, "-m", module, "--quick", "--out", str(out), *args], capture_output=True,
+                          text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc, json.loads(out.read_text())
 
@@ -315,9 +316,12 @@ def test_the_crash_benchmark_refuses_bad_arguments_by_name(tmp_path, capsys):
 
 @pytest.mark.heavy
 def test_the_classifier_benchmark_builds_and_classifies_through_the_workspace(tmp_path):
-    """The Classify tab's path at quick sizes, on the shipped model and the shared SST-2 files (its dev split)."""
-    proc, res = quick_run("longmem.bench.classifier", tmp_path)
-    assert res["examples"] == 200 and res["texts"] == 20 and res["build_s"] > 0 and res["head_from_scratch_s"] > 0
+    """The Classify tab's path at quick sizes, on the shipped model and the app's sample of reviews (no shared data
+    needed: a fresh clone runs it)."""
+    sample = Path(__file__).parents[1] / "app" / "samples" / "reviews.csv"
+    proc, res = quick_run("longmem.bench.classifier", tmp_path, "--file", str(sample))
+    assert res["examples"] == 200 and res["texts"] == 20 and res["set"] == str(sample)
+    assert res["build_s"] > 0 and res["head_from_scratch_s"] > 0
     assert 0 < res["one_call_median_s"] <= res["one_call_max_s"] and res["file_s_per_text"] > 0
     assert 0.6 <= res["cv_accuracy"] <= 1  # sentiment from 200 examples: far above chance, not a record
     assert "| classify one text (one call, median of 10) |" in proc.stdout

@@ -23,7 +23,6 @@ from longmem.tasks.classify import Classifier, ClassifierSpec
 from longmem.tasks.examples import Example
 from longmem.text.io import InputError
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # CI: ../shared beside the repo
 SENTIMENT = {"0": "negative", "1": "positive"}
 SIGNS = ["+", "-", "="]  # one character = one token for the tiny models' character tokenizer
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -230,22 +229,18 @@ def test_read_texts(tmp_path):
 
 @pytest.mark.parametrize("name, n_train, n_eval", [("SST-2", 6920, 872), ("MR", 8662, 2000), ("MPQA", 8603, 2000),
                                                    ("SST-5", 8544, 2210), ("Subj", 8000, 2000)])
-def test_presets_read_the_shared_files(model, name, n_train, n_eval):
+def test_presets_read_the_shared_files(model, name, n_train, n_eval, shared_data_dir):
     preset = EX.PRESETS[name]
-    if not preset.paths(DATA)[0].is_file():
-        pytest.skip(f"no shared data at {DATA}")
-    train, test = preset.read(DATA)
+    train, test = preset.read(shared_data_dir)
     assert (len(train), len(test)) == (n_train, n_eval)  # MPQA: 3 of 8606 rows have no text
     assert set(Counter(e.label for e in train)) == set(preset.labels)
     Classifier(model, None, preset.template, preset.labels)  # the template suits the classifier
 
 
-def test_preset_label_numbers_agree_between_sst2_and_sst5():
+def test_preset_label_numbers_agree_between_sst2_and_sst5(shared_data_dir):
     """SST-2 and SST-5 share sentences: SST-2 positive must be SST-5 good/great, negative terrible/bad."""
-    if not EX.PRESETS["SST-5"].paths(DATA)[0].is_file():
-        pytest.skip(f"no shared data at {DATA}")
-    sst2 = {e.text: e.label for e in EX.PRESETS["SST-2"].read(DATA)[0]}
-    pairs = Counter((sst2[e.text], e.label) for e in EX.PRESETS["SST-5"].read(DATA)[0] if e.text in sst2)
+    sst2 = {e.text: e.label for e in EX.PRESETS["SST-2"].read(shared_data_dir)[0]}
+    pairs = Counter((sst2[e.text], e.label) for e in EX.PRESETS["SST-5"].read(shared_data_dir)[0] if e.text in sst2)
     assert sum(pairs.values()) > 5000
     assert set(pairs) == {("positive", "good"), ("positive", "great"), ("negative", "bad"), ("negative", "terrible")}
 

@@ -228,6 +228,7 @@ def test_a_training_step_under_bfloat16_autocast(tmp_path, scope):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.heavy
+@pytest.mark.shared_data
 def test_every_eval_suite_runs_in_both_dtypes(dtype, tmp_path, capsys):
     """``longmem eval all --quick`` (sizes cut further) on a tiny llama saved as a local model directory, whose native
     context is 8k like SmolLM2's: every suite runs in ``--dtype`` and its record says the dtype it ran in."""
@@ -235,10 +236,7 @@ def test_every_eval_suite_runs_in_both_dtypes(dtype, tmp_path, capsys):
 
     from longmem.cli.eval import main
     from longmem.eval import SUITES
-    from longmem.util.data import data_dir
 
-    if not (data_dir() / "MANIFEST.md").is_file():
-        pytest.skip("the shared data folder is not beside the checkout")
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=4,
                       num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=8192,

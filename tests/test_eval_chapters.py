@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
 from longmem.eval.chapterbreak import MIN_SUFFIX_WORDS, suffix_items
 from longmem.text.chapters import chapter_label, find_chapters
 
-BOOKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "books"
 ROMAN = ["I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX", "X", "XI", "XII"]
 
 
@@ -208,19 +206,18 @@ EXPECTED = {  # chapters counted by reading the held-out books (the 8 "test" boo
 }
 
 
-def test_held_out_books():
-    if not BOOKS.is_dir():
-        pytest.skip(f"{BOOKS} not found")
+def test_held_out_books(shared_data_dir):
+    books = shared_data_dir / "books"
     for name, (count, first, last) in EXPECTED.items():
-        text = (BOOKS / f"{name}.txt").read_text(encoding="utf-8")
+        text = (books / f"{name}.txt").read_text(encoding="utf-8")
         chapters = find_chapters(text)
         assert (len(chapters), chapters[0].heading, chapters[-1].heading) == (count, first, last), name
         for it in suffix_items(name, text, n_negatives=3):
             assert it.candidate_chapters[0] == it.chapter and min(it.candidate_chapters[1:]) > it.chapter
             assert all(len(c.split()) == 150 for c in it.candidates), name
-    gatsby = (BOOKS / "pg64317.txt").read_text(encoding="utf-8")
+    gatsby = (books / "pg64317.txt").read_text(encoding="utf-8")
     assert gatsby[find_chapters(gatsby)[0].body_start:].startswith("In my younger and more vulnerable years")
     assert [c.label for c in find_chapters(gatsby)][2] == "chapter III"
-    lady = find_chapters((BOOKS / "pg65636.txt").read_text(encoding="utf-8"))  # A Lost Lady: two parts of I-IX
+    lady = find_chapters((books / "pg65636.txt").read_text(encoding="utf-8"))  # A Lost Lady: two parts of I-IX
     assert [c.label for c in lady][8:11] == ["Part One, chapter IX", "Part Two, chapter I", "Part Two, chapter II"]
     assert lady[15].label == "Part Two, chapter VII" and lady[15].heading == "VII"

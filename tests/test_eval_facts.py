@@ -31,12 +31,11 @@ def test_a_fact_passage_states_its_fact_between_whole_sentences():
 
 
 @pytest.mark.heavy
+@pytest.mark.shared_data
 def test_a_run_answers_every_fact_at_each_distance_and_resumes(tmp_path):
     from longmem.eval.facts import Size, items, run
     from longmem.eval.recall import filler
 
-    if not (data_dir() / "MANIFEST.md").is_file():
-        pytest.skip("the shared data folder is not beside the checkout")
     out, logs = tmp_path / "out", []
     setting = {"entrants": "longmem,app,rag_bm25,oracle", "facts": "3", "excerpt": "80",
                "distances": "600,1200", "block": "2", "new_tokens": "4"}

@@ -11,9 +11,8 @@ import pytest
 
 from longmem.cli.eval import main
 from longmem.eval import SUITES
-from longmem.util.data import data_dir
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shared_data]
 
 
 def finite_numbers(obj) -> list[float]:
@@ -29,8 +28,6 @@ def finite_numbers(obj) -> list[float]:
 
 
 def test_eval_all_quick_writes_every_suite_and_the_results_document(tmp_path, capsys):
-    if not (data_dir() / "MANIFEST.md").is_file():
-        pytest.skip("the shared data folder is not beside the checkout")
     out, docs = tmp_path / "out", tmp_path / "docs" / "results.md"
     assert main(["all", "--quick", "--out", str(out), "--docs", str(docs)]) == 0
     printed = capsys.readouterr().out

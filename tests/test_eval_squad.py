@@ -19,8 +19,7 @@ from longmem.eval.datasets.squad import (
     read_squad,
     split_squad,
 )
-
-DEV = Path("/work/shared/data/squad/dev-v1.1.json")
+from longmem.util.data import data_dir
 
 
 def qa(i: int = 0, passage: str = "Some passage.", question: str = "What?", answers=("x",)) -> QA:
@@ -267,9 +266,9 @@ def test_read_squad_question_errors(tmp_path):
         read_squad(write(tmp_path, squad_json(id="q2")))
 
 
-@pytest.mark.skipif(not DEV.is_file(), reason=f"{DEV} is not present")
+@pytest.mark.shared_data
 def test_read_real_dev_file():
-    qas = read_squad(DEV)
+    qas = read_squad(data_dir() / "squad" / "dev-v1.1.json")
     assert len(qas) == 10_570
     assert len({q.title for q in qas}) == 48
     assert len({q.id for q in qas}) == 10_570

@@ -3,7 +3,6 @@ wheel; the first run converts the GGUF and caches a safetensors copy, about a mi
 in bfloat16, whichever dtype "auto" picks on this machine."""
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +16,6 @@ from longmem.text.passages import ELLIPSIS, reflow
 
 pytestmark = pytest.mark.integration
 
-BOOK = Path(__file__).resolve().parents[2] / "shared" / "data" / "books" / "pg64317.txt"  # The Great Gatsby (test)
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
@@ -34,10 +32,8 @@ def backbone(dtype):
 
 
 @pytest.fixture(scope="module")
-def book_text() -> str:
-    if not BOOK.exists():
-        pytest.skip(f"shared data not found at {BOOK}")
-    return BOOK.read_text(encoding="utf-8")
+def book_text(shared_data_dir) -> str:
+    return (shared_data_dir / "books" / "pg64317.txt").read_text(encoding="utf-8")  # The Great Gatsby (test split)
 
 
 @pytest.fixture(scope="module")

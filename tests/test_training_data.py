@@ -26,7 +26,6 @@ from longmem.eval.datasets.recall import (
 )
 from training.data import Batchfier, Document, book_split, tokenize_files
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith slipped quickly "
         "through the glass doors of Victory Mansions.\nThe hallway smelt of boiled cabbage and old rag mats! "
         "At one end of it a coloured poster had been tacked to the wall? \"It is,\" he said.\n\n")
@@ -36,9 +35,8 @@ TEXT = ("It was a bright cold day in April, and the clocks were striking thirtee
 # book split
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "MANIFEST.md").is_file(), reason="shared data not present")
-def test_book_split_real_manifest():
-    train, test = book_split(SHARED_DATA)
+def test_book_split_real_manifest(shared_data_dir):
+    train, test = book_split(shared_data_dir)
     assert (len(train), len(test)) == (43, 8)
     assert not {p.name for p in train} & {p.name for p in test}
     assert "pg64317.txt" in {p.name for p in test}
