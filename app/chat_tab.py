@@ -28,7 +28,7 @@ from .shared import Shared
 RETRIEVED_TITLE = "What memory retrieved"  # the block under an answer (and Continue's) showing the chunks memory gave
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")  # a blank line between two paragraphs
 FINDER_NAMES = {"lexical": "words (BM25)", "fused": "memory retrieval and words, fused", "memory": "memory retrieval",
-                "none": "none"}
+                "windows": "words, in windows of the book's text (BM25, as a RAG script)", "none": "none"}
 
 
 class Stops:
@@ -122,10 +122,11 @@ def answered_by(reader: str | None, memory: bool = True) -> str:
 
 
 def citations_message(citations: list[Citation], said: bool = True, reader: str | None = None,
-                      memory: bool = True) -> dict:
+                      memory: bool = True, reading: bool = False) -> dict:
     """The block of what an answer read: each passage with its place and the sentence that supports the answer (else
     the one nearest the question, else its opening); opening one shows the passage, that sentence marked, in its
-    surrounding text. Its title names the reader that answered (``answered_by``)."""
+    surrounding text. Its title names the reader that answered (``answered_by``). ``reading``: the answer is still
+    being made (the block is shown as soon as the passages are found, pending, and made whole at the end)."""
     parts = []
     for c in citations:
         quote = c.quote()
@@ -135,6 +136,10 @@ def citations_message(citations: list[Citation], said: bool = True, reader: str 
                      f"</summary><blockquote>{context_html(c)}</blockquote></details>")
     n = len(citations)
     on = next((c.number for c in citations if c.rests), None)
+    if reading:
+        who = f"{reader} is reading" if reader else "Reading"
+        return {"role": "assistant", "content": "\n".join(parts),
+                "metadata": {"title": f"{who} {n} passage{'s' * (n != 1)} found in the book…", "status": "pending"}}
     title = (f"Read from the book: {n} passage{'s' * (n != 1)}" + (f", the answer rests on [{on}]" if on else "")
              if said else f"The closest passages the book has: {n}") + answered_by(reader, memory)
     return {"role": "assistant", "content": "\n".join(parts), "metadata": {"title": title, "status": "done"}}
@@ -161,7 +166,8 @@ def settings_panel(ws: Workspace, defaults: Settings, answers: bool = False) -> 
     with gr.Accordion("Settings", open=False):
         with gr.Row():
             abstain = (gr.Checkbox(value=Settings.abstain, label="Say so when the book does not say",
-                                   info="an answer the passages read do not support is replaced by that")
+                                   info="an answer the passages read do not support is replaced by that (the bank's "
+                                        "own model; another reader reads as a RAG script would)")
                        if answers else None)
             tokens = gr.Slider(8, 512, value=defaults.max_new_tokens, step=8, label="Longest answer (tokens)",
                                info="about ¾ of a word each")
@@ -173,7 +179,8 @@ def settings_panel(ws: Workspace, defaults: Settings, answers: bool = False) -> 
                 with gr.Row():
                     extra = [gr.Dropdown([(FINDER_NAMES[f], f) for f in FINDERS], value=Settings.finder,
                                          elem_id="finder", label="Find the passages to read by",
-                                         info="none: the paper's memory fusion alone"),
+                                         info="the bank's own model; another reader reads windows of the book's "
+                                              "text. none: the paper's memory fusion alone"),
                              gr.Slider(0, 8, value=Settings.passages, step=1, label="Passages read at most"),
                              gr.Checkbox(value=Settings.backbone_stops, label="End answers where the backbone would",
                                          info="the SideNet, trained on book text, ends a chat turn late")]
@@ -265,16 +272,22 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
         reply = ws.chat(name, q, settings)
         stops.start(key, reply)
         history = list(history or []) + [{"role": "user", "content": q}, {"role": "assistant", "content": ""}]
+        said = len(history) - 1  # the answer's message; the passages found follow it as soon as they are known
         try:
             yield history, "", gr.update(interactive=True)
-            for piece in reply:
-                history[-1]["content"] += piece
+            for piece in reply.updates():
+                if piece is None:  # found: shown while the reader reads them, seconds before its first words
+                    if reply.citations:
+                        history.append(citations_message(reply.citations, reader=reply.reader, reading=True))
+                else:
+                    history[said]["content"] += piece
                 yield history, "", gr.skip()
         finally:
             reply.cancel()
             was_stopped = stops.end(key)
+        del history[said + 1:]  # the pending block: made whole below, with the sentences the answer rests on
         if was_stopped:  # an answer cut short is marked, and still shows what it read
-            history[-1]["content"] = stopped_mark(history[-1]["content"])
+            history[said]["content"] = stopped_mark(history[said]["content"])
         if reply.citations:
             history.append(citations_message(reply.citations, reply.said, reply.reader, reply.memory))
         if reply.retrieved:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -140,6 +141,36 @@ def test_the_evaluations_app_reads_with_the_reader_as_bm25_rag_does(loaded, qwen
     assert plain.app_reader is model and entrants.app_reader is reader
 
 
+def test_the_script_s_answer_is_the_app_s_draft_only_where_both_read_the_same_prompt_the_same_way(bank_of,
+                                                                                                 qwen_gguf):
+    """Reading as the script (a window of the whole short book), the app's prompt is the script's word for word with
+    the same reader, window and decoding: the eval takes the script's answer from the app's draft, which is what the
+    script's reader answers; with another prompt, or another decoding, the script's reader answers itself."""
+    from dataclasses import replace as changed
+
+    from longmem.eval.ragscript import script_answer
+    from longmem.tasks.setup import SCRIPT_READING
+
+    model = chat_model(segment_len=512)
+    text = story(chapters=1, paragraphs=3)  # under 1,600 characters: one window, as the script cuts it
+    bank = bank_of(model, text)
+    reader = readers.load_reader(qwen_gguf, torch.float32, "cpu", 2048)
+    size = ReadingSize(entrants=["app", "rag_script"], new_tokens=6, reader=qwen_gguf, no_repeat=0,
+                       **SCRIPT_READING.reading)
+    script = BackboneLM(reader.backbone, 2048)
+    entrants = Entrants(model, reader, None, size, None, reader, script)
+    hay = Haystack(bank, bank.load_memory(model), torch.zeros(0, dtype=torch.int64).numpy(), text=text)
+    asked = Asked(QUESTION, ("zeppelin",), [], lambda f: False, [])
+    got = entrants.answers({"app", "rag_script"}, asked, hay, {"windows": [], "script": []})
+    assert entrants.decodes_as_script() and got["rag_script"]["same_prompt"]
+    assert got["rag_script"]["answer"] == got["app"]["draft"] == script_answer(script, hay.script.prompt(QUESTION)[0],
+                                                                                 6)
+    for other in (changed(size, prompt="book"), changed(size, no_repeat=4)):
+        again = Entrants(model, reader, None, other, None, reader, script).answers(
+            {"app", "rag_script"}, asked, hay, {"windows": [], "script": []})
+        assert not again["rag_script"]["same_prompt"] and again["rag_script"]["answer"] == got["rag_script"]["answer"]
+
+
 def reply_of(out: str) -> dict:
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1, out  # one JSON object, nothing else on standard output
@@ -266,17 +297,20 @@ def test_the_answer_benchmark_times_a_readers_prefill_and_decoding(qwen_gguf):
     with torch.inference_mode():
         rates = _reader_rates(reader, [ids, ids[:, :20]])
     assert rates["prefill_tokens"] == 60 and rates["prefill_tok_s"] > 0 and rates["decoded"] <= DECODE_TOKENS
-    answer = {"reader": "tiny-qwen", "tokens": 1000, "first_token_s": 7.0, "reader_rss_vs_weights": 1.1,
-              "reader_weights_mb": 10.0, "load_memory_s": 0.5, "prompt_tokens": 40, "first_token_max_s": 8.0,
-              "memory_find_s": 0.2, "questions": [{}, {}], "cold": {"first_token_s": 9.0}, **rates}
+    answer = {"reader": "tiny-qwen", "tokens": 1000, "first_token_s": 11.0, "reader_rss_vs_weights": 1.1,
+              "reader_weights_mb": 10.0, "load_memory_s": 0.5, "prompt_tokens": 40, "first_token_max_s": 12.0,
+              "memory_find_s": 0.2, "questions": [{}, {}], "cold": {"first_token_s": 13.0, "shown_s": 2.0},
+              "shown_s": 0.3, "finder": "BM25 windows of the raw text", **rates}
     targets = answer_targets(answer)
-    assert set(targets) == {"reader_first_token_s", "reader_decode_tok_s", "reader_rss_vs_weights"}
-    assert not targets["reader_first_token_s"]["met"] and targets["reader_rss_vs_weights"]["met"]  # 7 > 6 s; 1.1
+    assert set(targets) == {"reader_first_token_s", "reader_shown_s", "reader_decode_tok_s", "reader_rss_vs_weights"}
+    assert not targets["reader_first_token_s"]["met"] and targets["reader_rss_vs_weights"]["met"]  # 11 > 10 s; 1.1
+    assert targets["reader_shown_s"]["met"]  # 0.3 <= 1 s
 
     def goal(key):
         return str(targets[key]["target"]), "yes" if targets[key]["met"] else "**no**"
     cells = [row[0] for row in answer_rows(answer, goal)]
     assert any("tiny-qwen reading, memory off" in c for c in cells) and any("decoding" in c for c in cells)
+    assert any("BM25 windows of the raw text" in c for c in cells) and any("passages read shown" in c for c in cells)
 
 
 def test_the_chat_tab_names_who_answered_and_whether_memory_was_read():
@@ -287,6 +321,8 @@ def test_the_chat_tab_names_who_answered_and_whether_memory_was_read():
     assert answered_by(None) == ""  # a turn stored before readers could be chosen
     title = citations_message([], said=False, reader="tiny-qwen", memory=False)["metadata"]["title"]
     assert title == "The closest passages the book has: 0 · answered by tiny-qwen, memory not read"
+    pending = citations_message([], reader="tiny-qwen", reading=True)["metadata"]  # shown while the reader reads
+    assert pending == {"title": "tiny-qwen is reading 0 passages found in the book…", "status": "pending"}
 
 
 def test_a_reader_that_can_tell_is_asked_to_say_when_the_excerpts_do_not_answer():
@@ -322,7 +358,8 @@ def test_another_reader_reads_as_it_was_tuned_but_for_what_the_asker_turns_off(m
     assert (tuned.prompt, tuned.abstain, tuned.passages) == ("book-or-not", 0.7, 3)
     off = reading_for("r", Reading(abstain=0.0), {"abstain"})  # the check turned off stays off
     assert (off.prompt, off.abstain) == ("book-or-not", 0.0)
-    assert reading_for("other", Reading()) == Reading()
+    assert reading_for("other", Reading()) == reading_for("other", Reading(passages=3))  # no profile: the script's
+    assert reading_for("other", Reading()).finder == "windows"
 
 
 def test_every_tuned_setting_of_a_reader_is_a_field_the_reading_and_the_eval_both_have():
@@ -350,9 +387,9 @@ def test_one_set_up_gives_a_reader_its_own_window_and_the_bank_s_model_its_memor
     model = chat_model(segment_len=128)
     own = reading_setup(model, model.config.backbone, Reading(passages=3))
     assert own.own and own.lm is model and own.reading == Reading(passages=3)
-    plain = reading_setup(model, qwen_gguf, Reading(passages=3))  # no profile: the bank model's window, as asked
-    assert not plain.own and plain.lm.segment_len == 128 and plain.reading == Reading(passages=3)
-    assert plain.label == "tiny-qwen"
+    plain = reading_setup(model, qwen_gguf, Reading(passages=3))  # no profile: the RAG script's reading, in a window
+    assert not plain.own and plain.lm.segment_len == 2048  # of its own, within the reader's context (2,048 here)
+    assert plain.reading == replace(Reading(), **setup.SCRIPT_READING.reading) and plain.label == "tiny-qwen"
     monkeypatch.setitem(setup.READER_PROFILES, qwen_gguf, ReaderProfile(window=512, reading={
         "spans": True, "budget": 300, "abstain": 0.7}))
     tuned = reading_setup(model, qwen_gguf, Reading(abstain=0.0), told={"abstain"})

@@ -142,13 +142,13 @@ def reading_documents(items: list[ReadingItem], books: dict[str, Document], segm
 
 
 def asked_books() -> set[str]:
-    """The books the team's own question sets ask about (``longmem.eval.natural.TUNE_SETS`` and ``ASIDE_SETS``, the
-    package's ``eval/data``): no reading item is made from them. A set the package lacks raises FileNotFoundError
-    naming it."""
+    """The books the team's own question sets ask about (``longmem.eval.natural.TUNE_SETS``, ``ASIDE_SETS`` and
+    ``FRESH_SETS``, the package's ``eval/data``): no reading item is made from them. A set the package lacks raises
+    FileNotFoundError naming it."""
     from longmem.eval import natural
 
     books: set[str] = set()
-    for name in natural.TUNE_SETS + natural.ASIDE_SETS:
+    for name in natural.TUNE_SETS + natural.ASIDE_SETS + natural.FRESH_SETS:
         path = natural.package_set_path(name)
         if path is None:  # a packaging fault: every book of every set must stay out of the items
             raise FileNotFoundError(f"question set {name!r} is missing from the package's eval/data")

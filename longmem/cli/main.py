@@ -178,7 +178,7 @@ def cmd_chat(args) -> int:
         bank = _chat_bank(args, model, stack, source)
         memory = cli_bank.load_memory(bank, model) if bank is not None else model.new_memory(capacity=None)
         finder = PassageFinder(bank, model, memory) if bank is not None and args.finder != "none" else None
-        chat = Chat(reader, memory if own else None, _sampling(args))
+        chat = Chat(reader, memory if own else None, setup.decoding(_sampling(args)))
         if not own and not args.json:
             print(f"[{name} reads the passages found; the bank's memory is not read]", file=sys.stderr)
         for question in _questions(args, echo=not args.json):

@@ -43,7 +43,7 @@ import numpy as np
 
 from longmem.eval.core import EvalContext, mean_std
 from longmem.eval.datasets.squad import exact_match, f1, normalize_answer
-from longmem.eval.ragscript import SCRIPT_WINDOW, RagScript, script_answer
+from longmem.eval.ragscript import SCRIPT_WINDOW, RagScript, script_answer, script_sampling
 from longmem.ingest.pipeline import ingest
 from longmem.memory.memory import Memory
 from longmem.storage import BankDirectory
@@ -62,9 +62,11 @@ from longmem.tasks.reading import (
     PassageFinder,
     Reading,
     find_for_chat,
+    prompt_for,
 )
 from longmem.tasks.setup import load as load_reader
-from longmem.tasks.setup import reader_settings, resolve
+from longmem.tasks.setup import profile, reader_settings, resolve
+from longmem.tasks.windows import WindowIndex
 from longmem.util.files import write_file_atomic
 
 FINDER_ENTRANTS = {"app": DEFAULT_FINDER, "longmem_memory": "memory", "longmem_fused": "fused"}
@@ -87,7 +89,7 @@ TEXT_PROMPT = "Answer the question from this text.\n\n{text}\n\nQuestion: {quest
 
 
 READER_LABELS = {  # the entrants that read with another reader (``ReadingSize.reader``), as they are then
-    "app": "the app's answer: {reader} reading what lexical finding finds, memory off, with its checks",
+    "app": "the app's answer: {reader} reading as the app does, memory off (its finder, prompt and checks: the size)",
     "longmem_memory": "{reader} reading what LongMem's memory retrieval finds, memory off",
     "longmem_fused": "{reader} reading what memory retrieval and BM25 find, fused, memory off",
     "rag_script": "the RAG script: {reader} reading BM25's best four 1,600-character windows, no check",
@@ -118,6 +120,9 @@ class ReadingSize:
     each entrant reads and says, and how LongMem reads, at the app's chat defaults. Each suite's ``Size`` adds its
     items and distances."""
 
+    finder: str = DEFAULT_FINDER  # what the app's entrant reads (``Reading.finder``): the lexical finder's passages,
+    #                               as the chat does with the bank's model, or "windows" of the raw text, as it does
+    #                               with another reader (its profile: ``tasks.setup``)
     passages: int = PASSAGES_READ  # passages an answer reads at most, as the chat does
     budget: int = Reading.budget  # tokens of passages an answer reads at most (what fits the window: the other bound)
     new_tokens: int = ANSWER_SAMPLING.max_new_tokens  # tokens generated per answer at most, as the chat does
@@ -176,6 +181,15 @@ class Haystack:
     indexed: list[tuple[int, str]] | None = None  # (id, text) of the passages in ``index``, in its order
     text: str = ""  # the raw text of the book asked about (what the RAG script reads: ``script``)
     _script: RagScript | None = None
+    _windows: WindowIndex | None = None
+
+    @property
+    def windows(self) -> WindowIndex:
+        """BM25 over the windows of the bank's text (``tasks.windows``), made at first use: every question's finder
+        shares it."""
+        if self._windows is None or self._windows.stale():
+            self._windows = WindowIndex(self.bank)
+        return self._windows
 
     @property
     def script(self) -> RagScript:
@@ -199,13 +213,23 @@ def check_entrants(suite: str, entrants: list[str]) -> None:
                          f"book's text; {suite}'s items are passages spliced into a stream (natural has books)")
 
 
-def finders(entrants: list[str]) -> list[str]:
-    """The finders whose gold-passage reads ``entrants`` record: one per reading LongMem entrant, and the
-    embedder's for embedding RAG (BM25-RAG and the app with its memory off read what the lexical finder found)."""
-    out = [f for k, f in FINDER_ENTRANTS.items() if k in entrants]
+def finders(entrants: list[str], app_finder: str = DEFAULT_FINDER) -> list[str]:
+    """The finders whose gold-passage reads ``entrants`` record: one per reading LongMem entrant (the app's:
+    ``app_finder``, ``ReadingSize.finder``), and the embedder's for embedding RAG (BM25-RAG and the app with its memory
+    off read what the lexical finder found)."""
+    out = [app_finder if k == APP_ENTRANT else f for k, f in FINDER_ENTRANTS.items() if k in entrants]
     if {"rag_bm25", "app_memory_off"} & set(entrants) and "lexical" not in out:
         out.append("lexical")
     return out + ["embed"] * ("rag_embed" in entrants) + ["script"] * ("rag_script" in entrants)
+
+
+def read_ref(found: Found) -> int | list[int] | dict:
+    """How a record names a text an answer read (``eval.calibrate.read_texts`` reads it back): a passage's id, a
+    span's passages' ids, or a window of the raw text as {"window": [document id, start, end]}."""
+    if "windows" in found.ranks:
+        p = found.passage
+        return {"window": [p.document_id, p.char_start, p.char_end]}
+    return list(found.ids) if found.covers else found.passage.id
 
 
 def text_bank(ctx: EvalContext, folder: str, stem: str, text: str, title: str) -> Bank:
@@ -290,6 +314,8 @@ def scored(got: str | dict, golds) -> dict:
         row |= {"said": reply["said"], "draft": draft,
                 "draft_contains": contains(draft, golds) if golds else says_not_said(draft),
                 **{k: reply[k] for k in ("read", "decline", "probs", "confirm") if k in reply}}
+    if reply.get("same_prompt") is not None:
+        row["same_prompt"] = reply["same_prompt"]
     if reply.get("quoted") is not None and golds:
         row["quoted_contains"] = float(any(contains(q, golds) for q in reply["quoted"]))
     return row
@@ -338,19 +364,20 @@ class Entrants:
         """The wanted entrants' replies to one question (entrant -> {"answer", and for the app "said" and "draft"});
         appends to ``reads`` (finder -> list) whether each finder read a gold passage."""
         model, q = self.model, asked.question
-        finder = PassageFinder(hay.bank, model, hay.memory, hay.places)
+        finder = PassageFinder(hay.bank, model, hay.memory, hay.places,
+                               hay.windows if self.size.finder == "windows" else None)
         app, app_memory = self.app_reader, hay.memory if self.app is None else None
         got = {}
 
-        def ask(lm, memory, finder, reading: Reading) -> dict:
+        def ask(lm, memory, finder, reading: Reading, app_entrant: bool = False) -> dict:
             # the app's draft is made whole: what its check lost is judged on the answer it would give unchecked
             reply = answer(Chat(lm, memory, self.sampling()), finder, q, reading, whole_draft=True)
             text = " ".join("".join(reply).split())
             out = {"answer": text, "found": reply.found}
-            if lm is app and reading.abstain > 0 and finder is not None:
-                out |= {"said": reply.said, "draft": " ".join((reply.draft or text).split()),
-                        "read": [list(f.ids) if f.covers else f.passage.id for f in reply.found],  # what the
-                        #       check read (``eval.calibrate``): a passage's id, or a span's passages' ids
+            if app_entrant:  # how the app's answer was made, for the record (``eval.calibrate``)
+                out |= {"prompt": prompt_for(q, reply.found, reading) if reply.found else q, "said": reply.said,
+                        "draft": " ".join((reply.draft or text).split()),
+                        "read": [read_ref(f) for f in reply.found],  # what the check read (``eval.calibrate``)
                         **({"decline": round(reply.trace.decline, 4)} if reply.trace.decline is not None else {}),
                         **({"confirm": round(reply.confirm, 6)} if reply.confirm is not None else {}),
                         "probs": [round(p, 3) for p in reply.trace.probs],  # each draft token's probability
@@ -360,10 +387,11 @@ class Entrants:
         if "longmem" in want:
             got["longmem"] = ask(model, hay.memory, None, self.reading("none"))
         for key, how in FINDER_ENTRANTS.items():
+            how = self.size.finder if key == APP_ENTRANT else how
             if how not in reads:
                 continue
             if key in want:
-                got[key] = ask(app, app_memory, finder, self.reading(how))
+                got[key] = ask(app, app_memory, finder, self.reading(how), app_entrant=True)
                 found = got[key]["found"]
             else:  # only what it finds is recorded
                 found = find_for_chat(finder, Chat(app, app_memory, self.sampling()), q, self.reading(how))
@@ -379,7 +407,13 @@ class Entrants:
             got["rag_embed"] = reply
         if "rag_script" in want:
             prompt, read = hay.script.prompt(q)
-            got["rag_script"] = {"answer": script_answer(self.script, prompt, self.size.new_tokens)}
+            app_read = got.get(APP_ENTRANT)
+            if app_read is not None and app_read["prompt"] == prompt and self.decodes_as_script():
+                # the same reader, window, decoding and prompt, word for word: its answer is the app's unchecked draft
+                got["rag_script"] = {"answer": app_read["draft"], "same_prompt": True}
+            else:
+                got["rag_script"] = {"answer": script_answer(self.script, prompt, self.size.new_tokens),
+                                     "same_prompt": False}
             if asked.evidence is not None:
                 a, b = asked.evidence
                 reads["script"].append(any(s < b and a < e for s, e in read))
@@ -395,7 +429,17 @@ class Entrants:
             got["oracle_backbone"] = ask(self.backbone, None, gold, self.reading("lexical", app=False))
         for reply in got.values():
             reply.pop("found", None)
+            reply.pop("prompt", None)
         return got
+
+    def decodes_as_script(self) -> bool:
+        """Whether the app's reader answers a prompt exactly as the RAG script's does: the same model and window,
+        decoding greedily with nothing else (an answer's stop where the backbone would stop is the same for a reader
+        that is its own backbone)."""
+        app, script = self.app, self.script
+        return (app is not None and script is not None and app.backbone is script.backbone
+                and app.segment_len == script.segment_len
+                and replace(self.sampling(), backbone_stops=False) == script_sampling(self.size.new_tokens))
 
     def sampling(self):
         """How every entrant decodes: the app's sampling at the run's size."""
@@ -444,9 +488,11 @@ def entrants_for(ctx: EvalContext, size: ReadingSize, suite: str) -> Entrants:
     if size.reader:  # the LongMem model's own backbone ("") reads as the app does (``tasks.setup.resolve``)
         name, own = resolve(model, size.reader)
         size.reader = "" if own else name
-    if size.reader:  # it reads as it was tuned to (``tasks.setup.reader_settings``), but for what the run sets
+    if size.reader:  # it reads and decodes as its profile says (``tasks.setup``), but for what the run sets
         told = set(ctx.overrides.get(suite, {}))
-        for key, value in reader_settings(size.reader, told).items():  # each a field of ReadingSize too
+        own = {**reader_settings(size.reader, told), **{k: v for k, v in profile(size.reader).sampling.items()
+                                                        if k not in told}}
+        for key, value in own.items():  # each a field of ReadingSize too
             setattr(size, key, value)
     if size.window < 0:
         raise ValueError(f"{suite}.window must be >= 0 (0: the reader's own), got {size.window}")

@@ -167,7 +167,7 @@ def answer_at_distances(ctx: EvalContext, size, suite: str, qas: list[QA], strea
     chosen = [(b, qas[b:b + size.block]) for b in chosen_blocks(suite, size, len(qas))]
     units = ctx.task_log(suite, size, selects=("distances", "blocks"))  # a unit: a block of questions at one distance
     results: dict = {k: {} for k in size.entrants}
-    gold_read: dict = {f: {} for f in finders(size.entrants)}
+    gold_read: dict = {f: {} for f in finders(size.entrants, size.finder)}
     seconds = 0.0  # of every distance, those reused from an earlier run included
     for d in size.distances:
         blocks = [(f"{d}/{b}", block) for b, block in chosen]
@@ -198,7 +198,7 @@ def _at_distance(ctx: EvalContext, size, suite: str, d: int, blocks: list[tuple[
         for key, block in blocks:
             t0 = time.perf_counter()
             scores: dict = {k: [] for k in size.entrants}
-            reads: dict = {f: [] for f in finders(size.entrants)}
+            reads: dict = {f: [] for f in finders(size.entrants, size.finder)}
             for qa in block:
                 i += 1
                 with spliced(bank, model, hay.memory, qa) as (doc_id, places):

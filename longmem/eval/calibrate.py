@@ -117,12 +117,16 @@ def drafts(run: Path, data: Path | None = None) -> list[dict]:
 
 
 def read_texts(bank, read: list) -> list[str]:
-    """The texts an answer read, as its record names them: a passage's id, or a span's passages' ids (its text runs
-    from the first's start to the last's end: ``tasks.spans``); those no longer stored are left out."""
-    ids = [i for r in read for i in (r if isinstance(r, list) else [r])]
+    """The texts an answer read, as its record names them (``eval.answering.read_ref``): a passage's id, a span's
+    passages' ids (its text runs from the first's start to the last's end: ``tasks.spans``), or a window of the raw
+    text ({"window": [document, start, end]}); passages no longer stored are left out."""
+    ids = [i for r in read if not isinstance(r, dict) for i in (r if isinstance(r, list) else [r])]
     refs = {p.id: p for p in bank.passages(ids)}
     out = []
     for r in read:
+        if isinstance(r, dict):
+            out.append(bank.document_text_between(*r["window"]))
+            continue
         ps = [refs[i] for i in (r if isinstance(r, list) else [r]) if i in refs]
         if len(ps) == 1 and not isinstance(r, list):
             out.append(ps[0].text)

@@ -11,7 +11,9 @@ wrote on four books of the training split, the set its choices were tuned on; ``
 ``unanswerable-tune2``: 48 and 16 more on two others, each naming its story or chapter as natural-dev2's do;
 ``natural-tune3``: 197 answerable ones on six more; the dev sets are not tuned on), or ``natural-aside``,
 ``unanswerable-aside``: 48 and 16 the team wrote on two more training-split books and keeps aside, asked once a
-change is chosen and never tuned on, so that a choice that only fits the sets it was made on shows as a gap there.
+change is chosen and never tuned on, so that a choice that only fits the sets it was made on shows as a gap there; or
+``natural-fresh``, ``unanswerable-fresh``: 60 and 32 written for issue 92 on four more training-split books (Emily of
+New Moon, The Girl from Hollywood, The Cabala, Tarzan and the Ant Men), once the sets before were worn.
 
 Each book is ingested once into a bank under the output folder (kept and reused by later runs). With
 ``natural.library`` every question is asked of one bank holding all the books the sets ask about instead (a library:
@@ -57,6 +59,7 @@ from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, legend_be
 from longmem.eval.datasets.recall import template_wording
 from longmem.storage import BankDirectory
 from longmem.storage.bank import Bank
+from longmem.storage.passages import Passage
 from longmem.tasks.reading import Found
 
 DEV_SETS = ["natural-dev", "natural-dev2", "unanswerable-dev"]
@@ -64,10 +67,13 @@ TUNE_SETS = ["natural-tune", "unanswerable-tune",  # the team's own, on training
              "natural-tune2", "unanswerable-tune2",  # tune2: each question names its story or chapter, as natural-dev2
              "natural-tune3"]  # tune3: 197 more, answerable, on six other books (no unanswerable set of its own)
 ASIDE_SETS = ["natural-aside", "unanswerable-aside"]  # the team's own, kept aside: never tuned on (``eval/data``)
+FRESH_SETS = ["natural-fresh", "unanswerable-fresh"]  # written for issue 92 on four more training-split books, once
+#                                                       the reading was chosen: asked once, beside the RAG script
 ENTRANTS = ["app", "rag_script", "app_memory_off", "rag_bm25", "rag_embed", "oracle", "oracle_backbone"]
 TARGET_OF_ORACLE = 0.9  # the app's answered count against the backbone's oracle
 TARGET_OVER_RAG = 10.0  # points over BM25-RAG on the answerable questions
-TARGET_OVER_SCRIPT = 3  # answerable questions right beyond the RAG script's (``rag_script``, the anchor)
+TARGET_OVER_SCRIPT = 0  # answerable questions right beyond the RAG script's (``rag_script``, the anchor; issue 92:
+#                        at least as many, paired)
 TARGET_ABSTAINED = 70.0  # % of unanswerable questions the app says the book does not say
 TARGET_LOST = 10.0  # % of the answers the app's drafts get right that its check may lose
 
@@ -116,7 +122,8 @@ def read_questions(path: Path) -> list[Question]:
 
 
 def package_set_path(name: str) -> Path | None:
-    """The file of the package's own question set ``name`` (``eval/data``: ``TUNE_SETS``, ``ASIDE_SETS``), or None."""
+    """The file of the package's own question set ``name`` (``eval/data``: ``TUNE_SETS``, ``ASIDE_SETS``,
+    ``FRESH_SETS``), or None."""
     own = resources.files("longmem.eval") / "data" / f"{name}.jsonl"
     return Path(str(own)) if own.is_file() else None
 
@@ -148,6 +155,12 @@ def gold_passages(bank: Bank, doc_id: int, text: str, q: Question) -> list[int] 
     if at < 0:
         return None
     return bank.passages_overlapping(doc_id, at, at + len(q.evidence)) or None
+
+
+def overlaps(p: Passage, doc: int, span: tuple[int, int]) -> bool:
+    """Whether passage (or window, or span) ``p`` shares a character with characters ``span`` of document ``doc``:
+    what makes a passage read gold (``gold_passages`` finds the bank's passages so)."""
+    return p.document_id == doc and p.char_start < span[1] and span[0] < p.char_end
 
 
 def run(ctx: EvalContext) -> SuiteResult:
@@ -224,7 +237,8 @@ def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], en
     of the book's own bank, or of ``library`` (a bank holding it among others, and its memory)."""
     t0 = time.perf_counter()
     model = ctx.model
-    out = {"questions": [], "scores": {k: [] for k in size.entrants}, "reads": {f: [] for f in finders(size.entrants)}}
+    out = {"questions": [], "scores": {k: [] for k in size.entrants},
+           "reads": {f: [] for f in finders(size.entrants, size.finder)}}
     if library is None:
         bank = text_bank(ctx, "natural-banks", Path(book).stem, book_text(ctx, book, size.max_tokens),
                          Path(book).stem)
@@ -246,9 +260,9 @@ def _book(ctx: EvalContext, size: Size, book: str, questions: list[Question], en
             want = set(size.entrants) - ({"oracle", "oracle_backbone"} if not gold else set())
             reads = {f: [] for f in out["reads"]}
             at = stored.find(q.evidence) if q.answers else -1
+            evidence = (at, at + len(q.evidence)) if at >= 0 else None
             asked = Asked(q.question, q.answers, [Found(r, 0.0) for r in refs],
-                          lambda f, g=frozenset(gold): any(i in g for i in f.ids), [],
-                          (at, at + len(q.evidence)) if at >= 0 else None)
+                          lambda f, e=evidence, d=doc.id: e is not None and overlaps(f.passage, d, e), [], evidence)
             got = entrants.answers(want, asked, hay, reads)
             if q.answers:
                 for f, r in reads.items():
@@ -293,7 +307,7 @@ def _result(ctx: EvalContext, size: Size, done: dict, commits: list[str]) -> Sui
         written = sum(template_wording(x["answer"]) is not None for x in _rows(done, names, k))
         rows.append([label(k, size.reader), *cells, str(written)])
     gold_read = {f: float(np.mean([x for u in done.values() for x in u["reads"][f]] or [np.nan]))
-                 for f in finders(size.entrants)}
+                 for f in finders(size.entrants, size.finder)}
     reads = table(["finder", "gold passage read (answerable questions)"],
                   [[f, f"{100 * v:.0f}%"] for f, v in gold_read.items()])
     outcomes = {k: reader_outcomes(done, answerable, unanswerable, k) for k in size.entrants}
@@ -397,10 +411,16 @@ def _targets(done: dict, size: Size, answerable: list[str], unanswerable: list[s
         a, b = (_rows(done, names, k) for k in (me, "rag_script"))
         if mine:
             notes.append(f"Against the RAG script a user would write (the anchor): right {right:.0f} vs "
-                         f"{sum(x['contains'] for x in script):.0f} of {len(mine)} (target: the script's + "
-                         f"{TARGET_OVER_SCRIPT}); paired, only the app / only the script: {_paired(mine, script)}.")
+                         f"{sum(x['contains'] for x in script):.0f} of {len(mine)} (target: the script's"
+                         f"{f' + {TARGET_OVER_SCRIPT}' if TARGET_OVER_SCRIPT else ' or more'}); paired, only the app "
+                         f"/ only the script: {_paired(mine, script)}.")
         notes.append(f"Wrong answers given, of {len(a)} questions: the app {sum(map(_wrong, a))}, the RAG script "
                      f"{sum(map(_wrong, b))}.")
+        shared = sum(bool(x.get("same_prompt")) for x in b)
+        if shared:
+            notes.append(f"The app read the script's prompt word for word, with the same reader, window and decoding, "
+                         f"for {shared} of {len(b)} questions: the script's answer there is the app's draft, made "
+                         f"once (``Entrants.decodes_as_script``).")
     if mine and any("draft_contains" in x for x in mine):
         drafted = sum(x["draft_contains"] for x in mine)
         lost = 100 * (drafted - right) / drafted if drafted else 0.0

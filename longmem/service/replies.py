@@ -63,9 +63,12 @@ class ChunkHit:
 
 class Reply:
     """The streamed output of a request: iterate for text pieces; ``text``, ``retrieved`` and ``citations`` once it
-    is finished. ``cancel()`` stops the generation between two tokens (also done when the iterator is closed early)."""
+    is finished. ``cancel()`` stops the generation between two tokens (also done when the iterator is closed early).
+    ``updates()`` yields the pieces too, and None once the passages a chat answer reads are known (``citations``,
+    before its first piece: ``found``), so that they can be shown while the reader reads them."""
 
     _END = object()
+    _FOUND = object()
 
     def __init__(self):
         self.pieces: list[str] = []
@@ -91,6 +94,10 @@ class Reply:
         self._stop.set()
 
     def __iter__(self) -> Iterator[str]:
+        return (piece for piece in self.updates() if piece is not None)
+
+    def updates(self) -> Iterator[str | None]:
+        """The text pieces, and None where the passages read became known (``found``)."""
         try:
             while True:
                 item = self._queue.get()
@@ -98,11 +105,16 @@ class Reply:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                yield None if item is self._FOUND else item
         finally:
             self._stop.set()  # a reader that stops early stops the generation
 
     # -- producer side (the worker thread) ----------------------------------------------------------------------
+    def found(self, citations: list[Citation]) -> None:
+        """The passages the answer reads, known before its first piece (their supporting sentences come at the end)."""
+        self.citations = citations
+        self._queue.put(self._FOUND)
+
     def emit(self, piece: str) -> None:
         self.pieces.append(piece)
         self._queue.put(piece)

@@ -33,8 +33,8 @@ from longmem.storage.records import BankError
 from longmem.tasks.answer import answer
 from longmem.tasks.chat import Chat
 from longmem.tasks.reading import Citation, PassageFinder
+from longmem.tasks.setup import decoding, reading_for, resolve
 from longmem.tasks.setup import load as load_reader
-from longmem.tasks.setup import reading_for, resolve
 from longmem.text.io import InputError, stream_text
 
 log = logging.getLogger(__name__)
@@ -208,6 +208,8 @@ class Sessions:
                 s.chat = Chat(lm, s.memory if own else None, history=_chat_turns(s.bank))
             chat = s.chat
             chat.sampling = settings.sampling(chat.sampling.stop_ids)
+            if not own:  # as that reader decodes (its profile)
+                chat.sampling = decoding(reader, chat.sampling)
             if settings.finder != "none" and s.finder is None:
                 s.finder = PassageFinder(s.bank, self.model, s.memory)
             reading = settings.reading_config()
@@ -215,7 +217,8 @@ class Sessions:
                 reading = reading_for(reader, reading, set() if settings.abstain else {"abstain"})
             made = answer(chat, s.finder, question, reading, settings.chunks, stop=lambda: reply.cancelled,
                           reader=label(reader))
-            reply.citations, reply.reader, reply.memory = made.citations, made.reader, made.memory
+            reply.reader, reply.memory = made.reader, made.memory
+            reply.found(made.citations)  # shown while the reader reads them (the first piece takes seconds)
             try:
                 for piece in made:
                     reply.emit(piece)

@@ -12,6 +12,9 @@ Find. Two finders rank a bank's passages (``longmem.text.passages``) for a quest
 - ``lexical``: BM25 over the passages' words (the FTS5 index in the bank's SQLite); a question none of whose words
   the book has reads what ``memory`` finds.
 - ``fused``: both, by reciprocal rank fusion (Cormack et al. 2009): score = sum over finders of 1 / (60 + rank).
+- ``windows``: not the bank's passages but windows of its documents' raw text, 1,600 characters every 800, ranked by
+  BM25 (``tasks.windows``): the RAG script's reading, which a reader other than the bank's model reads by default
+  (``tasks.setup``), with the script's one-line prompt (``PROMPTS["plain"]``: no numbers, no places).
 
 A question that names a chapter or story of the book by its title ("In 'Winter Dreams', ...") is looked for in that
 section only, and one that asks how something turns out there ("what finally happened to ...", "who turned out to
@@ -43,9 +46,10 @@ from longmem.storage.passages import ChunkPlaces, Passage
 from longmem.tasks.evidence import ASKED, REACH, nearest
 from longmem.tasks.sections import asks_ending, named_books, named_sections
 from longmem.tasks.spans import widen
+from longmem.tasks.windows import WindowIndex
 from longmem.text.passages import excerpt
 
-FINDERS = ("lexical", "fused", "memory", "none")
+FINDERS = ("lexical", "fused", "memory", "windows", "none")
 DEFAULT_FINDER = "lexical"  # what a chat reads unless told: chosen by measurement (docs/design.md)
 RRF_K = 60  # reciprocal rank fusion's constant (the paper's)
 PASSAGES_READ = 4  # passages an answer reads at most unless told (measured: docs/design.md)
@@ -65,6 +69,8 @@ PROMPTS = {  # the reading prompt's instruction, by name (``Reading.prompt``)
     "book": INSTRUCTION,  # the 135M's: it cannot tell whether excerpts answer, the check does (docs/design.md)
     "book-or-not": f"{INSTRUCTION} If they do not answer it, say: {DECLINE}",  # a reader that can tell
     "book-or-not-after": INSTRUCTION,  # the same told after the question too, where a reader of long spans reads it
+    "plain": "Answer the question using these excerpts from the book.",  # the RAG script's line: the excerpts
+    #        follow it bare, best first, no numbers or places (``plain_prompt``; the windows finder's reading)
     "quote-first": f"{INSTRUCTION} First copy the sentence of the excerpts that answers it, in quotation marks, then "
                    f"answer in a few words. If they do not answer it, say: {DECLINE}",  # an answer resting on a quote
 }
@@ -79,7 +85,8 @@ AFTER = {  # what the reading prompt says after the question, by name (none: not
 class Reading:
     """How an answer reads its bank: which finder, how many passages, how many tokens of them."""
 
-    finder: str = DEFAULT_FINDER  # "lexical", "fused", "memory", or "none" (read nothing: the paper's memory fusion)
+    finder: str = DEFAULT_FINDER  # "lexical", "fused", "memory", "windows" (of the raw text: ``tasks.windows``), or
+    #                               "none" (read nothing: the paper's memory fusion)
     passages: int = PASSAGES_READ  # passages read at most
     budget: int = 1024  # tokens of excerpts at most in the prompt (the window, less the question and the answer, is
     #                     the other bound)
@@ -214,13 +221,24 @@ def memory_votes(model, memory: Memory, ids: torch.Tensor) -> dict[int, int]:
 class PassageFinder:
     """Ranks a bank's passages for questions (see the module doc). ``memory`` is the bank's memory as loaded by
     ``bank.load_memory`` (possibly re-chunked or grown by a conversation); ``bank`` stays open while it is used.
-    ``places``: which passage holds each chunk of ``memory`` (default: the bank's, as loaded)."""
+    ``places``: which passage holds each chunk of ``memory`` (default: the bank's, as loaded); ``windows``: the bank's
+    window index when one is kept elsewhere (default: built at first use of the windows finder)."""
 
-    def __init__(self, bank: Bank, model, memory: Memory, places: ChunkPlaces | None = None):
+    def __init__(self, bank: Bank, model, memory: Memory, places: ChunkPlaces | None = None,
+                 windows: WindowIndex | None = None):
         self.bank, self.model, self.memory = bank, model, memory
         self.places = places if places is not None else bank.chunk_places()
         # memory chunk serial // fine = the bank's own serial
         self.fine = self.bank.info_cached.chunk_size // memory.chunk_size
+        self._windows = windows
+
+    @property
+    def windows(self) -> WindowIndex:
+        """BM25 over the windows of the bank's text (``tasks.windows``), built at first use and again once the
+        bank's documents changed."""
+        if self._windows is None or self._windows.stale():
+            self._windows = WindowIndex(self.bank)
+        return self._windows
 
     def books_for(self, question: str, books: tuple[int, ...] = (), named: bool = True) -> list[int] | None:
         """The documents (ids) passages for ``question`` are found in: of ``books`` (default: all the bank's), those
@@ -243,6 +261,10 @@ class PassageFinder:
         rankings: dict[str, list[int]] = {}
         scores: dict[str, dict[int, float]] = {}
         within = self.books_for(question, books, sections)
+        if finder == "windows":  # the raw text's windows, not passages: the section a question names is not looked for
+            index = self.windows
+            return [Found(index.passage(doc, a, b), s, {"windows": i})
+                    for i, (doc, a, b, s) in enumerate(index.top(question, depth, within), 1)]
         if finder in ("memory", "fused"):
             ids = question_ids if question_ids is not None else self._ids(question)
             hits: dict[int, int] = {}
@@ -351,8 +373,19 @@ def reading_prompt(question: str, found: list[Found], instruction: str = INSTRUC
     return f"{instruction}\n\n{excerpts}\n\nQuestion: {question}" + (f"\n{after}" if after else "")
 
 
+def plain_prompt(question: str, found: list[Found]) -> str:
+    """The RAG script's user turn: its one line, the excerpts' text bare (no numbers, no places), then the question
+    (no excerpts: the question alone)."""
+    if not found:
+        return question
+    context = "\n\n".join(f.passage.text.strip() for f in found)
+    return f"{PROMPTS['plain']}\n\n{context}\n\nQuestion: {question}"
+
+
 def prompt_for(question: str, found: list[Found], reading: Reading) -> str:
     """The user's turn ``reading`` reads for ``question`` (its prompt by name: ``PROMPTS``, ``AFTER``)."""
+    if reading.prompt == "plain":
+        return plain_prompt(question, found)
     return reading_prompt(question, found, PROMPTS[reading.prompt], AFTER.get(reading.prompt, ""))
 
 

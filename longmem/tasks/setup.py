@@ -9,9 +9,9 @@ benchmarks all take it from here.
 Who reads. The bank's own LongMem model (``own``: it reads the bank's memory, in its own 1,024-token window, as the
 paper's LongMem does), or another reader (``model.readers``): the frozen backbone of that model alone, memory off, in
 a window of its own (``ReaderProfile.window``): a 1.5B reader with a 32k context is not held to the 135M's 1,024
-tokens. How a reader reads by default is its profile (``READER_PROFILES``): the ``Reading`` fields it was tuned with
-on the project's tuning sets (docs/design.md, "How a larger reader reads"); a field the asker chose (``told``) stays
-as chosen. A reader without a profile reads as the bank's model does, in the bank model's window.
+tokens. How a reader reads by default is its profile (``READER_PROFILES``): its window and ``Reading`` fields; a field
+the asker chose (``told``) stays as chosen. A reader without a profile of its own reads as the RAG script a user would
+write with it reads (``SCRIPT_READING``: windows of the book's raw text by BM25, the script's prompt, no check).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from longmem.model import readers
+from longmem.model.lm import Sampling
 from longmem.tasks.reading import Reading
+from longmem.tasks.windows import WINDOWS_READ
 
 
 @dataclass(frozen=True)
@@ -30,26 +32,35 @@ class ReaderProfile:
     window: int | None = None  # tokens of its window (the prompt, the passages read and the answer; None: the bank
     #                            model's own); bounded by the reader's native context
     reading: dict = field(default_factory=dict)  # ``Reading`` fields
+    sampling: dict = field(default_factory=dict)  # ``Sampling`` fields it decodes an answer with, in place of the
+    #                                               chat's (``decoding``)
 
+
+SCRIPT_READING = ReaderProfile(window=4096, reading={
+    "finder": "windows", "prompt": "plain", "passages": WINDOWS_READ, "budget": 3072, "best_last": False,
+    "abstain": 0.0, "decline": 0.0, "sure": 0.0, "spans": False}, sampling={"no_repeat": 0})
+# How a reader other than the bank's model reads unless its profile says otherwise: as the RAG script a user would
+# write with it (``eval.ragscript``): the best four windows of the book's raw text by BM25 (``tasks.windows``), best
+# first, in the script's one-line prompt, in a 4,096-token window of its own, decoded greedily as the script decodes
+# (no ban on repeated 4-grams: that is the 135M's), with no check. On books no choice was
+# tuned on the script answered more questions than the passages and checks the 1.5B was tuned with in issues 69 and
+# 85 (27 against 17 of 45 held out; 32 against 15 of the 48 aside), so issue 92 made its reading the base and any
+# addition earns its place on sets no choice was made on (docs/design.md, "Start from the anchor").
 
 READER_PROFILES: dict[str, ReaderProfile] = {
-    # Qwen2.5-Coder-1.5B-Instruct (32k native context). Told to say that the book does not say, held to it only when
-    # >= 70% sure of it, an answer shown only when each of its first 4 tokens had >= 10% probability, the lexical
-    # check at 0.5; it reads the lexical finder's best 4 passages in the bank model's window (issue 69's choices on
-    # the tuning sets). Spans in a window of its own (``Reading.spans``, ``tasks.spans``) were measured on the same
-    # sets in issue 85 and not chosen: they read the evidence for more questions and get more drafts right, but
-    # the reader then answers questions the book does not answer, and the checks that stop it keep fewer right
-    # answers than these settings do (48 against 61 of 128 within 20% wrong and 75% declined; docs/design.md). Its
-    # own Yes, asked whether the excerpts state its answer (``Reading.confirm``), was measured too and not chosen: it
-    # says Yes to right and invented answers alike (AUC 0.64; docs/design.md)
-    "qwen2.5-coder-1.5b": ReaderProfile(reading={"prompt": "book-or-not", "decline": 0.7, "sure": 0.1}),
+    "qwen2.5-coder-1.5b": SCRIPT_READING,  # Qwen2.5-Coder-1.5B-Instruct (32k native context), the default reader
 }
+
+
+def profile(reader: str) -> ReaderProfile:
+    """Reader ``reader``'s profile (a name as ``model.readers`` takes it): its own, else ``SCRIPT_READING``."""
+    return READER_PROFILES.get(reader, SCRIPT_READING)
 
 
 def reader_settings(reader: str, told: frozenset[str] | set[str] = frozenset()) -> dict:
     """Reader ``reader``'s own ``Reading`` fields (its profile; a name as ``model.readers`` takes it) but those the
     asker chose (``told``: field names, e.g. {"abstain"} when the check was turned off)."""
-    own = READER_PROFILES.get(reader, ReaderProfile()).reading
+    own = profile(reader).reading
     return {k: v for k, v in own.items() if k not in told}
 
 
@@ -60,9 +71,15 @@ def reading_for(reader: str, reading: Reading, told: frozenset[str] | set[str] =
     return replace(reading, **own) if own else reading
 
 
+def decoding(reader: str, sampling: Sampling) -> Sampling:
+    """``sampling`` as reader ``reader`` decodes an answer: its profile's ``Sampling`` fields in place of the chat's."""
+    own = profile(reader).sampling
+    return replace(sampling, **own) if own else sampling
+
+
 def reader_window(reader: str, model) -> int:
     """Tokens of reader ``reader``'s window: its profile's, else the bank model's (``model.segment_len``)."""
-    return READER_PROFILES.get(reader, ReaderProfile()).window or model.segment_len
+    return profile(reader).window or model.segment_len
 
 
 def load(reader: str, model, window: int | None = None):
@@ -92,6 +109,11 @@ class ReadingSetup:
     @property
     def label(self) -> str:
         return readers.label(self.name)
+
+    def decoding(self, sampling: Sampling) -> Sampling:
+        """``sampling`` as this reader decodes an answer: as given for the bank's own model, else as its profile
+        says (``decoding``)."""
+        return sampling if self.own else decoding(self.name, sampling)
 
 
 def reading_setup(model, reader: str | None = None, reading: Reading | None = None,
