@@ -282,6 +282,10 @@ def build_chat(ws: Workspace, shared: Shared) -> None:
                 else:
                     history[said]["content"] += piece
                 yield history, "", gr.skip()
+        except Exception:  # failed midway: what was shown stays, and no block of passages is left pending
+            del history[said + 1:]
+            yield history, "", gr.update(interactive=False)
+            raise
         finally:
             reply.cancel()
             was_stopped = stops.end(key)

@@ -6,8 +6,9 @@ skip there, saying why, or ``make test`` fails for them while it passes in CI, w
 run ``$LONGMEM_DATA_DIR`` points at an empty folder (``longmem.util.data.data_dir`` then looks nowhere else), in this
 process and in the commands its tests start; a test marked ``shared_data`` gets the real folder back for its own
 duration, or is skipped, saying so, where there is none; a test or fixture that reads a file of it by path asks for
-the fixture ``shared_data_dir`` (skipped the same way). A test added later that reads the data without the mark
-finds the empty folder and fails in every run, CI's included.
+the fixture ``shared_data_dir`` (skipped the same way), and so does a module- or session-scoped fixture (the mark
+gives the real folder back only for the test itself). A test added later that reads the data without the mark finds
+the empty folder and fails in every run, CI's included. The folder counts as there when it has its MANIFEST.md.
 """
 
 from __future__ import annotations

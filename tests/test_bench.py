@@ -61,6 +61,7 @@ def quick_run(module: str, tmp_path, *args: str) -> tuple[subprocess.CompletedPr
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.shared_data  # its default text is a book of the shared data
 def test_quick_benchmark_runs_end_to_end(tmp_path):
     proc, res = quick_run("longmem.bench.inference", tmp_path)
     assert set(res["targets"]) == {"memorize_tok_s", "retrieval_fraction", "score_speedup", "score_peak_rss_lower",

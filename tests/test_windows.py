@@ -20,7 +20,7 @@ from longmem.tasks.answer import ANSWER_SAMPLING, answer
 from longmem.tasks.chat import Chat
 from longmem.tasks.reading import PassageFinder, Reading, prompt_for
 from longmem.tasks.setup import READER_PROFILES, SCRIPT_READING, profile, reading_for
-from longmem.tasks.windows import BM25, K1, B, WindowIndex, windows
+from longmem.tasks.windows import BM25, K1, B, WindowIndex, windows, words
 
 QUESTION = "What drifted over the harbour? A zeppelin?"
 
@@ -64,19 +64,23 @@ def test_bm25_from_its_postings_scores_as_the_dense_formula_does():
         assert index.scores(query)[i] == pytest.approx(expected, rel=1e-12)
     ranked = index.top(query, 50)
     scores = index.scores(query)
-    assert ranked == sorted((i for i in range(n) if scores[i] > 0), key=lambda i: (-scores[i], i))
+    assert [i for i, _ in ranked] == sorted((i for i in range(n) if scores[i] > 0), key=lambda i: (-scores[i], i))
+    assert all(s == scores[i] for i, s in ranked)
+    assert [i for i, _ in index.top(query, 50, keep=lambda i: i % 2 == 0)] == [i for i, _ in ranked if i % 2 == 0]
 
 
-def test_a_bank_s_windows_are_the_script_s_and_rank_as_its_do(library):
+def test_a_bank_s_windows_are_the_script_s_and_rank_as_its_do(library, bank_of, model):
     index = WindowIndex(library)
     for doc in library.documents():
         text = library.document_text(doc.id)
         assert [(a, b) for d, a, b in index.spans if d == doc.id] == windows(text)
-    one = library.documents()[0]
-    script = RagScript(library.document_text(one.id))
-    top = index.top(QUESTION, 4, [one.id])
-    assert [(a, b) for _, a, b, _ in top] == script.find(QUESTION)
-    assert all(d == one.id for d, *_ in top) and top[0][3] >= top[-1][3] > 0
+    text = story(chapters=3, paragraphs=8)
+    alone = bank_of(model, text)  # a bank of one book: the script's idf, its ranking to the bit
+    script = RagScript(alone.document_text(alone.documents()[0].id))
+    top = WindowIndex(alone).top(QUESTION, 4)
+    assert [(a, b) for _, a, b, _ in top] == script.find(QUESTION) and top[0][3] >= top[-1][3] > 0
+    assert [s for *_, s in top] == [script.index.scores(words(QUESTION))[script.spans.index((a, b))]
+                                    for _, a, b, _ in top]
 
 
 def test_a_library_s_windows_stay_in_one_book_and_in_the_books_asked_about(library):

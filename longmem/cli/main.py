@@ -323,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--ask", help="ask this one question and exit (non-interactive)")
     chat.add_argument("--finder", "--reading", dest="finder", default=DEFAULT_FINDER, choices=list(FINDERS),
                       help="how the passages an answer reads are found: BM25 over the bank's passages (lexical), "
-                           "LongMem's memory retrieval and BM25 fused, memory retrieval alone, or none (the paper's "
-                           "memory fusion alone); --reading is its old name")
+                           "LongMem's memory retrieval and BM25 fused, memory retrieval alone, BM25 over windows of "
+                           "the book's text (windows: how a --reader other than the bank's model reads, whatever "
+                           "this says but none), or none (the paper's memory fusion alone); --reading is its old name")
     chat.add_argument("--passages", type=int, default=PASSAGES_READ,
                       help=f"passages an answer reads at most (default {PASSAGES_READ})")
     chat.add_argument("--backbone-stops", default="yes" if ANSWER_SAMPLING.backbone_stops else "no",

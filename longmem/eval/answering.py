@@ -215,11 +215,12 @@ def check_entrants(suite: str, entrants: list[str]) -> None:
 
 def finders(entrants: list[str], app_finder: str = DEFAULT_FINDER) -> list[str]:
     """The finders whose gold-passage reads ``entrants`` record: one per reading LongMem entrant (the app's:
-    ``app_finder``, ``ReadingSize.finder``), and the embedder's for embedding RAG (BM25-RAG and the app with its memory
-    off read what the lexical finder found)."""
+    ``app_finder``, ``ReadingSize.finder``), and the embedder's for embedding RAG (BM25-RAG reads what the lexical
+    finder found; the app with its memory off, what the app's finder found)."""
     out = [app_finder if k == APP_ENTRANT else f for k, f in FINDER_ENTRANTS.items() if k in entrants]
-    if {"rag_bm25", "app_memory_off"} & set(entrants) and "lexical" not in out:
-        out.append("lexical")
+    for key, f in (("app_memory_off", app_finder), ("rag_bm25", "lexical")):
+        if key in entrants and f not in out:
+            out.append(f)
     return out + ["embed"] * ("rag_embed" in entrants) + ["script"] * ("rag_script" in entrants)
 
 
@@ -371,12 +372,12 @@ class Entrants:
 
         def ask(lm, memory, finder, reading: Reading, app_entrant: bool = False) -> dict:
             # the app's draft is made whole: what its check lost is judged on the answer it would give unchecked
-            reply = answer(Chat(lm, memory, self.sampling()), finder, q, reading, whole_draft=True)
+            reply = answer(Chat(lm, memory, self.sampling(lm)), finder, q, reading, whole_draft=True)
             text = " ".join("".join(reply).split())
             out = {"answer": text, "found": reply.found}
             if app_entrant:  # how the app's answer was made, for the record (``eval.calibrate``)
-                out |= {"prompt": prompt_for(q, reply.found, reading) if reply.found else q, "said": reply.said,
-                        "draft": " ".join((reply.draft or text).split()),
+                out |= {"prompt": prompt_for(q, reply.found, reading) if reply.found else None, "said": reply.said,
+                        "draft": " ".join((text if reply.draft is None else reply.draft).split()),
                         "read": [read_ref(f) for f in reply.found],  # what the check read (``eval.calibrate``)
                         **({"decline": round(reply.trace.decline, 4)} if reply.trace.decline is not None else {}),
                         **({"confirm": round(reply.confirm, 6)} if reply.confirm is not None else {}),
@@ -394,12 +395,15 @@ class Entrants:
                 got[key] = ask(app, app_memory, finder, self.reading(how), app_entrant=True)
                 found = got[key]["found"]
             else:  # only what it finds is recorded
-                found = find_for_chat(finder, Chat(app, app_memory, self.sampling()), q, self.reading(how))
+                found = find_for_chat(finder, Chat(app, app_memory, self.sampling(app)), q, self.reading(how))
             reads[how].append(any(map(asked.is_gold, found)))
             if key == "app" and "app_memory_off" in want:
                 got["app_memory_off"] = ask(model, None, finder, self.reading(how))
             if how == "lexical" and "rag_bm25" in want:
                 got["rag_bm25"] = ask(self.backbone, None, finder, self.reading(how, app=False))
+        if "rag_bm25" in want and "rag_bm25" not in got:  # the app reads another finder's: BM25's passages apart
+            got["rag_bm25"] = ask(self.backbone, None, finder, self.reading("lexical", app=False))
+            reads["lexical"].append(any(map(asked.is_gold, got["rag_bm25"]["found"])))
         if "rag_embed" in want:
             embedded = FixedFinder(hay.bank, self.embedded(asked, hay))
             reply = ask(self.backbone, None, embedded, self.reading("lexical", app=False))
@@ -410,6 +414,7 @@ class Entrants:
             app_read = got.get(APP_ENTRANT)
             if app_read is not None and app_read["prompt"] == prompt and self.decodes_as_script():
                 # the same reader, window, decoding and prompt, word for word: its answer is the app's unchecked draft
+                # (an app that found nothing has no prompt: its reader was not asked)
                 got["rag_script"] = {"answer": app_read["draft"], "same_prompt": True}
             else:
                 got["rag_script"] = {"answer": script_answer(self.script, prompt, self.size.new_tokens),
@@ -419,7 +424,7 @@ class Entrants:
                 reads["script"].append(any(s < b and a < e for s, e in read))
         if "backbone_full" in want:
             n = self.size.new_tokens
-            chat = Chat(self.full, None, self.sampling())
+            chat = Chat(self.full, None, self.sampling(self.full))
             got["backbone_full"] = {"answer": " ".join("".join(
                 chat.ask(q, window_text(self.full, q, hay.tokens, n))).split())}
         gold = FixedFinder(hay.bank, asked.gold)
@@ -439,13 +444,18 @@ class Entrants:
         app, script = self.app, self.script
         return (app is not None and script is not None and app.backbone is script.backbone
                 and app.segment_len == script.segment_len
-                and replace(self.sampling(), backbone_stops=False) == script_sampling(self.size.new_tokens))
+                and replace(self.sampling(app), backbone_stops=False) == script_sampling(self.size.new_tokens))
 
-    def sampling(self):
-        """How every entrant decodes: the app's sampling at the run's size."""
+    def sampling(self, lm=None):
+        """How an entrant whose model is ``lm`` decodes: the app's sampling at the run's size. With another reader
+        (``ReadingSize.reader``), the run's ``no_repeat`` is that reader's (its profile's, ``entrants_for``); the
+        LongMem model's own entrants (``lm`` the model or its backbone) keep the chat's."""
         size = self.size
+        bank_model = getattr(self.model, "backbone", None)
+        own = self.app is not None and lm is not None and (lm is self.model or lm is self.full or (
+            bank_model is not None and getattr(lm, "backbone", None) is bank_model))
         return replace(ANSWER_SAMPLING, max_new_tokens=size.new_tokens, backbone_stops=size.backbone_stops,
-                       no_repeat=size.no_repeat)
+                       no_repeat=ANSWER_SAMPLING.no_repeat if own else size.no_repeat)
 
     def reading(self, finder: str, app: bool = True) -> Reading:
         """How an entrant reads: the app's reading at the run's size, with ``finder``; a baseline's (``app`` False)

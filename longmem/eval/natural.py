@@ -421,7 +421,8 @@ def _targets(done: dict, size: Size, answerable: list[str], unanswerable: list[s
             notes.append(f"The app read the script's prompt word for word, with the same reader, window and decoding, "
                          f"for {shared} of {len(b)} questions: the script's answer there is the app's draft, made "
                          f"once (``Entrants.decodes_as_script``).")
-    if mine and any("draft_contains" in x for x in mine):
+    checks = size.abstain > 0 or size.decline > 0 or size.sure > 0 or size.confirm > 0
+    if mine and checks and any("draft_contains" in x for x in mine):
         drafted = sum(x["draft_contains"] for x in mine)
         lost = 100 * (drafted - right) / drafted if drafted else 0.0
         notes.append(f"Its check keeps {right:.0f} of the {drafted:.0f} answers its drafts got right: {lost:.0f}% lost "

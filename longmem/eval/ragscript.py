@@ -12,21 +12,23 @@ chapters, no memory, no check: it always answers (unless the reader itself says 
 This is the anchor at full strength: the reader reads with its own window (``SCRIPT_WINDOW`` tokens, within the
 reader's native context), not the LongMem model's. The BM25 is the textbook Okapi BM25 (k1 1.5, b 0.75, the
 non-negative idf), over lower-cased words, no stopwords, as ``rank_bm25`` scores a script's ``text.lower().split()``.
-Its windows and BM25 are ``tasks.windows``, which the app's readers read with since issue 92 (the app started from
-this script's reading): the anchor is the script's prompt and whole-book text, kept apart from the app's finder.
+Since issue 92 the app's readers read as this script does (the app started from its reading), so its windows, BM25
+and prompt line are the app's own (``tasks.windows``, ``tasks.reading.PROMPTS["plain"]``); what stays the script's is
+reading one book's whole raw text, the prompt put together here, and its decoding (``script_sampling``).
 """
 
 from __future__ import annotations
 
 from longmem.model.lm import Sampling
 from longmem.tasks.chat import Chat
-from longmem.tasks.windows import BM25, STEP_CHARS, WINDOW_CHARS, WINDOWS_READ, windows, words
+from longmem.tasks.reading import PROMPTS
+from longmem.tasks.windows import BM25, STEP_CHARS, WINDOW_CHARS, WINDOW_TOKENS, WINDOWS_READ, windows, words
 
 __all__ = ["BM25", "PROMPT", "SCRIPT_WINDOW", "RagScript", "script_answer", "windows", "words"]
 
-SCRIPT_WINDOW = 4096  # tokens of the reader's window the script reads with (prompt + answer; its native context
-#                       when that is shorter): four windows are ~1,700 tokens
-PROMPT = "Answer the question using these excerpts from the book.\n\n{context}\n\nQuestion: {question}"
+SCRIPT_WINDOW = WINDOW_TOKENS  # tokens of the reader's window the script reads with (prompt + answer; its native
+#                                context when that is shorter): four windows are ~1,700 tokens
+PROMPT = PROMPTS["plain"] + "\n\n{context}\n\nQuestion: {question}"  # its one line, then the windows, the question
 
 
 class RagScript:
@@ -39,7 +41,7 @@ class RagScript:
 
     def find(self, question: str) -> list[tuple[int, int]]:
         """(start, end) of the windows read for ``question``, best first."""
-        return [self.spans[i] for i in self.index.top(words(question), self.read)]
+        return [self.spans[i] for i, _ in self.index.top(words(question), self.read)]
 
     def prompt(self, question: str) -> tuple[str, list[tuple[int, int]]]:
         """The reader's prompt for ``question`` and the windows it holds (best first; none found: the question

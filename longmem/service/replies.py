@@ -24,8 +24,9 @@ class Settings:
     chunks: int | None = None  # memory chunks per query token and head; None: READING_TOPK tokens' worth while reading
     chunk_size: int | None = None  # chunk size used for retrieval, a divisor of the bank's; None = the bank's own
     seed: int | None = None  # for reproducible sampling
-    finder: str = DEFAULT_FINDER  # how a chat finds the passages it reads before answering: "lexical", "fused" or
-    #                               "memory" (``longmem.tasks.reading``), or "none" (the paper's memory fusion alone)
+    finder: str = DEFAULT_FINDER  # how a chat finds the passages it reads before answering: "lexical", "fused",
+    #                               "memory", "windows" (``longmem.tasks.reading``), or "none" (the paper's memory
+    #                               fusion alone); a reader other than the bank's model reads windows unless "none"
     passages: int = PASSAGES_READ  # passages read at most (within what the window leaves for them)
     backbone_stops: bool = ANSWER_SAMPLING.backbone_stops  # an answer also ends where the frozen backbone would
     abstain: bool = True  # an answer the passages read do not support says that the book does not say

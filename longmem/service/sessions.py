@@ -213,9 +213,12 @@ class Sessions:
             if settings.finder != "none" and s.finder is None:
                 s.finder = PassageFinder(s.bank, self.model, s.memory)
             reading = settings.reading_config()
-            if not own:  # another reader reads as it was tuned to, but for what the settings turn off
-                reading = reading_for(reader, reading, set() if settings.abstain else {"abstain"})
-            made = answer(chat, s.finder, question, reading, settings.chunks, stop=lambda: reply.cancelled,
+            if not own:  # another reader reads as its profile says, but for what the settings turn off
+                off = {name for name, chosen in (("abstain", not settings.abstain),
+                                                 ("finder", settings.finder == "none")) if chosen}
+                reading = reading_for(reader, reading, off)
+            finder = s.finder if settings.finder != "none" else None  # none: nothing is read
+            made = answer(chat, finder, question, reading, settings.chunks, stop=lambda: reply.cancelled,
                           reader=label(reader))
             reply.reader, reply.memory = made.reader, made.memory
             reply.found(made.citations)  # shown while the reader reads them (the first piece takes seconds)

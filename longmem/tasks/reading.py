@@ -104,8 +104,8 @@ class Reading:
     #                        last passages are read (lexical finding; docs/design.md); one naming a book of the
     #                        bank by its title is looked for in that book (every finder)
     books: tuple[int, ...] = ()  # the documents (ids) of the bank passages are found in; (): all of them
-    prompt: str = "book"  # the reading prompt (``PROMPTS``, ``AFTER``): "book", or "book-or-not" (told to say
-    #                       that the book does not say when the excerpts do not answer)
+    prompt: str = "book"  # the reading prompt (``PROMPTS``, ``AFTER``): "book", "book-or-not" (told to say that the
+    #                       book does not say when the excerpts do not answer), or "plain" (the RAG script's)
     decline: float = 0.0  # > 0, with the book-or-not prompt: the reader says that the book does not say (``DECLINE``)
     #                       only when its probability of saying so, right after the prompt, is above this; below, it
     #                       answers with its likeliest other reply, checked as any (``Sampling.decline``); 0: as it
@@ -312,7 +312,8 @@ class PassageFinder:
         retrieves most for the question are read instead; an answer's check still decides what they support."""
         if reading.finder == "none" or reading.passages == 0:
             return []
-        found = self.rank(question, reading.finder, reading.depth, question_ids, reading.sections, reading.books)
+        depth = reading.passages if reading.finder == "windows" else reading.depth  # (windows are not fused)
+        found = self.rank(question, reading.finder, depth, question_ids, reading.sections, reading.books)
         if not found and reading.finder == "lexical":
             found = self.rank(question, "memory", reading.depth, question_ids, reading.sections, reading.books)
         return found[: reading.passages]

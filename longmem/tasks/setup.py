@@ -22,7 +22,7 @@ from typing import Callable
 from longmem.model import readers
 from longmem.model.lm import Sampling
 from longmem.tasks.reading import Reading
-from longmem.tasks.windows import WINDOWS_READ
+from longmem.tasks.windows import WINDOW_TOKENS, WINDOWS_READ
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ReaderProfile:
     #                                               chat's (``decoding``)
 
 
-SCRIPT_READING = ReaderProfile(window=4096, reading={
+SCRIPT_READING = ReaderProfile(window=WINDOW_TOKENS, reading={
     "finder": "windows", "prompt": "plain", "passages": WINDOWS_READ, "budget": 3072, "best_last": False,
     "abstain": 0.0, "decline": 0.0, "sure": 0.0, "spans": False}, sampling={"no_repeat": 0})
 # How a reader other than the bank's model reads unless its profile says otherwise: as the RAG script a user would

@@ -11,9 +11,10 @@ windows never crossing two documents, each cited with the place of the bank pass
     for doc, start, end, score in index.top("Who fixed the World's Series?", 4):
         print(bank.document_text(doc)[start:end])
 
-BM25 is the textbook Okapi BM25 (k1 1.5, b 0.75, the non-negative idf), over lower-cased words, no stopwords, as
-``rank_bm25`` scores a script's ``text.lower().split()``; its scores are summed in the same order as a dense loop would,
-from an inverted index, so a question costs the windows that share its words, not all of them.
+BM25 is the textbook Okapi BM25 (k1 1.5, b 0.75, the non-negative idf), over lower-cased words (runs of letters
+and digits), no stopwords; its scores are summed in the same order as a dense loop would, from an inverted index, so
+a question costs the windows that share its words, not all of them. Over a bank of one book the ranking is the
+script's to the bit; a library's idf and mean window length are the whole library's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import replace
+from typing import Callable
 
 from longmem.storage.bank import Bank
 from longmem.storage.passages import Passage
@@ -29,6 +31,7 @@ from longmem.storage.passages import Passage
 WINDOW_CHARS = 1600  # characters of raw text a window holds
 STEP_CHARS = 800  # characters between the starts of two windows (windows overlap by half)
 WINDOWS_READ = 4  # windows a reader is handed, best first
+WINDOW_TOKENS = 4096  # tokens of the reader's own window it reads them in (prompt + answer; within its context)
 K1, B = 1.5, 0.75  # Okapi BM25's constants
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -80,18 +83,25 @@ class BM25:
         sparse = self.sparse(query)
         return [sparse.get(i, 0.0) for i in range(len(self.lengths))]
 
-    def top(self, query: list[str], k: int) -> list[int]:
+    def top(self, query: list[str], k: int, keep: Callable[[int], bool] | None = None) -> list[tuple[int, float]]:
+        """The ``k`` best (document, score), best first; ``keep``: only the documents it accepts."""
         scores = self.sparse(query)
-        ranked = sorted((i for i, s in scores.items() if s > 0), key=lambda i: (-scores[i], i))
-        return ranked[:k]
+        ranked = sorted((i for i, s in scores.items() if s > 0 and (keep is None or keep(i))),
+                        key=lambda i: (-scores[i], i))
+        return [(i, scores[i]) for i in ranked[:k]]
+
+
+def documents_key(bank: Bank) -> tuple:
+    """What a window index was built from: the bank's text documents, each with its size and state."""
+    return tuple((d.id, d.n_tokens, d.status) for d in bank.documents() if d.kind == "text")
 
 
 class WindowIndex:
     """BM25 over the windows of every text document of ``bank`` (demonstration sets are not read), each window
-    within one document. ``stale()`` says when the bank's documents changed since it was built."""
+    within one document. ``stale()`` says when the bank's text documents changed since it was built."""
 
     def __init__(self, bank: Bank, size: int = WINDOW_CHARS, step: int = STEP_CHARS):
-        self.bank, self.version = bank, bank.version()
+        self.bank, self.key = bank, documents_key(bank)
         self.spans: list[tuple[int, int, int]] = []  # (document id, start, end), in document then text order
         self.texts: dict[int, str] = {}
         docs = []
@@ -105,16 +115,14 @@ class WindowIndex:
         self.index = BM25(docs)
 
     def stale(self) -> bool:
-        return self.bank.version() != self.version
+        return documents_key(self.bank) != self.key
 
     def top(self, question: str, k: int, documents: list[int] | None = None) -> list[tuple[int, int, int, float]]:
         """The ``k`` best windows for ``question``, best first, as (document id, start, end, score); ``documents``:
         only those documents' windows (None: all)."""
-        scores = self.index.sparse(words(question))
         allowed = set(documents) if documents is not None else None
-        ranked = sorted((i for i, s in scores.items() if s > 0 and (allowed is None or self.spans[i][0] in allowed)),
-                        key=lambda i: (-scores[i], i))
-        return [(*self.spans[i], scores[i]) for i in ranked[:k]]
+        keep = None if allowed is None else (lambda i: self.spans[i][0] in allowed)
+        return [(*self.spans[i], s) for i, s in self.index.top(words(question), k, keep)]
 
     def passage(self, doc: int, start: int, end: int) -> Passage:
         """The window as a passage a reader is shown: its raw text, its offsets, and the place (title, chapter) of
