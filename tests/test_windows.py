@@ -160,3 +160,10 @@ def test_a_reply_says_when_the_passages_are_found_before_its_first_piece():
     again.emit("x")
     again.finish()
     assert list(again) == ["x"]  # plain iteration: the pieces alone
+    early = Reply()
+    early.emit("a")
+    early.emit("b")
+    pieces = iter(early)
+    assert next(pieces) == "a" and not early.cancelled
+    pieces.close()  # a reader that stops early stops the generation
+    assert early.cancelled

@@ -95,7 +95,11 @@ class Reply:
         self._stop.set()
 
     def __iter__(self) -> Iterator[str]:
-        return (piece for piece in self.updates() if piece is not None)
+        updates = self.updates()
+        try:
+            yield from (piece for piece in updates if piece is not None)
+        finally:
+            updates.close()  # a reader that stops early stops the generation (``updates``)
 
     def updates(self) -> Iterator[str | None]:
         """The text pieces, and None where the passages read became known (``found``)."""

@@ -45,7 +45,8 @@ SCRIPT_READING = ReaderProfile(window=WINDOW_TOKENS, reading={
 # (no ban on repeated 4-grams: that is the 135M's), with no check. On books no choice was
 # tuned on the script answered more questions than the passages and checks the 1.5B was tuned with in issues 69 and
 # 85 (27 against 17 of 45 held out; 32 against 15 of the 48 aside), so issue 92 made its reading the base and any
-# addition earns its place on sets no choice was made on (docs/design.md, "Start from the anchor").
+# addition earns its place on sets no choice was made on (docs/design.md, "A reader other than the bank's model
+# reads as the RAG script does").
 
 READER_PROFILES: dict[str, ReaderProfile] = {
     "qwen2.5-coder-1.5b": SCRIPT_READING,  # Qwen2.5-Coder-1.5B-Instruct (32k native context), the default reader
