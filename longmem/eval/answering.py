@@ -186,9 +186,8 @@ class Haystack:
     @property
     def windows(self) -> WindowIndex:
         """BM25 over the windows of the bank's text (``tasks.windows``), made at first use: every question's finder
-        shares it."""
-        if self._windows is None or self._windows.stale():
-            self._windows = WindowIndex(self.bank)
+        over this haystack shares it."""
+        self._windows = WindowIndex.current(self._windows, self.bank)
         return self._windows
 
     @property

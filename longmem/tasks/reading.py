@@ -236,8 +236,7 @@ class PassageFinder:
     def windows(self) -> WindowIndex:
         """BM25 over the windows of the bank's text (``tasks.windows``), built at first use and again once the
         bank's documents changed."""
-        if self._windows is None or self._windows.stale():
-            self._windows = WindowIndex(self.bank)
+        self._windows = WindowIndex.current(self._windows, self.bank)
         return self._windows
 
     def books_for(self, question: str, books: tuple[int, ...] = (), named: bool = True) -> list[int] | None:

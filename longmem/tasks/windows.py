@@ -117,6 +117,11 @@ class WindowIndex:
     def stale(self) -> bool:
         return documents_key(self.bank) != self.key
 
+    @classmethod
+    def current(cls, index: "WindowIndex | None", bank: Bank) -> "WindowIndex":
+        """``index`` while it is current for ``bank``'s text documents, else a new one built from them."""
+        return index if index is not None and not index.stale() else cls(bank)
+
     def top(self, question: str, k: int, documents: list[int] | None = None) -> list[tuple[int, int, int, float]]:
         """The ``k`` best windows for ``question``, best first, as (document id, start, end, score); ``documents``:
         only those documents' windows (None: all)."""
