@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from helpers import story
@@ -113,6 +114,21 @@ def test_the_reading_prompt_is_the_script_s_word_for_word(library, model):
         QUESTION)[0]
     assert prompt_for(QUESTION, [], script_reading()) == QUESTION
 
+
+
+def test_the_decline_prompt_is_the_script_s_told_to_decline(library, model):
+    """The decline prompt measured as a change from the script's reading: the same excerpts, bare, best first, under
+    the script's line with the decline sentence added; a reading with it can be held to its decline."""
+    from longmem.tasks.reading import DECLINE, PROMPTS
+
+    one = library.documents()[0]
+    finder = PassageFinder(library, model, library.load_memory(model))
+    found = finder.find(QUESTION, script_reading(books=(one.id,)))
+    plain = prompt_for(QUESTION, found, script_reading())
+    told = prompt_for(QUESTION, found, replace(script_reading(), prompt="plain-or-not"))
+    assert told == plain.replace(PROMPTS["plain"], f"{PROMPTS['plain']} If they do not answer it, say: {DECLINE}", 1)
+    assert replace(script_reading(), prompt="plain-or-not", decline=0.5).declines
+    assert not replace(script_reading(), decline=0.5).declines  # the script's own line cannot decline
 
 def test_a_reader_answers_from_the_windows_and_cites_them(library, model):
     """Short windows, so that a tiny reader's 512-token window holds them: the answer reads them best first and

@@ -71,9 +71,13 @@ PROMPTS = {  # the reading prompt's instruction, by name (``Reading.prompt``)
     "book-or-not-after": INSTRUCTION,  # the same told after the question too, where a reader of long spans reads it
     "plain": "Answer the question using these excerpts from the book.",  # the RAG script's line: the excerpts
     #        follow it bare, best first, no numbers or places (``plain_prompt``; the windows finder's reading)
+    "plain-or-not": f"Answer the question using these excerpts from the book. If they do not answer it, say: "
+                    f"{DECLINE}",  # the script's line told to decline, read the same way (``PLAIN``; issue 92's
+    #                                 decline prompt, measured as a change from the script's: docs/design.md)
     "quote-first": f"{INSTRUCTION} First copy the sentence of the excerpts that answers it, in quotation marks, then "
                    f"answer in a few words. If they do not answer it, say: {DECLINE}",  # an answer resting on a quote
 }
+PLAIN = ("plain", "plain-or-not")  # the prompts read as the script reads: excerpts bare, no numbers or places
 CONFIRM = "Is your answer stated in the excerpts? Answer Yes or No."  # asked of the reader once its answer is made
 #                                                                     (``Reading.confirm``)
 AFTER = {  # what the reading prompt says after the question, by name (none: nothing)
@@ -373,19 +377,19 @@ def reading_prompt(question: str, found: list[Found], instruction: str = INSTRUC
     return f"{instruction}\n\n{excerpts}\n\nQuestion: {question}" + (f"\n{after}" if after else "")
 
 
-def plain_prompt(question: str, found: list[Found]) -> str:
-    """The RAG script's user turn: its one line, the excerpts' text bare (no numbers, no places), then the question
-    (no excerpts: the question alone)."""
+def plain_prompt(question: str, found: list[Found], instruction: str = PROMPTS["plain"]) -> str:
+    """The RAG script's user turn: its one line (or ``instruction``), the excerpts' text bare (no numbers, no
+    places), then the question (no excerpts: the question alone)."""
     if not found:
         return question
     context = "\n\n".join(f.passage.text.strip() for f in found)
-    return f"{PROMPTS['plain']}\n\n{context}\n\nQuestion: {question}"
+    return f"{instruction}\n\n{context}\n\nQuestion: {question}"
 
 
 def prompt_for(question: str, found: list[Found], reading: Reading) -> str:
     """The user's turn ``reading`` reads for ``question`` (its prompt by name: ``PROMPTS``, ``AFTER``)."""
-    if reading.prompt == "plain":
-        return plain_prompt(question, found)
+    if reading.prompt in PLAIN:
+        return plain_prompt(question, found, PROMPTS[reading.prompt])
     return reading_prompt(question, found, PROMPTS[reading.prompt], AFTER.get(reading.prompt, ""))
 
 
