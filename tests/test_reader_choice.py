@@ -242,6 +242,34 @@ def test_the_check_is_calibrated_on_recorded_drafts_without_asking_the_reader():
         outcomes([r | {"declines_at": 0.5, "decline": 0.2} for r in rows], 0.5, 0.8)
 
 
+
+def test_an_outcome_is_paired_with_the_script_s_replies_recorded_in_a_run(tmp_path):
+    """``calibrate --script``: each outcome beside the RAG script's right answers over the same answerable questions,
+    with the questions only one of them gets right; the script's replies read from a run's record."""
+    import json
+
+    from longmem.eval.calibrate import outcomes, script_right
+
+    passage = "The harbour lay still that morning. A grey zeppelin drifted over the harbour at dawn. Gulls cried."
+    rows = [{"id": f"b.txt:{q}", "question": q, "golds": g, "draft": d, "passages": [passage], "answer": d,
+             "least": 0.0} for q, g, d in [(QUESTION, ("zeppelin",), "A grey zeppelin."),
+                                         ("What flew at dusk?", ("gulls",), "A heron."),
+                                         ("Who owned it?", (), "Nobody.")]]
+    unit = {"key": "natural-dev/b.txt", "value": {"scores": {"rag_script": [
+        {"id": rows[0]["id"], "answerable": True, "contains": 0.0},
+        {"id": rows[1]["id"], "answerable": True, "contains": 1.0},
+        {"id": rows[2]["id"], "answerable": False, "contains": 0.0}]}}}
+    (tmp_path / "natural.tasks.jsonl").write_text(json.dumps({**unit, "value": {"scores": {}}}) + "\n"
+                                                  + json.dumps(unit) + "\n")  # the last record of a unit wins
+    script = script_right(tmp_path)
+    assert script == {rows[0]["id"]: False, rows[1]["id"]: True}
+    o = outcomes(rows, 0.0, script=script)
+    assert (o["right"], o["script_right"], o["only_app"], o["only_script"]) == (1, 1, 1, 1)
+    assert "script_right" not in outcomes(rows, 0.0)
+    (tmp_path / "natural.tasks.jsonl").write_text(json.dumps({**unit, "value": {"scores": {}}}) + "\n")
+    with pytest.raises(ValueError, match="rag_script"):
+        script_right(tmp_path)
+
 def test_each_check_is_counted_by_the_right_drafts_it_kills_and_the_wrong_ones_it_stops():
     from longmem.eval.calibrate import check_costs
 

@@ -116,6 +116,25 @@ def drafts(run: Path, data: Path | None = None) -> list[dict]:
     return out
 
 
+def script_right(run: Path) -> dict[str, bool]:
+    """The RAG script's replies recorded in run folder ``run`` (its ``rag_script`` entrant): for each answerable
+    question's id, whether the script answered it right (the last record of a unit wins, as in ``drafts``)."""
+    path = run / "natural.tasks.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{run}: no natural.tasks.jsonl (run `longmem eval natural --out {run}` first)")
+    units = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            units[row["key"]] = row
+    out = {x["id"]: x["contains"] >= 1.0 for row in units.values()
+           for x in row["value"]["scores"].get("rag_script", []) if x["answerable"]}
+    if not out:
+        raise ValueError(f"{path}: the RAG script answered no answerable question there "
+                         "(--set natural.entrants=...,rag_script)")
+    return out
+
+
 def read_texts(bank, read: list) -> list[str]:
     """The texts an answer read, as its record names them (``eval.answering.read_ref``): a passage's id, a span's
     passages' ids (its text runs from the first's start to the last's end: ``tasks.spans``), or a window of the raw
@@ -136,12 +155,16 @@ def read_texts(bank, read: list) -> list[str]:
 
 
 def outcomes(rows: list[dict], least: float, decline: float | None = None, sure: float | None = None,
-             shape: tuple[int, int] = (REACH, ASKED), confirm: float | None = None) -> dict:
+             shape: tuple[int, int] = (REACH, ASKED), confirm: float | None = None,
+             script: dict[str, bool] | None = None) -> dict:
     """What the check at ``least`` gives a user over ``rows`` (``drafts``), the reader declining where its
     probability of it is above ``decline`` (None: as recorded) and saying that the book does not say where its least
     sure first token was below ``sure`` (None: as recorded, 0: never) or where it confirmed its answer below
     ``confirm`` (None: not applied): answerable right / the book does not say / wrong, unanswerable said / invented,
-    wrong answers of all asked (%), and how many replies equal the recorded ones (at the run's thresholds)."""
+    wrong answers of all asked (%), and how many replies equal the recorded ones (at the run's thresholds). With
+    ``script`` (``script_right``), paired with the RAG script over the answerable questions both answered: its right
+    answers (``script_right``), and the questions only the app gets right (``only_app``) or only the script
+    (``only_script``)."""
     if decline is not None and any(r.get("declines_at", 0.0) < 1.0 for r in rows):
         raise ValueError("a decline threshold is read off a run that never declined (--set natural.decline=1); "
                          "this run's reader declined where sure, and its answer there was not made")
@@ -152,6 +175,8 @@ def outcomes(rows: list[dict], least: float, decline: float | None = None, sure:
         raise ValueError(NOT_ASKED)
     o = {"least": least, "decline": decline, "sure": sure, "confirm": confirm, "shape": list(shape), "right": 0,
          "declined": 0, "wrong": 0, "not_said": 0, "invented": 0, "agrees": 0}
+    if script is not None:
+        o |= {"script_right": 0, "only_app": 0, "only_script": 0}
     for r in rows:
         shown = shown_of(r, least, decline, sure, shape, confirm)
         said = shown != NOT_SAID
@@ -161,6 +186,11 @@ def outcomes(rows: list[dict], least: float, decline: float | None = None, sure:
         else:
             key = "not_said" if not said or says_not_said(shown) else "invented"
         o[key] += 1
+        if script is not None and r["golds"] and r["id"] in script:
+            theirs = script[r["id"]]
+            o["script_right"] += theirs
+            o["only_app"] += key == "right" and not theirs
+            o["only_script"] += key != "right" and theirs
         o["agrees"] += (least == r["least"] and (decline is None or decline == r["declines_at"]) and sure is None
                         and not confirm
                         and tuple(shape) == tuple(r.get("shape", (REACH, ASKED)))
@@ -243,15 +273,18 @@ def costs_markdown(costs: list[dict], drafts_right: int, drafts_wrong: int) -> s
 def markdown(results: list[dict], run: Path) -> str:
     swept = [k for k in ("decline", "sure", "confirm") if any(o.get(k) is not None for o in results)]
     shapes = len({tuple(o["shape"]) for o in results}) > 1
+    paired = "script_right" in results[0]
     rows = [[f"{o[k]:g}" for k in swept] + ["{}, {}".format(*o["shape"])] * shapes + [
-        f"{o['least']:g}", str(o["right"]), str(o["declined"]), str(o["wrong"]), str(o["not_said"]),
-        str(o["invented"]), f"{o['wrong_pct']:.0f}%"] for o in results]
+        f"{o['least']:g}", str(o["right"])] + [f"{o['script_right']}: {o['only_app']} / {o['only_script']}"] * paired
+        + [str(o["declined"]), str(o["wrong"]), str(o["not_said"]), str(o["invented"]), f"{o['wrong_pct']:.0f}%"]
+        for o in results]
     head = (f"The app's check on {run}'s drafts ({results[0]['answerable']} answerable, "
             f"{results[0]['unanswerable']} unanswerable questions), per threshold (0: every draft shown)"
             + "".join(f", per threshold of {k}" for k in swept) + ":")
-    return "\n\n".join([head, table(swept + ["reach, question words"] * shapes + [
-        "threshold", "right", "says the book does not say", "wrong", "unanswerable: says so", "invents",
-        "wrong answers, of all asked"], rows)])
+    return "\n\n".join([head, table(swept + ["reach, question words"] * shapes + ["threshold", "right"] + [
+        "the script's right: only the app / only the script"] * paired + [
+        "says the book does not say", "wrong", "unanswerable: says so", "invents", "wrong answers, of all asked"],
+        rows)])
 
 
 def choose(results: list[dict], wrong_at_most: float = WRONG_AT_MOST,
@@ -294,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also each check's right drafts killed and wrong ones stopped at these thresholds (of the "
                         "word check, the decline, sure and, on a run that asked it, confirm; a run at --set "
                         "natural.decline=1), e.g. 0.5,0.7,0.1")
+    p.add_argument("--script", nargs="?", const="", default=None, metavar="RUN",
+                   help="pair each outcome with the RAG script's replies recorded in RUN (a natural run's --out "
+                        "folder whose entrants included rag_script; no RUN: this run's own)")
     p.add_argument("--data-dir", default=None, help="the shared data folder (default: $LONGMEM_DATA_DIR, else "
                                                     "../shared/data)")
     args = p.parse_args(argv)
@@ -306,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [tuple(int(x) for x in sh.split(":")) for sh in args.shapes.split(",") if sh.strip()]
         if any(len(sh) != 2 for sh in shapes):
             raise ValueError(f"--shapes: REACH:WORDS pairs, got {args.shapes!r}")
-        results = [outcomes(rows, t, d, u, sh, c) for sh in shapes for d in declines for u in sures
+        script = None if args.script is None else script_right(Path(args.script or args.run))
+        results = [outcomes(rows, t, d, u, sh, c, script) for sh in shapes for d in declines for u in sures
                    for c in confirms for t in thresholds]
         at = [float(x) for x in args.costs.split(",")] if args.costs else None
         if at is not None and len(at) not in (3, 4):
