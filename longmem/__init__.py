@@ -2,7 +2,8 @@
 Long-Term Memory"). Library first; the CLI (``longmem``) and the web app are thin layers on top."""
 
 from longmem.ingest.readers import DemoFormat
-from longmem.memory.memory import Memory, Retrieved
+from longmem.memory.memory import Memory
+from longmem.memory.view import Retrieved
 from longmem.model.backbone import Backbone, load_backbone
 from longmem.model.baselines import BackboneLM, MemTRM
 from longmem.model.lm import Sampling

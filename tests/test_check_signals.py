@@ -1,4 +1,4 @@
-"""``training.check_signals``: the AUC of a signal, a logistic regression scored book by book (never on its own
+"""``training.studies.check_signals``: the AUC of a signal, a logistic regression scored book by book (never on its own
 book's drafts), and the tally of what a user is shown, against the honesty a profile is held to."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.check_signals import auc, book_by_book, tally
+from training.studies.check_signals import auc, book_by_book, tally
 
 
 def test_auc_is_the_chance_a_right_draft_scores_above_a_wrong_one():
@@ -39,7 +39,7 @@ def test_the_tally_holds_a_reply_to_the_honesty_bound():
 def test_the_reader_s_hidden_state_is_read_after_each_draft_s_confirmation_question(tmp_path, monkeypatch):
     from tiny_gguf import tiny_gguf
 
-    from training.check_signals import hidden_states
+    from training.studies.check_signals import hidden_states
 
     monkeypatch.setenv("LONGMEM_CACHE_DIR", str(tmp_path / "cache"))  # the tiny reader's copy stays out of the user's
     reader = tmp_path / "tiny-qwen.gguf"
@@ -53,7 +53,7 @@ def test_the_reader_s_hidden_state_is_read_after_each_draft_s_confirmation_quest
 
 
 def test_the_best_threshold_keeps_the_most_right_within_the_honesty():
-    from training.check_signals import best_threshold
+    from training.studies.check_signals import best_threshold
 
     table = [{"threshold": 0.1, "right": 9, "wrong": 5, "honest": False},
              {"threshold": 0.2, "right": 7, "wrong": 3, "honest": True},
@@ -64,7 +64,7 @@ def test_the_best_threshold_keeps_the_most_right_within_the_honesty():
 
 
 def test_hidden_states_are_kept_in_the_run_folder_and_read_again(tmp_path, monkeypatch):
-    import training.check_signals as cs
+    import training.studies.check_signals as cs
 
     calls = []
 

@@ -16,7 +16,7 @@ from test_drafting import DTYPES, GREEDY, opened
 from tiny import VOCAB, char_tokenizer
 from transformers import MistralConfig, MistralForCausalLM
 
-from longmem.memory.memory import MemoryView
+from longmem.memory.view import MemoryView
 from longmem.model.backbone import Backbone
 from longmem.model.baselines import BackboneLM
 from longmem.model.lm import Sampling, Trace

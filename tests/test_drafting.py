@@ -14,7 +14,7 @@ from tiny import VOCAB, char_tokenizer
 from transformers import MistralConfig, MistralForCausalLM
 
 import longmem.model.lm as lm
-from longmem.memory.memory import MemoryView
+from longmem.memory.view import MemoryView
 from longmem.model.backbone import Backbone
 from longmem.model.lm import Sampling, Window
 from longmem.model.longmem import LongMemModel

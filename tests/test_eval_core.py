@@ -16,7 +16,7 @@ from conftest import random_ids
 from tiny import VOCAB, char_tokenizer, small_config
 
 from longmem.cli.eval import parse_overrides, provenance
-from longmem.eval import bookqa, books, icl
+from longmem.eval import bookqa, books, icl, icl_report
 from longmem.eval import recall as recall_suite
 from longmem.eval.chapterbreak import Item, choose
 from longmem.eval.core import EMPTY_LABELS, Entrant, EvalContext, apply_overrides, lineup, mean_std
@@ -290,26 +290,26 @@ def test_units_made_with_other_sidenet_weights_are_not_reused(tmp_path, llama):
 def test_summary_intervals_are_wilson_per_set_and_binomial_on_the_average():
     runs = [{"set": s, "seed": 0, "k": 4, "model": "m", "greedy": a, "label": a, "n": 100} for s, a in
             (("A", 0.5), ("B", 0.9))]
-    s = icl.summarize(runs)
+    s = icl_report.summarize(runs)
     lo, hi = s["m/4/A"]["ci"]["label"]
     assert (lo, hi) == pytest.approx((40.38, 59.62), abs=0.01)
     half = 100 * 1.96 * math.sqrt(0.25 / 100 + 0.09 / 100) / 2
     assert s["m/4/Avg"]["ci"]["label"] == pytest.approx((70 - half, 70 + half))
-    assert icl.cell(s["m/4/A"], "label") == "50.0 ±9.6" and icl.cell(s["m/4/A"], "calibrated") == ""
+    assert icl_report.cell(s["m/4/A"], "label") == "50.0 ±9.6" and icl_report.cell(s["m/4/A"], "calibrated") == ""
 
 
 def test_paired_differences_use_the_same_sentences():
     runs = [{"set": "A", "seed": 0, "k": 4, "model": m, "items": {"label": bits, "calibrated": bits}}
             for m, bits in (("x", "1100"), ("y", "0100"))]
-    mean, half, n = icl.paired(runs, ("x", 4), ("y", 4))
+    mean, half, n = icl_report.paired(runs, ("x", 4), ("y", 4))
     assert (mean, n) == (25.0, 4) and half == pytest.approx(100 * 1.96 * 0.5 / 2)
-    assert icl.paired(runs, ("x", 4), ("z", 4)) is None
+    assert icl_report.paired(runs, ("x", 4), ("z", 4)) is None
 
 
 def test_summary_means_stds_and_average():
     runs = [{"set": s, "seed": seed, "k": 4, "model": "m", "greedy": g, "label": lab, "n": 10}
             for s, seed, g, lab in [("A", 0, 0.5, 0.6), ("A", 1, 0.7, 0.8), ("B", 0, 0.9, 1.0), ("B", 1, 0.9, 1.0)]]
-    s = icl.summarize(runs)
+    s = icl_report.summarize(runs)
     assert s["m/4/A"]["label"] == pytest.approx((70.0, math.sqrt(200.0)))
     assert s["m/4/B"]["greedy"] == pytest.approx((90.0, 0.0))
     assert s["m/4/Avg"]["label"][0] == pytest.approx(85.0)
@@ -397,13 +397,13 @@ def test_icl_verdict_says_what_memory_adds(llama):
     assert empty[0].lm is with_memtrm[2].lm and empty[0].label == EMPTY_LABELS["memtrm"]
     avg = {"longmem": (70.0, 60.0), "longmem_empty": (65.0, 62.5), "backbone_1k": (60.0, 61.0)}
     summary = {f"{m}/20/Avg": {"greedy": (g, float("nan")), "label": (w, float("nan"))} for m, (g, w) in avg.items()}
-    text = icl.verdict(summary, rows + memory_empty(rows), ["SST-2"], 20)
+    text = icl_report.verdict(summary, rows + memory_empty(rows), ["SST-2"], 20)
     assert "backbone_1k 60.0, 61.0; longmem 70.0, 60.0; longmem_empty 65.0, 62.5" in text
     assert "LongMem beats the 1k-context backbone on 1 of 2 (not on label-word scoring)." in text
     assert text.endswith("What memory adds (LongMem minus its memory-empty self): +5.0, -2.5 points.")
     avg.update(memtrm=(72.0, 64.0), memtrm_empty=(71.0, 66.0))
     summary = {f"{m}/20/Avg": {"greedy": (g, float("nan")), "label": (w, float("nan"))} for m, (g, w) in avg.items()}
-    text = icl.verdict(summary, with_memtrm + empty, ["SST-2"], 20)
+    text = icl_report.verdict(summary, with_memtrm + empty, ["SST-2"], 20)
     assert "MemTRM on 0 of 2 (not on the paper's protocol, label-word scoring)." in text
     assert text.endswith("What memory adds (MemTRM minus its memory-empty self): +1.0, -2.0 points. What memory "
                          "adds (LongMem minus its memory-empty self): +5.0, -2.5 points.")

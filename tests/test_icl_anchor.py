@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from longmem.eval.icl import ANCHOR, HEAD, Size, Task, anchor_rows, curve_table, head_rows, head_targets, summarize
+from longmem.eval.icl import Task, anchor_rows, head_rows
+from longmem.eval.icl_report import ANCHOR, HEAD, Size, curve_table, head_targets, summarize
 from longmem.tasks.examples import PRESETS, Example
 
 

@@ -1,4 +1,5 @@
-"""``training.icl_features``: a reader's state and label-word log-probabilities at each text's last prompt token."""
+"""``training.studies.icl_features``: a reader's state and label-word log-probabilities at each text's last prompt
+token."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 def test_a_reader_s_features_are_read_at_the_text_s_last_prompt_token(tmp_path, monkeypatch):
     from tiny_gguf import tiny_gguf
 
-    from training.icl_features import reader_features
+    from training.studies.icl_features import reader_features
 
     monkeypatch.setenv("LONGMEM_CACHE_DIR", str(tmp_path / "cache"))
     reader = tmp_path / "tiny-llama.gguf"

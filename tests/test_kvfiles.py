@@ -11,8 +11,7 @@ from test_bank import as_made_before_kv_files, book, queries, same_chunks, searc
 from tiny import tiny_model
 
 from longmem.ingest.pipeline import ingest
-from longmem.storage import BankBusy, BankCorrupt, BankDirectory
-from longmem.storage import bank as bank_module
+from longmem.storage import BankBusy, BankCorrupt, BankDirectory, memory_files
 from longmem.storage.kvfiles import HEADROOM_CHUNKS, HEADROOM_SHARE, KVFiles, headroom
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -122,7 +121,7 @@ def test_a_mapped_bank_s_memory_holds_no_faiss_index_and_searches_its_index_file
     """A mapped memory reads its chunk keys where its index files lie (``StoredKeys``) and is searched by matrix
     product, over a bfloat16 copy of a bfloat16 bank's keys (multiplied in float32 blocks where bfloat16 is not
     native), a float32 copy of a float32 bank's."""
-    monkeypatch.setattr(bank_module, "cpu_bf16_features", lambda: ["avx512_bf16"] if native else [])
+    monkeypatch.setattr(memory_files, "cpu_bf16_features", lambda: ["avx512_bf16"] if native else [])
     bank = directory.create("b", model, kv_dtype=kv_dtype)
     ingest(bank, model, text(tmp_path))
     q = queries(model)
@@ -176,7 +175,7 @@ def test_a_bank_made_before_the_files_moves_into_them_on_first_load(directory, m
         want = search_all(bank.load_memory(), q)
         stored = table(bank)
     as_made_before_kv_files(directory, "b")
-    monkeypatch.setattr(bank_module, "MOVE_BATCH", 2)
+    monkeypatch.setattr(memory_files, "MOVE_BATCH", 2)
     with directory.open("b") as bank:
         n = bank.kv_rows_left()
         assert n > 4 and table(bank) == stored  # read from SQLite as it is

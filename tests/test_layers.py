@@ -56,7 +56,7 @@ def imports(path: Path, module: str) -> list[str]:
 
 SOURCES = sorted(PACKAGE.rglob("*.py"))
 APP = sorted((ROOT / "app").glob("*.py"))
-MODULES = {module_name(p): p for p in [*SOURCES, *APP, *sorted((ROOT / "training").glob("*.py"))]}
+MODULES = {module_name(p): p for p in [*SOURCES, *APP, *sorted((ROOT / "training").rglob("*.py"))]}
 
 
 def test_every_module_lives_in_a_layer():

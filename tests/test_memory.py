@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from longmem.memory import memory as memory_module
-from longmem.memory.memory import RESCORED, Memory, StoredKeys, upcast_product
+from longmem.memory import search as search_module
+from longmem.memory.memory import Memory
 from longmem.memory.ranking import TOPK_BLOCK, topk_blocked
+from longmem.memory.search import RESCORED, StoredKeys, upcast_product
 
 
 def _bank(**kw):
@@ -473,7 +474,7 @@ def test_a_memory_made_from_stored_keys_searches_as_faiss_does(dtype, mirror_dty
     """A large bank's memory (``StoredKeys``: no faiss index, a float32 or bfloat16 search copy, the latter multiplied
     in bfloat16 or, where that is not native, in float32 blocks) finds what faiss finds through adds, a truncation
     below what the stored keys cover, and evictions; it lets the stored keys go once its copy is made."""
-    monkeypatch.setattr(memory_module, "UPCAST_BLOCK", 7)  # several blocks of 50-chunk memories
+    monkeypatch.setattr(search_module, "UPCAST_BLOCK", 7)  # several blocks of 50-chunk memories
     faiss_bank, twin = _stored_twin(dtype, mirror_dtype, covered, native)
     row = twin.rows[0]
     assert row.indexes is None and row.matmul and row.stored is not None
@@ -505,7 +506,7 @@ def test_a_memory_made_from_stored_keys_searches_as_faiss_does(dtype, mirror_dty
 
 def test_a_bfloat16_copy_multiplied_in_float32_blocks_scores_as_its_float32_product(monkeypatch):
     """``upcast_product``: blocks of any size, the last one short, give the float32 product of the bfloat16 keys."""
-    monkeypatch.setattr(memory_module, "UPCAST_BLOCK", 16)
+    monkeypatch.setattr(search_module, "UPCAST_BLOCK", 16)
     g = torch.Generator().manual_seed(9)
     keys, rows = torch.randn(50, 8, generator=g).bfloat16(), torch.randn(3, 8, generator=g)
     out = torch.full((3, 50), float("nan"))

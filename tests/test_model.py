@@ -29,7 +29,7 @@ def test_shapes_and_layout(model):
 
 def test_default_depths():
     """24-layer backbone (the paper's GPT-2*): memory in side layer 9 (1-based); keys from backbone layer 16 (0-based),
-    whose input H_llm[16] the memory layer reads at init (the paper: layer 18, 1-based; see training.probe)."""
+    whose input H_llm[16] the memory layer reads at init (the paper: layer 18, 1-based; see training.studies.probe)."""
     cfg = LongMemConfig(segment_len=256).resolved(tiny_llama(n_layers=24).spec)
     assert (cfg.memory_layer, cfg.cached_layer) == (8, 16)
     spec = tiny_llama(n_layers=24).spec

@@ -7,7 +7,15 @@ from tiny import small_config, tiny_llama
 
 from longmem.eval.datasets.recall import recall_documents
 from longmem.model.longmem import LongMemModel
-from training.probe import answer_ranks, copy_heads, copy_heads_markdown, main, markdown, probe_backbone, probe_model
+from training.studies.probe import (
+    answer_ranks,
+    copy_heads,
+    copy_heads_markdown,
+    main,
+    markdown,
+    probe_backbone,
+    probe_model,
+)
 
 TEXT = ("The rain had stopped by the time they reached the harbour. Nobody spoke. A gull cried twice! "
         "Was the boat still there? It was, tied where they had left it. ")
@@ -73,7 +81,7 @@ def test_copy_heads_match_the_backbones_own_attention():
 def test_readout_heads_read_memory_and_no_heads_is_the_backbone():
     from longmem.eval.measures import recalled
     from longmem.model.baselines import BackboneLM
-    from training.probe import readout
+    from training.studies.probe import readout
 
     backbone = tiny_llama(n_layers=2)
     tok = backbone.tokenizer
@@ -101,7 +109,7 @@ def test_answer_probe_attention_is_the_memory_layers_softmax_over_memory():
     """With K covering all of memory, each head's attention on the token to copy is a softmax of its query against
     every stored key, computed here from the bank's own rows; predictions and NLL are those of ``recalled``."""
     from longmem.eval.measures import recalled
-    from training.probe import _Recorder, _split, answers_markdown, probe_answers
+    from training.studies.probe import _Recorder, _split, answers_markdown, probe_answers
 
     backbone = tiny_llama(n_layers=2)
     model = LongMemModel(backbone, small_config(segment_len=128, chunk_size=4, topk=384, memory_layer=0,
@@ -133,7 +141,7 @@ def test_answer_probe_attention_is_the_memory_layers_softmax_over_memory():
 
 @pytest.mark.heavy
 def test_linear_readout_names_unseen_tokens_only_when_the_features_carry_them():
-    from training.probe import fit_readout, readout_accuracy
+    from training.studies.probe import fit_readout, readout_accuracy
 
     g = torch.Generator().manual_seed(0)
     vocab, width = 97, 24
@@ -151,7 +159,7 @@ def test_linear_readout_names_unseen_tokens_only_when_the_features_carry_them():
 
 
 def test_value_probe_reads_every_kv_head_of_the_layer():
-    from training.probe import value_readout, values_markdown
+    from training.studies.probe import value_readout, values_markdown
 
     backbone = tiny_llama()
     ids = torch.as_tensor([[backbone.tokenizer.convert_tokens_to_ids(c) for c in TEXT[i:i + 32]] for i in (0, 40)])

@@ -12,7 +12,7 @@ from docfiles import bomb_epub, chapter, extraction_children, slow_pdf, write_ep
 from tiny import chat_model
 
 from longmem.ingest.limits import MIB
-from longmem.memory.memory import MemoryView
+from longmem.memory.view import MemoryView
 from longmem.service import Settings, Workspace
 from longmem.service.jobs import Cancelled, JobManager
 from longmem.storage import BankDirectory

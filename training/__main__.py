@@ -30,7 +30,7 @@ HELP = {
     "train_scope": "'compact' (memory layer + LoRA updates + scales: small checkpoints) or 'full' (every weight)",
     "lora_rank": "rank of the compact mode's low-rank updates",
     "cached_layer": "backbone layer (0-based) whose keys/values go into memory; default: the one the memory layer's "
-                    "input comes from (python -m training.probe ranks every layer)",
+                    "input comes from (python -m training.studies.probe ranks every layer)",
     "batch_size": "rows per process (each row a document stream with its own memory)",
     "segment_len": "tokens per row per step (the local context)",
     "memory_tokens": "memory bank size M per row, in tokens",

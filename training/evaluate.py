@@ -31,7 +31,8 @@ import torch
 
 from longmem.eval.datasets.recall import RecallItem, recall_documents
 from longmem.eval.measures import answer_match, perplexity, question_window, recall_record, recalled
-from longmem.memory.memory import MAX_SINKS, MemoryView
+from longmem.memory.memory import MAX_SINKS
+from longmem.memory.view import MemoryView
 from longmem.model.baselines import BackboneLM
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.model.longmem import LongMemConfig, LongMemModel

@@ -56,7 +56,7 @@ class TrainConfig:
     init: str | None = None  # start from this SideNet checkpoint (default: the untrained SideNet)
     train_scope: str = "compact"  # "full" (every SideNet weight) or "compact" (memory layer + LoRA + scales)
     lora_rank: int = 16  # rank of the compact mode's low-rank updates
-    cached_layer: int | None = None  # backbone layer m in memory (None = the model's default; see training.probe)
+    cached_layer: int | None = None  # backbone layer m in memory (None = the model's default; training.studies.probe)
     batch_size: int = 2  # rows per process (the paper: 256 in all)
     segment_len: int = 1024  # tokens per row per step
     memory_tokens: int = 16384  # M: memory per row (the paper: 65k)

@@ -30,7 +30,7 @@ import torch
 
 from longmem.bench.inference import log, machine_facts, report
 from longmem.bench.library import QUESTION_SET, library_books, questions_for, watch_searches
-from longmem.memory.memory import chunk_keys
+from longmem.memory.search import chunk_keys
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.util.data import data_dir
 

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from longmem.eval.books import score_documents, split_of
 from longmem.eval.core import EvalContext, SuiteResult, Timer, figure, mean_std, ppl, table
 from longmem.eval.datasets.books import Document
-from longmem.eval.icl import Size as IclSize
 from longmem.eval.icl import demo_memory, run_entrant, tasks_for
+from longmem.eval.icl_report import Size as IclSize
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""How a memory search ranks chunks (``longmem.memory.memory``): the two-step top-k of a matrix-product search
+"""How a memory search ranks chunks (``longmem.memory.search``): the two-step top-k of a matrix-product search
 (``topk_blocked``), the limit on sink chunks among a faiss search's results (``limit_sinks``) and the inverted-file
 index of approximate search (``ivf_index``)."""
 

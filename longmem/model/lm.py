@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longmem.memory.memory import MAX_SINKS, Memory, MemoryView
+from longmem.memory.memory import MAX_SINKS, Memory
+from longmem.memory.view import MemoryView
 from longmem.model.backbone import Backbone
 
 Progress = Callable[[int, int], None]  # (tokens done, tokens total)

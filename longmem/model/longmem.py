@@ -60,7 +60,7 @@ class LongMemConfig:
     #                                  given, else 3/4 depth, round(0.75 L) - 1
     cached_layer: int | None = None  # backbone layer m (0-based) cached in memory; None = r * memory_layer, the
     #                                  layer whose input H_llm[r*l] the memory layer reads at init, so its queries
-    #                                  are exactly that layer's (see ``training.probe`` for why this matters)
+    #                                  are exactly that layer's (see ``training.studies.probe`` for why this matters)
     chunk_size: int = 4  # tokens per memory chunk
     topk: int | None = None  # K: memory tokens each query token attends to (K/chunk_size chunks per head); None = the
     #                          loaded checkpoint's (what it was trained or shipped with), else DEFAULT_TOPK

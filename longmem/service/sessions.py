@@ -24,7 +24,8 @@ from typing import Callable
 
 import torch
 
-from longmem.memory.memory import Memory, MemoryView
+from longmem.memory.memory import Memory
+from longmem.memory.view import MemoryView
 from longmem.model.readers import default_for, label
 from longmem.service.replies import CONTINUE, ChunkHit, Reply, Settings
 from longmem.storage import BankDirectory

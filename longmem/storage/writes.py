@@ -38,7 +38,7 @@ def file_identity(path: Path) -> tuple[int, int] | None:
 class BankWrites:
     """The writer lock and the writes of a bank; mixed into ``Bank``, which provides ``path``, ``db``, ``name``,
     ``info_cached``, ``dtype``, ``documents``, ``document``, ``kv_files``, ``kv_rows_left``, ``move_kv_to_files`` and
-    ``sync_index``."""
+    ``sync_index`` (the last four: ``storage.memory_files``)."""
 
     path: Path
     db: object  # the bank's sqlite_utils.Database

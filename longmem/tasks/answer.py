@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Iterator
 
-from longmem.memory.memory import MemoryView
+from longmem.memory.view import MemoryView
 from longmem.model.lm import Sampling, Trace
 from longmem.tasks.chat import Chat
 from longmem.tasks.evidence import Checker, grounding, support

@@ -14,7 +14,7 @@ The features of a text (``FEATURES``):
   the text alone: no demonstrations, no memory;
 - ``embeddings``: the shipped sentence embedder's vector of the text (all-MiniLM-L6-v2: the anchor's own feature).
 
-Why these: ``training/icl_features`` on the five ICL sets' dev splits (``docs/history/notes-issue-86.md``): the
+Why these: ``training/studies/icl_features`` on the five ICL sets' dev splits (``docs/history/notes-issue-86.md``): the
 backbone's state with the embeddings stacked is above the embeddings alone on every set; label-word scores read far
 less; the memory's features (the state with demonstrations in memory, the labels of those retrieved) add nothing a
 head can use (``docs/design.md``).

@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from longmem.memory.memory import Memory, MemoryView
+from longmem.memory.memory import Memory
+from longmem.memory.view import MemoryView
 from longmem.storage.bank import Bank
 from longmem.storage.passages import ChunkPlaces, Passage
 from longmem.tasks.evidence import ASKED, REACH, nearest

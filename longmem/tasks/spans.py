@@ -13,10 +13,10 @@ RAG (Yu et al. 2024, arXiv 2409.01666) finds that reading retrieved chunks in do
 How. First the found passages alone, best first, as many as fit the budget (one that does not fit is skipped; a
 smaller one after it may still fit): what is found comes before what surrounds it (on the tuning sets, the evidence
 lies whole in what is read for more questions when more passages are found than when fewer are widened:
-``training.reading_coverage``). Then, in rounds, each found passage read gains its neighbour before and its neighbour
-after (``Bank.passages_around``), the nearest first, best-ranked first, each as long as it fits, up to ``neighbours``
-on either side. Passages of one document that touch (nothing but whitespace between them) are read as one span. The
-budget counts the tokens of each passage read, plus ``HEADING`` for each span's heading in the prompt.
+``training.studies.reading_coverage``). Then, in rounds, each found passage read gains its neighbour before and its
+neighbour after (``Bank.passages_around``), the nearest first, best-ranked first, each as long as it fits, up to
+``neighbours`` on either side. Passages of one document that touch (nothing but whitespace between them) are read as
+one span. The budget counts the tokens of each passage read, plus ``HEADING`` for each span's heading in the prompt.
 
 A span is a ``Found`` whose passage is the span (its text is the document's characters from its first passage's start
 to its last's end, its place is its first passage's), whose score and ranks are those of the best found passage in it,

@@ -6,7 +6,7 @@ follows. No model: a book's proper names are the capitalised words it never writ
     names = proper_names(book_text)                        # {"Crispin", "Hesther", "Harkness", ...}
     before = names_before([p.text for p in passages], names)  # per passage: the names of the one before it
 
-Measured before it is built into the bank (``training/reading_coverage.py``: the evidence among the best four
+Measured before it is built into the bank (``training/studies/reading_coverage.py``: the evidence among the best four
 passages on the tuning sets, with and without the names before).
 """
 

@@ -1,5 +1,5 @@
-"""How every measuring command (benchmarks, ``training.evaluate``, ``training.probe``) hands back its result: the JSON
-on stdout, a blank line, the markdown table; the same JSON written to a file when asked (atomically)."""
+"""How every measuring command (benchmarks, ``training.evaluate``, ``training.studies.probe``) hands back its result:
+the JSON on stdout, a blank line, the markdown table; the same JSON written to a file when asked (atomically)."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ NAME_FACTS = [
 # random last name from the lists below. Training names come from no list a model could learn: a SideNet trained on
 # a 16 x 16 list answered chat questions with its names, and one trained on a 48 x 48 list (half its names; the
 # other half made up) answered unseen-name questions with ' Cornelius', a name of that list, while its memory
-# attention sat on the right name (``python -m training.probe --answers``). So a training name is two words,
+# attention sat on the right name (``python -m training.studies.probe --answers``). So a training name is two words,
 # each made up from syllables (``_made_up``) or, half the time when the tokenizer has them, one of its thousands of
 # capitalized whole-word tokens (``name_words``): copying from memory is the only way to predict it.
 POOLS = ("train", "eval")
@@ -285,9 +285,9 @@ def make_quote_document(tokenizer, filler: np.ndarray, rng: np.random.Generator,
     the text itself, ``quote_len`` tokens each, are quoted again at a sentence end at least ``distance`` tokens after
     they end. With ``distance`` >= the segment length a quote's first occurrence is in memory when it is quoted, so
     all but its first few tokens can be copied from there: tokens of every kind the books have, where a recall fact
-    has a name's few tokens. ``python -m training.probe --values`` found a read-out from memory names the token types
-    it was fit on far better than others (``docs/runs/probe/README.md``); these documents fit it on the books'
-    vocabulary."""
+    has a name's few tokens. ``python -m training.studies.probe --values`` found a read-out from memory names the
+    token types it was fit on far better than others (``docs/runs/probe/README.md``); these documents fit it on the
+    books' vocabulary."""
     n_filler = total - n_quotes * quote_len
     most = n_filler - distance - quote_len  # a quoted passage starts at most here and still ends `distance` early
     if n_quotes < 1 or quote_len < 1 or most < 0:

@@ -2,6 +2,12 @@
 (``tasks.readout.fit_cv``) on each kind of feature of the same demonstrations, scored on the same test sentences as
 the anchor a user would build (sentence embeddings + logistic regression), paired with it.
 
+A study (``training.studies``: it ships nothing). It chose the classifier head's features (``tasks.head``): the
+backbone's last state stacked with the MiniLM sentence embedding, not label-word scores, and (``--memory``) no memory
+read. Figures: ``docs/design.md`` ("The classifier is measured against embeddings + logistic regression at full
+strength", "The classifier decides with a head fitted on its examples") and ``docs/history/notes-issue-86.md``
+("Which features a readout should read", "What the memory adds to the head").
+
 Features of a text, read without demonstrations in the prompt (the set's template up to its label, as
 ``tasks.classify`` reads a text):
 
@@ -19,7 +25,7 @@ the other folds' demonstrations in memory (``readout.folds_of``), never its own;
   every head and token of the prompt: a kNN-Prompting-like vote, from the same pass);
 - ``embeddings + <reader> state + memory ...``: stacked with the best features without memory (the first reader's).
 
-    python -m training.icl_features --sets SST-2 --readers default,qwen2.5-coder-1.5b --out runs/icl-features
+    python -m training.studies.icl_features --sets SST-2 --readers default,qwen2.5-coder-1.5b --out runs/icl-features
 
 Features are kept in ``--out`` (``<set>-<seed>-<demos>-<test>-<feature>.npy``) and read from there again. Dev
 splits (the record's evaluation files) only: SST-2's test split is for the held-out check.
@@ -68,7 +74,7 @@ def memory_features(template: str, labels: list[str], demos: list, texts: list[s
     """(N + M, E) LongMem states and (N + M, L) retrieved-label shares for the ``demos`` (N, cross-fitted: each read
     with the other folds' demonstrations in memory) and then ``texts`` (M, read with all N in memory)."""
     from longmem.eval.icl import MEMORY_SEPARATOR, demo_memory
-    from longmem.memory.memory import MemoryView
+    from longmem.memory.view import MemoryView
     from longmem.model.longmem import LongMemModel
     from longmem.tasks.examples import format_demo
     from longmem.tasks.readout import folds_of
@@ -120,7 +126,7 @@ def save(path: Path, x: np.ndarray) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.icl_features", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m training.studies.icl_features", description=__doc__.split("\n\n")[0])
     p.add_argument("--sets", default="SST-2", help="comma-separated ICL sets (eval icl's names)")
     p.add_argument("--readers", default="default", help="comma-separated readers whose states are features")
     p.add_argument("--seeds", type=int, default=1, help="draws of demonstrations and test sentences per set")

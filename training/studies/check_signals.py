@@ -1,6 +1,13 @@
 """How well each signal of a reader's draft tells a right draft from a wrong one, alone and together, on a natural
 run's record (issue 85: the checks that keep right answers). No reader runs: the signals are those the run recorded.
 
+A study (``training.studies``: it ships nothing). It informed issue 85's choice of the checks that keep right answers:
+the reader's own confirmation (``Reading.confirm``) was measured and not chosen, no combination of the signals was
+shipped, and the probe of the reader's hidden state, better on the tuning sets, did not carry over to the dev sets
+(``--ask``), so the issue is blocked on a reader that judges its own drafts. Figures: ``docs/design.md`` ("The
+reader's own confirmation, and every signal together; measured, not chosen") and
+``docs/history/notes-issue-85.md`` (sessions 33 and 34).
+
 Signals per draft (a run at ``--set natural.decline=1``, so that every question has a draft; ``natural.confirm``
 set to a small value for the reader's confirmation):
 
@@ -18,7 +25,7 @@ answered), then a logistic regression over all of them scored book by book (each
 the other books'), and what a user would get showing a draft (checked by the word check) only where that score is
 above a threshold: right, wrong, unanswerable said, against the honesty a profile is held to.
 
-    python -m training.check_signals runs/tune-d
+    python -m training.studies.check_signals runs/tune-d
 
 With ``--hidden``: the reader reads each recorded prompt, draft and confirmation question again (``Chat.probe``, one
 pass each, with progress) and its last hidden state there becomes a signal too: a probe of what it computes, fitted
@@ -199,7 +206,7 @@ def asked_elsewhere(states: torch.Tensor, y: torch.Tensor, table: list[dict], ru
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.check_signals", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m training.studies.check_signals", description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="a natural run at --set natural.decline=1 (its natural.tasks.jsonl and banks)")
     p.add_argument("--answers", default=None, help="a run of another reading on the same questions whose drafts "
                                                    "answer where the first run's reply does")

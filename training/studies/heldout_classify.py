@@ -3,7 +3,13 @@ classified with ``longmem classify --bank`` (the default method: the head fitted
 the anchor a user would build from the same examples (the shipped sentence embeddings + a logistic regression,
 ``measure.anchor_results``), on the same texts, paired.
 
-    python -m training.heldout_classify --set SST-2 --split test --examples 2000 --texts 800 --out runs/heldout
+A study (``training.studies``: it ships nothing). It chose nothing: run once the choices were made, it checks that
+the head ``training.studies.icl_features`` chose on the dev splits holds on sentences never used for a choice (SST-2's
+test split). Figures: ``docs/design.md`` ("The classifier decides with a head fitted on its examples") and
+``docs/history/notes-issue-86.md`` ("Measured", session 35's held-out check, and "The ICL sets' test splits through
+``longmem classify --bank``").
+
+    python -m training.studies.heldout_classify --set SST-2 --split test --examples 2000 --texts 800 --out runs/heldout
 
 The split is the set's test file for SST-2 (never used for tuning: run this once choices are made), else its
 evaluation file. Writes the examples and texts, the bank (under ``--out``), the CLI's output and ``results.json``;
@@ -29,7 +35,8 @@ from longmem.util.data import data_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.heldout_classify", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m training.studies.heldout_classify",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--set", default="SST-2", choices=list(PRESETS), help="the ICL set")
     p.add_argument("--split", default="test", choices=["test", "evaluation"],
                    help="test: SST-2's test.tsv (held out); evaluation: the set's evaluation file (the record's)")

@@ -1,6 +1,13 @@
 """What a reader reads, before it reads: how often the book's words that state the answer (the *evidence*) lie whole
 within the text handed to the reader, and how many tokens that text is, for each way of choosing it.
 
+A study (``training.studies``: it ships nothing). It chose the spans' order (``tasks.spans.widen`` reads the found
+passages first and their neighbours after: more found passages hold more evidence than fewer widened ones) and the
+reading sizes tried with the reader (12 passages, 1,900 tokens), and it chose against building the names of the
+passage before into the bank (``text.names``: no gain to pay a schema migration for). Figures: ``docs/design.md``
+("A window of its own, spans in book order; measured, not chosen") and ``docs/history/notes-issue-85.md``
+("Measured", "Names the text leaves out").
+
 No reader runs: this is the finding half of an answer, measured in seconds on a natural run's banks, so that the
 reading sizes (how many passages, how many neighbours, what budget) are chosen on the tuning sets before the reader's
 minutes are spent. Compared:
@@ -15,7 +22,7 @@ minutes are spent. Compared:
   passage with the names of the passage before it appended to its text (or as a second column): the index-only field
   of issue 85's item 4 (``text.names``), built here in memory, the bank untouched.
 
-    python -m training.reading_coverage --run runs/tune-a --sets natural-tune natural-tune2
+    python -m training.studies.reading_coverage --run runs/tune-a --sets natural-tune natural-tune2
 
 Tuning sets only (the sets kept aside and the dev sets are not for choosing).
 """
@@ -73,7 +80,8 @@ def covers(spans: list[tuple[int, int]], at: tuple[int, int]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.reading_coverage", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m training.studies.reading_coverage",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, help="a natural run's --out folder whose banks hold the sets' books")
     p.add_argument("--sets", nargs="+", default=["natural-tune", "natural-tune2"], help="answerable question sets")
     p.add_argument("--reader", default="qwen2.5-coder-1.5b", help="the reader whose tokenizer counts the budget")

@@ -1,12 +1,19 @@
 """Retrieval probe: does a question's query find its fact among the memory chunks? No training needed to ask.
 
-    python -m training.probe                            # every backbone layer: which one to cache in memory
-    python -m training.probe --checkpoint runs/x/checkpoint   # a SideNet's memory layer, searching as it does
-    python -m training.probe --untrained                # the untrained SideNet (the default config)
-    python -m training.probe --copy-heads               # which heads copy a fact that lies inside the window
-    python -m training.probe --readout 18 --heads 6,7   # those heads reading memory, untrained: recall and NLL
-    python -m training.probe --checkpoint CKPT --answers  # token by token: what memory attends to, what is said
-    python -m training.probe --values 18                # can a linear read-out tell a token from its layer-18 values?
+A study (``training.studies``: it ships nothing). It chose the backbone layer cached in memory (retrieval alone
+favours layer 20, the default; the heads that copy a fact are layer 18's 6 and 7, so runs since ``smol-l18`` cache
+layer 18), that the memory search leaves out attention-sink chunks (``LongMemConfig.max_sinks`` = 0), and, from
+``--answers`` and ``--values``, that training names come from no list and book text is quoted back
+(``--quote-docs``). Figures: ``docs/runs/probe/`` (its README, the JSON files and their tables), ``docs/design.md``
+("Memory skips attention-sink chunks"), ``docs/guide.md`` ("Three decisions rest on ...").
+
+    python -m training.studies.probe                             # every backbone layer: which one to cache in memory
+    python -m training.studies.probe --checkpoint runs/x/checkpoint  # a SideNet's memory layer, searching as it does
+    python -m training.studies.probe --untrained                 # the untrained SideNet (the default config)
+    python -m training.studies.probe --copy-heads                # which heads copy a fact inside the window
+    python -m training.studies.probe --readout 18 --heads 6,7    # those heads reading memory, untrained: recall, NLL
+    python -m training.studies.probe --checkpoint CKPT --answers  # token by token: what memory attends to, what is said
+    python -m training.studies.probe --values 18                 # can a linear read-out tell a token from its values?
 
 Recall items (``longmem.eval.datasets.recall``) are built in held-out book text; everything before the question's local
 window goes into memory segment by segment, each encoded from position 0, exactly as evaluation does. The query is that
@@ -50,14 +57,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from longmem.eval.datasets.recall import RecallItem, name_word, recall_documents
-from longmem.memory.memory import MAX_SINKS, MemoryView
+from longmem.memory.memory import MAX_SINKS
+from longmem.memory.view import MemoryView
 from longmem.model.backbone import load_backbone
 from longmem.model.cpu import add_runtime_flags, setup_cpu
 from longmem.model.longmem import LongMemConfig, LongMemModel
 from longmem.util.data import add_data_flag, cache_root
 from longmem.util.report import print_report
 
-from .data import book_split, tokenize_files
+from ..data import book_split, tokenize_files
 
 
 def answer_ranks(q: torch.Tensor, keys: torch.Tensor, chunk_size: int, answer: range, sinks: torch.Tensor,
@@ -365,7 +373,7 @@ def values_markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m training.probe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m training.studies.probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", default=None, help="probe this SideNet checkpoint's memory layer")
     p.add_argument("--untrained", action="store_true", help="probe the untrained SideNet's memory layer")
     p.add_argument("--backbone", default="default", help="backbone for the per-layer probe")

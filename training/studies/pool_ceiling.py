@@ -1,5 +1,11 @@
 """How much a second finder would widen the app's candidates: the ceiling of any reranker over their union.
 
+A study (``training.studies``: it ships nothing). It chose against a second finder (stock MiniLM, BM25 over passages
+widened by their neighbours' words or names, LongMem's memory): none widens the app's best 16 by more than a few of
+128 tuning questions, and issue 70 is blocked on passages that share no word with their question. Figures:
+``docs/design.md`` ("Finding is measured on its own, ...") and ``docs/history/notes-issue-70.md`` (session of
+2026-12-03 (25)).
+
 A reranker can only read what a finder puts in its pool; the app's best 16 passages hold the gold passage for 78% of
 the tuning questions (``longmem eval finding``), and the questions it misses share no word with their evidence
 ("What was Crispin's own father's profession?" against "My father was a surgeon"). This probe measures, on a finding
@@ -15,7 +21,7 @@ It reads the app's and the other finders' first-gold ranks from the run's ``find
 ``longmem eval finding --set finding.finders=app,embed`` on the same sets first. Tuning sets only: nothing here is
 chosen on the sets kept aside.
 
-    python -m training.pool_ceiling --run runs/find-embed --sets natural-tune natural-tune2
+    python -m training.studies.pool_ceiling --run runs/find-embed --sets natural-tune natural-tune2
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ def widened_index(texts: list[tuple[int, str]]) -> sqlite3.Connection:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m training.studies.pool_ceiling", description=__doc__.split("\n\n")[0])
     p.add_argument("--run", type=Path, required=True, help="a longmem eval finding output folder")
     p.add_argument("--sets", nargs="+", default=["natural-tune", "natural-tune2"], help="question sets (tuning only)")
     args = p.parse_args(argv)
