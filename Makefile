@@ -77,7 +77,7 @@ bench-app: install
 # The screenshots in docs/screenshots, taken again from the current app in a real browser (a few minutes on 2 cores):
 # with the readers installed here, then in docs/screenshots/without-reader from an empty cache (the embedded 135M
 # alone, converted there once)
-screenshots: install
+screenshots: install reader
 	$(PY) tests/screenshots.py --out docs/screenshots
 	d=$$(mktemp -d) && LONGMEM_CACHE_DIR=$$d $(PY) tests/screenshots.py --out docs/screenshots/without-reader; \
 		status=$$?; rm -rf $$d; exit $$status

@@ -242,7 +242,6 @@ def test_the_check_is_calibrated_on_recorded_drafts_without_asking_the_reader():
         outcomes([r | {"declines_at": 0.5, "decline": 0.2} for r in rows], 0.5, 0.8)
 
 
-
 def test_an_outcome_is_paired_with_the_script_s_replies_recorded_in_a_run(tmp_path):
     """``calibrate --script``: each outcome beside the RAG script's right answers over the same answerable questions,
     with the questions only one of them gets right; the script's replies read from a run's record."""

@@ -115,7 +115,6 @@ def test_the_reading_prompt_is_the_script_s_word_for_word(library, model):
     assert prompt_for(QUESTION, [], script_reading()) == QUESTION
 
 
-
 def test_the_decline_prompt_is_the_script_s_told_to_decline(library, model):
     """The decline prompt measured as a change from the script's reading: the same excerpts, bare, best first, under
     the script's line with the decline sentence added; a reading with it can be held to its decline."""

@@ -128,7 +128,7 @@ def script_right(run: Path) -> dict[str, bool]:
             row = json.loads(line)
             units[row["key"]] = row
     out = {x["id"]: x["contains"] >= 1.0 for row in units.values()
-           for x in row["value"]["scores"].get("rag_script", []) if x["answerable"]}
+           for x in row["value"]["scores"].get("rag_script", []) if x["answerable"] and "contains" in x}
     if not out:
         raise ValueError(f"{path}: the RAG script answered no answerable question there "
                          "(--set natural.entrants=...,rag_script)")
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                         "natural.decline=1), e.g. 0.5,0.7,0.1")
     p.add_argument("--script", nargs="?", const="", default=None, metavar="RUN",
                    help="pair each outcome with the RAG script's replies recorded in RUN (a natural run's --out "
-                        "folder whose entrants included rag_script; no RUN: this run's own)")
+                        "folder whose entrants included rag_script; no RUN: this run's own; give the run first)")
     p.add_argument("--data-dir", default=None, help="the shared data folder (default: $LONGMEM_DATA_DIR, else "
                                                     "../shared/data)")
     args = p.parse_args(argv)

@@ -45,7 +45,7 @@ class _Layout:
 
 
 class _Restored(NamedTuple):
-    """What one snapshot of a bank restores (``Bank._restore``)."""
+    """What one snapshot of a bank restores (``MemoryFiles._restore``)."""
 
     epoch: int
     seg_ids: np.ndarray  # (S,)

@@ -110,7 +110,8 @@ class Reading:
     #                        bank by its title is looked for in that book (every finder)
     books: tuple[int, ...] = ()  # the documents (ids) of the bank passages are found in; (): all of them
     prompt: str = "book"  # the reading prompt (``PROMPTS``, ``AFTER``): "book", "book-or-not" (told to say that the
-    #                       book does not say when the excerpts do not answer), or "plain" (the RAG script's)
+    #                       book does not say when the excerpts do not answer), "plain" (the RAG script's), or
+    #                       "plain-or-not" (the script's, told so too)
     decline: float = 0.0  # > 0, with the book-or-not prompt: the reader says that the book does not say (``DECLINE``)
     #                       only when its probability of saying so, right after the prompt, is above this; below, it
     #                       answers with its likeliest other reply, checked as any (``Sampling.decline``); 0: as it
