@@ -82,11 +82,9 @@ def run_bank(run: Path, book: str) -> tuple[BankDirectory, str]:
     return BankDirectory(root), found[0]
 
 
-def drafts(run: Path, data: Path | None = None) -> list[dict]:
-    """The app's recorded drafts of run folder ``run`` with what they read: {"id", "question", "golds", "draft",
-    "passages", "answer" (the recorded reply), "least" (the run's threshold), "decline" (the reader's probability of
-    declining, None where not read), "declines_at" (the run's decline threshold, 0: none)}, in record order (the last
-    record of a unit wins, as a resumed run reads it)."""
+def recorded_units(run: Path) -> dict[str, dict]:
+    """The units of run folder ``run``'s ``natural.tasks.jsonl`` by key, the last record of a unit winning (as a
+    resumed run reads it)."""
     path = run / "natural.tasks.jsonl"
     if not path.is_file():
         raise ValueError(f"{run}: no natural.tasks.jsonl (run `longmem eval natural --out {run}` first)")
@@ -95,6 +93,16 @@ def drafts(run: Path, data: Path | None = None) -> list[dict]:
         if line.strip():
             row = json.loads(line)
             units[row["key"]] = row
+    return units
+
+
+def drafts(run: Path, data: Path | None = None) -> list[dict]:
+    """The app's recorded drafts of run folder ``run`` with what they read: {"id", "question", "golds", "draft",
+    "passages", "answer" (the recorded reply), "least" (the run's threshold), "decline" (the reader's probability of
+    declining, None where not read), "declines_at" (the run's decline threshold, 0: none)}, in record order (the last
+    record of a unit wins, as a resumed run reads it)."""
+    path = run / "natural.tasks.jsonl"
+    units = recorded_units(run)
     golds = _golds({key.split("/")[0] for key in units}, data or data_dir())
     out = []
     for key, row in units.items():
@@ -119,18 +127,11 @@ def drafts(run: Path, data: Path | None = None) -> list[dict]:
 def script_right(run: Path) -> dict[str, bool]:
     """The RAG script's replies recorded in run folder ``run`` (its ``rag_script`` entrant): for each answerable
     question's id, whether the script answered it right (the last record of a unit wins, as in ``drafts``)."""
-    path = run / "natural.tasks.jsonl"
-    if not path.is_file():
-        raise ValueError(f"{run}: no natural.tasks.jsonl (run `longmem eval natural --out {run}` first)")
-    units = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            units[row["key"]] = row
+    units = recorded_units(run)
     out = {x["id"]: x["contains"] >= 1.0 for row in units.values()
            for x in row["value"]["scores"].get("rag_script", []) if x["answerable"] and "contains" in x}
     if not out:
-        raise ValueError(f"{path}: the RAG script answered no answerable question there "
+        raise ValueError(f"{run / 'natural.tasks.jsonl'}: the RAG script answered no answerable question there "
                          "(--set natural.entrants=...,rag_script)")
     return out
 
